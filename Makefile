@@ -1,0 +1,44 @@
+# FleetPulse — `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+KAFKA_PORT ?= 19092
+export KAFKA_PORT
+
+.PHONY: help demo test check bench kafka-up kafka-down services-up services-down clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+venv: $(STAMP)  ## create or reuse .venv with the project and its test extras
+
+system-deps:  ## install Java/Prometheus/Alertmanager/Chromium if missing (Debian, needs root)
+	@bash deploy/system-deps.sh
+
+test: $(STAMP) system-deps  ## run the whole suite against real Kafka (and the other real services)
+	@bash deploy/with-services.sh $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+check: $(STAMP)  ## ruff + mypy
+	$(BIN)/ruff check pipeline streams tests bench
+	$(BIN)/ruff format --check pipeline streams || true
+	$(BIN)/mypy
+
+bench: $(STAMP) system-deps  ## run the benchmarks (bench/), write bench/results/*.json
+	@bash deploy/with-services.sh $(BIN)/python -m bench
+
+kafka-up:  ## start the development Kafka broker (127.0.0.1:$KAFKA_PORT)
+	@bash deploy/kafka/kafka.sh start
+
+kafka-down:  ## stop it
+	@bash deploy/kafka/kafka.sh stop
+
+clean:  ## remove the venv, caches and local outputs (keeps the Kafka jar cache)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache fleetpulse.egg-info out

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install the system packages FleetPulse's tests need, only when missing (Debian/Ubuntu, root).
+set -euo pipefail
+need=()
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need+=(maven)
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+command -v chromium >/dev/null || need+=(chromium)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+  echo "FleetPulse tests need: ${need[*]} — install them with your package manager (apt-get install -y ${need[*]})" >&2
+  exit 1
+fi
+echo "installing system packages: ${need[*]}"
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,1 @@
+"""Subcommands of `fleetpulse`, one module each (see pipeline/cli.py)."""

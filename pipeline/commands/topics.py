@@ -1,0 +1,47 @@
+"""`fleetpulse topics create|list`: the Kafka topics FleetPulse needs."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeline.config import Settings
+from pipeline.runtime.topics import TOPICS, topic_configs, topic_name
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "topics", help="create or list the Kafka topics", description=__doc__
+    )
+    actions = parser.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
+    create = actions.add_parser(
+        "create",
+        help="create every missing topic (idempotent)",
+        description="Create every FleetPulse topic that does not exist yet, with the configured "
+        "partition count, compaction for node-state and retention. Existing topics are left "
+        "as they are.",
+    )
+    create.set_defaults(handler=_create)
+    listing = actions.add_parser(
+        "list", help="print the topics FleetPulse uses", description="Print topics, keys, configs."
+    )
+    listing.set_defaults(handler=_list)
+
+
+def _create(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.runtime.kafka_admin import create_topics  # kafka client only when needed
+
+    results = create_topics(settings.kafka)
+    for result in results:
+        status = "created" if result.created else "exists"
+        note = f"  ({result.note})" if result.note else ""
+        print(f"{status:8} {result.name:28} partitions={result.partitions}{note}")
+    created = sum(result.created for result in results)
+    print(f"{created} created, {len(results) - created} already present on {settings.kafka.bootstrap}")
+    return 0
+
+
+def _list(args: argparse.Namespace, settings: Settings) -> int:
+    for spec in TOPICS:
+        configs = ",".join(f"{k}={v}" for k, v in topic_configs(settings.kafka, spec).items())
+        print(f"{topic_name(settings.kafka, spec.suffix):28} key={spec.key:12} {configs}")
+    return 0

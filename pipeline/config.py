@@ -1,0 +1,114 @@
+"""One frozen Settings object: defaults < TOML file < FLEETPULSE_<SECTION>__<KEY> environment.
+
+Read once in the CLI and passed down; nothing else reads the environment or the file.
+Example: FLEETPULSE_KAFKA__BOOTSTRAP=broker:9092 overrides [kafka] bootstrap.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from pipeline.errors import ConfigError
+
+ENV_PREFIX = "FLEETPULSE_"
+DEFAULT_CONFIG = Path("fleetpulse.toml")
+PositiveInt = Annotated[int, Meta(ge=1)]
+Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+
+
+class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of a config section; unknown keys are errors, so typos never pass silently."""
+
+
+class KafkaSettings(Section):
+    bootstrap: str = "127.0.0.1:19092"
+    client_id: str = "fleetpulse"
+    # Co-partitioned topics (gpu telemetry / xid / findings by node; tpu / ici by slice)
+    # must share this count so a node's or slice's records meet in one partition.
+    partitions: PositiveInt = 6
+    replication: PositiveInt = 1
+    retention_ms: PositiveInt = 7 * 24 * 3600 * 1000
+    topic_prefix: str = "fleet"
+
+
+class MetricsSettings(Section):
+    """Self-metrics of long-running processes (prometheus-client /metrics)."""
+
+    port: Annotated[int, Meta(ge=0, le=65535)] = 9108  # 0 = pick a free port
+
+
+class LakeSettings(Section):
+    path: str = "lake"
+    row_group_rows: PositiveInt = 128_000
+    flush_rows: PositiveInt = 200_000
+    flush_seconds: PositiveInt = 60
+
+
+class Settings(Section):
+    kafka: KafkaSettings = KafkaSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    lake: LakeSettings = LakeSettings()
+
+
+def load_settings(
+    path: Path | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Load defaults, then the TOML file (if any), then environment overrides; validate all."""
+    environ = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    chosen = path or (Path(environ["FLEETPULSE_CONFIG"]) if "FLEETPULSE_CONFIG" in environ else None)
+    if chosen is not None:
+        data = _read_toml(chosen)
+    elif DEFAULT_CONFIG.exists():
+        data = _read_toml(DEFAULT_CONFIG)
+    for section, key, value in _env_overrides(environ):
+        data.setdefault(section, {})[key] = _parse_env_value(value)
+    try:
+        return msgspec.convert(data, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {_config_path(str(exc))}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    overrides = []
+    for name, value in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name == "FLEETPULSE_CONFIG":
+            continue
+        section, sep, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if not sep or not key:
+            raise ConfigError(
+                f"environment variable {name}: expected FLEETPULSE_<SECTION>__<KEY>, "
+                f"for example FLEETPULSE_KAFKA__BOOTSTRAP"
+            )
+        overrides.append((section, key, value))
+    return overrides
+
+
+def _parse_env_value(value: str) -> Any:
+    # Values are parsed as TOML scalars where they can be ("5", "true", "[1, 2]"), else strings.
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def _config_path(message: str) -> str:
+    # msgspec says "... - at `$.kafka.partitions`"; users think in "kafka.partitions".
+    return message.replace("`$.", "`").replace("$.", "")

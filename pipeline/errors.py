@@ -1,0 +1,38 @@
+"""The exception tree. Callers catch FleetPulseError; the runtime routes DecodeError to the DLQ.
+
+    FleetPulseError
+    ├── ConfigError        bad config file or environment override (raised at start-up)
+    ├── DecodeError        a record that does not match its schema (goes to fleet.dlq)
+    ├── SourceError        an ingest endpoint failed or answered nonsense (retried with backoff)
+    └── SinkError          an output could not be written (the record is not acknowledged)
+"""
+
+from __future__ import annotations
+
+
+class FleetPulseError(Exception):
+    """Base of every error FleetPulse raises on purpose."""
+
+
+class ConfigError(FleetPulseError):
+    """The config file or an environment override is invalid; the message names the key."""
+
+
+class DecodeError(FleetPulseError):
+    """A record does not match its schema.
+
+    Carries the field path, what was expected and what arrived, so a dead letter explains itself.
+    """
+
+    def __init__(self, field: str, expected: str, got: str, detail: str = "") -> None:
+        self.field, self.expected, self.got, self.detail = field, expected, got, detail
+        extra = f" ({detail})" if detail else ""
+        super().__init__(f"{field}: expected {expected}, got {got}{extra}")
+
+
+class SourceError(FleetPulseError):
+    """An ingest source failed; the adapter retries with backoff."""
+
+
+class SinkError(FleetPulseError):
+    """An output could not be written; the input is not acknowledged."""

@@ -1,0 +1,74 @@
+"""Create FleetPulse's topics on a real Kafka cluster (idempotent)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError
+
+from pipeline.config import KafkaSettings
+from pipeline.errors import FleetPulseError
+from pipeline.runtime.topics import TOPICS, topic_configs, topic_name
+
+
+@dataclass(frozen=True)
+class TopicResult:
+    name: str
+    partitions: int
+    created: bool
+    note: str = ""
+
+
+def create_topics(settings: KafkaSettings) -> list[TopicResult]:
+    """Create every topic that is missing; report those that exist with their partition count.
+
+    A topic that exists with a different partition count is reported, not altered: changing
+    partitions moves keys between partitions, which breaks per-key state. Someone must decide.
+    """
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=settings.bootstrap,
+            client_id=f"{settings.client_id}-admin",
+            request_timeout_ms=30_000,
+        )
+    except KafkaError as exc:
+        raise FleetPulseError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
+    try:
+        existing = _partition_counts(admin)
+        missing = [spec for spec in TOPICS if topic_name(settings, spec.suffix) not in existing]
+        if missing:
+            admin.create_topics(
+                [
+                    NewTopic(
+                        name=topic_name(settings, spec.suffix),
+                        num_partitions=settings.partitions,
+                        replication_factor=settings.replication,
+                        topic_configs=topic_configs(settings, spec),
+                    )
+                    for spec in missing
+                ],
+                validate_only=False,
+            )
+        created = {topic_name(settings, spec.suffix) for spec in missing}
+        return [_result(settings, topic_name(settings, spec.suffix), existing, created)
+                for spec in TOPICS]
+    finally:
+        admin.close()
+
+
+def _partition_counts(admin: KafkaAdminClient) -> dict[str, int]:
+    described = admin.describe_topics()
+    return {topic["topic"]: len(topic["partitions"]) for topic in described}
+
+
+def _result(
+    settings: KafkaSettings, name: str, existing: dict[str, int], created: set[str]
+) -> TopicResult:
+    if name in created:
+        return TopicResult(name, settings.partitions, created=True)
+    count = existing[name]
+    note = "" if count == settings.partitions else (
+        f"has {count} partitions, config says {settings.partitions}; left unchanged"
+    )
+    return TopicResult(name, count, created=False, note=note)

@@ -1,0 +1,169 @@
+"""The contracts: schemas agree with the model, samples are valid, bad input is named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.schema_strategies import from_schema
+
+from pipeline import codec, schemas_tool
+from pipeline.errors import DecodeError
+from pipeline.model import TOPIC_VALUES, Event
+
+SCHEMAS = schemas_tool.SCHEMA_DIR
+NAMES = sorted(TOPIC_VALUES)
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS / f"{name}.v1.json").read_text())
+
+
+def _sample(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS / "samples" / f"{name}.v1.json").read_text())
+
+
+def test_committed_schemas_match_the_model() -> None:
+    stale = [
+        name
+        for name, text in schemas_tool.rendered_files().items()
+        if not (SCHEMAS / name).exists() or (SCHEMAS / name).read_text() != text
+    ]
+    assert stale == [], f"run `python -m pipeline.schemas_tool`; stale: {stale}"
+
+
+def test_every_topic_value_has_a_schema_and_a_sample() -> None:
+    files = {p.name for p in SCHEMAS.glob("*.v*.json")}
+    samples = {p.name for p in (SCHEMAS / "samples").glob("*.json")}
+    expected = {f"{name}.v1.json" for name in NAMES}
+    assert files == expected
+    assert samples == expected
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sample_validates_and_decodes(name: str) -> None:
+    sample = _sample(name)
+    jsonschema.Draft202012Validator(_schema(name)).validate(sample)
+    event = codec.decode(json.dumps(sample).encode(), TOPIC_VALUES[name])
+    assert json.loads(codec.encode(event)) == sample
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_schema_is_valid_2020_12(name: str) -> None:
+    jsonschema.Draft202012Validator.check_schema(_schema(name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_round_trip_of_schema_generated_values(name: str, data: st.DataObject) -> None:
+    value = data.draw(from_schema(_schema(name)))
+    event: Event = codec.decode(json.dumps(value).encode(), TOPIC_VALUES[name])
+    assert codec.decode(codec.encode(event), TOPIC_VALUES[name]) == event
+
+
+def _mutated(name: str, path: list[str | int], value: Any) -> bytes:
+    sample = _sample(name)
+    node = sample
+    for part in path[:-1]:
+        node = node[part]
+    if value is _DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return json.dumps(sample).encode()
+
+
+_DELETE = object()
+MUTATIONS = [
+    # (topic value, path, new value, field named in the message, words in the message)
+    ("gpu_sample", ["ts"], "yesterday", "$.ts", "`int`"),
+    ("gpu_sample", ["ts"], 1764424800, "$.ts", ">= 1000000000000"),
+    ("gpu_sample", ["node"], _DELETE, "$.node", "required"),
+    ("gpu_sample", ["node"], "../../etc", "$.node", '"../../etc"'),
+    ("gpu_sample", ["node"], "node\x07bell", "$.node", "regex"),
+    ("gpu_sample", ["pool"], "p" * 300, "$.pool", "length <= 253"),
+    ("gpu_sample", ["gpus", 0, "metrics", "DCGM_FI_DEV_GPU_TEMP"], "hot", "$.gpus[0].metrics", "`float`"),
+    ("gpu_sample", ["gpus", 1, "index"], -1, "$.gpus[1].index", ">= 0"),
+    ("tpu_sample", ["slice"], "a/b", "$.slice", '"a/b"'),
+    ("tpu_sample", ["accelerator_type"], "v5p", "$.accelerator_type", "regex"),
+    ("xid_event", ["xid"], _DELETE, "$.xid", "required"),
+    ("xid_event", ["pci_bus_id"], "PCI:53", "$.pci_bus_id", "regex"),
+    ("action", ["kind"], "explode", "$.kind", "'explode'"),
+    ("action", ["target", "name"], "", "$.target.name", "length >= 1"),
+    ("finding", ["severity"], "meh", "$.severity", "'meh'"),
+    ("dead_letter", ["partition"], 1.5, "$.partition", "`int`"),
+    ("alert", ["fingerprint"], "not-hex", "$.fingerprint", "regex"),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "value", "field", "words"), MUTATIONS)
+def test_mutated_samples_are_rejected_naming_the_field(
+    name: str, path: list[str | int], value: Any, field: str, words: str
+) -> None:
+    with pytest.raises(DecodeError) as caught:
+        codec.decode(_mutated(name, path, value), TOPIC_VALUES[name])
+    assert caught.value.field.startswith(field), str(caught.value)
+    assert words in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_non_finite_numbers_are_rejected(token: bytes) -> None:
+    raw = json.dumps(_sample("gpu_sample")).encode().replace(b"61,", token + b",", 1)
+    with pytest.raises(DecodeError) as caught:
+        codec.decode(raw, TOPIC_VALUES["gpu_sample"])
+    message = str(caught.value)
+    assert "finite number" in message or "JSON is malformed" in message, message
+    assert token.decode() in message or "float range" in message, message
+
+
+def test_value_of_another_topic_is_named() -> None:
+    raw = json.dumps(_sample("tpu_sample")).encode()
+    with pytest.raises(DecodeError, match="expected 'gpu_sample/1', got 'tpu_sample/1'"):
+        codec.decode(raw, TOPIC_VALUES["gpu_sample"])
+
+
+def test_missing_schema_tag_is_rejected() -> None:
+    sample = _sample("action")
+    del sample["schema"]
+    with pytest.raises(DecodeError, match=r"\$\.schema"):
+        codec.decode(json.dumps(sample).encode(), TOPIC_VALUES["action"])
+
+
+def test_unknown_schema_version_is_rejected() -> None:
+    sample = _sample("action") | {"schema": "action/9"}
+    with pytest.raises(DecodeError, match="action/9"):
+        codec.decode(json.dumps(sample).encode(), TOPIC_VALUES["action"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "normal"),
+    [
+        ("00000000:53:00.0", "0000:53:00"),
+        ("0000:53:00", "0000:53:00"),
+        ("0000:B5:00", "0000:b5:00"),
+        ("00000008:01:00.0", "0008:01:00"),
+        ("53:00.0", "0000:53:00"),
+    ],
+)
+def test_pci_ids_normalise_to_the_kernel_form(raw: str, normal: str) -> None:
+    assert codec.normalize_pci(raw) == normal
+
+
+@pytest.mark.parametrize("bad", ["", "PCI:53", "0000:53", "zz:00:00"])
+def test_bad_pci_ids_are_rejected(bad: str) -> None:
+    with pytest.raises(DecodeError, match="PCI id"):
+        codec.normalize_pci(bad)
+
+
+def test_schema_files_ship_inside_the_package() -> None:
+    import importlib.resources
+
+    shipped = importlib.resources.files("pipeline.schemas")
+    assert shipped.joinpath("action.v1.json").is_file()
+    assert Path(str(shipped.joinpath("samples"))).is_dir()
