@@ -1,0 +1,16 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.ids import stable_id
+
+
+def test_same_parts_same_id_and_prefix_kept() -> None:
+    assert stable_id("act", "node-1", 5) == stable_id("act", "node-1", 5)
+    assert stable_id("act", "node-1", 5).startswith("act-")
+
+
+@given(st.lists(st.text(max_size=8), min_size=2, max_size=4))
+def test_joining_is_unambiguous(parts: list[str]) -> None:
+    glued = ["".join(parts)]
+    if len(parts) > 1 and parts != glued:
+        assert stable_id("x", *parts) != stable_id("x", *glued) or parts[1:] == [""] * (len(parts) - 1)
