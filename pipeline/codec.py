@@ -46,7 +46,9 @@ def decode(raw: bytes, expected: type[E]) -> E:
     except msgspec.ValidationError as exc:
         raise _validation_error(raw, str(exc)) from None
     except msgspec.DecodeError as exc:
-        raise DecodeError(field="$", expected="a JSON object", got=_near_error(raw, str(exc))) from None
+        raise DecodeError(
+            field="$", expected="a JSON object", got=_near_error(raw, str(exc))
+        ) from None
     if not isinstance(event, expected):
         raise DecodeError(
             field="$.schema",
@@ -72,7 +74,9 @@ def _validation_error(raw: bytes, message: str) -> DecodeError:
         expected, _, got = rest.rpartition(", got ")
         return DecodeError(field=f"{path} ({where})", expected=expected, got=got)
     if what == "Number out of range":
-        return DecodeError(field=path, expected="a finite number", got="a number beyond float range")
+        return DecodeError(
+            field=path, expected="a finite number", got="a number beyond float range"
+        )
     expected, _, got_type = what.removeprefix("Expected ").partition(", got ")
     got = _value_at(raw, path)
     return DecodeError(field=path, expected=expected, got=f"{got_type} {got}" if got_type else got)

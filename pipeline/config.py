@@ -27,7 +27,7 @@ class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """Base of a config section; unknown keys are errors, so typos never pass silently."""
 
 
-class KafkaSettings(Section):
+class KafkaSettings(Section, frozen=True):
     bootstrap: str = "127.0.0.1:19092"
     client_id: str = "fleetpulse"
     # Co-partitioned topics (gpu telemetry / xid / findings by node; tpu / ici by slice)
@@ -38,32 +38,32 @@ class KafkaSettings(Section):
     topic_prefix: str = "fleet"
 
 
-class MetricsSettings(Section):
+class MetricsSettings(Section, frozen=True):
     """Self-metrics of long-running processes (prometheus-client /metrics)."""
 
     port: Annotated[int, Meta(ge=0, le=65535)] = 9108  # 0 = pick a free port
 
 
-class LakeSettings(Section):
+class LakeSettings(Section, frozen=True):
     path: str = "lake"
     row_group_rows: PositiveInt = 128_000
     flush_rows: PositiveInt = 200_000
     flush_seconds: PositiveInt = 60
 
 
-class Settings(Section):
+class Settings(Section, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     metrics: MetricsSettings = MetricsSettings()
     lake: LakeSettings = LakeSettings()
 
 
-def load_settings(
-    path: Path | None = None, environ: Mapping[str, str] | None = None
-) -> Settings:
+def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """Load defaults, then the TOML file (if any), then environment overrides; validate all."""
     environ = os.environ if environ is None else environ
     data: dict[str, Any] = {}
-    chosen = path or (Path(environ["FLEETPULSE_CONFIG"]) if "FLEETPULSE_CONFIG" in environ else None)
+    if path is None and "FLEETPULSE_CONFIG" in environ:
+        path = Path(environ["FLEETPULSE_CONFIG"])
+    chosen = path
     if chosen is not None:
         data = _read_toml(chosen)
     elif DEFAULT_CONFIG.exists():

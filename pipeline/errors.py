@@ -1,10 +1,10 @@
 """The exception tree. Callers catch FleetPulseError; the runtime routes DecodeError to the DLQ.
 
-    FleetPulseError
-    ├── ConfigError        bad config file or environment override (raised at start-up)
-    ├── DecodeError        a record that does not match its schema (goes to fleet.dlq)
-    ├── SourceError        an ingest endpoint failed or answered nonsense (retried with backoff)
-    └── SinkError          an output could not be written (the record is not acknowledged)
+FleetPulseError
+├── ConfigError        bad config file or environment override (raised at start-up)
+├── DecodeError        a record that does not match its schema (goes to fleet.dlq)
+├── SourceError        an ingest endpoint failed or answered nonsense (retried with backoff)
+└── SinkError          an output could not be written (the record is not acknowledged)
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class Event(msgspec.Struct, kw_only=True, frozen=True):
 # --- inputs -------------------------------------------------------------------------------
 
 
-class GpuReading(Event, kw_only=True):
+class GpuReading(Event, frozen=True, kw_only=True):
     index: Annotated[int, Meta(ge=0, le=63)]
     uuid: Annotated[str, Meta(max_length=64, pattern=r"^GPU-[0-9a-fA-F-]{8,60}$")]
     pci_bus_id: Annotated[str, Meta(max_length=32, pattern=r"^[0-9a-fA-F:.]+$")]
@@ -67,7 +67,7 @@ class GpuReading(Event, kw_only=True):
         _check_finite(f"gpu {self.index}", self.metrics)
 
 
-class GpuSample(Event, kw_only=True, tag_field="schema", tag="gpu_sample/1"):
+class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_sample/1"):
     """One node's dcgm-exporter scrape (fleet.telemetry.gpu, key = node)."""
 
     ts: TimestampMs
@@ -79,7 +79,7 @@ class GpuSample(Event, kw_only=True, tag_field="schema", tag="gpu_sample/1"):
     gpus: list[GpuReading]
 
 
-class TpuChipReading(Event, kw_only=True):
+class TpuChipReading(Event, frozen=True, kw_only=True):
     chip_id: Annotated[int, Meta(ge=0, le=100_000)]
     coords: list[NonNegInt]
     job: Name | None = None
@@ -90,7 +90,7 @@ class TpuChipReading(Event, kw_only=True):
         _check_finite(f"chip {self.chip_id}", self.metrics)
 
 
-class TpuSample(Event, kw_only=True, tag_field="schema", tag="tpu_sample/1"):
+class TpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="tpu_sample/1"):
     """One TPU host's chip metrics (fleet.telemetry.tpu, key = slice)."""
 
     ts: TimestampMs
@@ -105,7 +105,7 @@ class TpuSample(Event, kw_only=True, tag_field="schema", tag="tpu_sample/1"):
     chips: list[TpuChipReading]
 
 
-class IciLink(Event, kw_only=True):
+class IciLink(Event, frozen=True, kw_only=True):
     chip_id: NonNegInt
     port: Annotated[int, Meta(ge=0, le=15)]
     peer_chip_id: NonNegInt
@@ -117,7 +117,7 @@ class IciLink(Event, kw_only=True):
     errors: NonNegInt | None = None
 
 
-class IciSample(Event, kw_only=True, tag_field="schema", tag="ici_sample/1"):
+class IciSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="ici_sample/1"):
     """One TPU host's ICI link counters (fleet.telemetry.ici, key = slice)."""
 
     ts: TimestampMs
@@ -129,7 +129,7 @@ class IciSample(Event, kw_only=True, tag_field="schema", tag="ici_sample/1"):
     links: list[IciLink]
 
 
-class XidEvent(Event, kw_only=True, tag_field="schema", tag="xid_event/1"):
+class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_event/1"):
     """One NVRM Xid kernel-log line (fleet.events.xid, key = node)."""
 
     ts: TimestampMs
@@ -149,7 +149,7 @@ class XidEvent(Event, kw_only=True, tag_field="schema", tag="xid_event/1"):
     source: Literal["kernel_log", "dcgm", "simulator"]
 
 
-class NodeEvent(Event, kw_only=True, tag_field="schema", tag="node_event/1"):
+class NodeEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_event/1"):
     """Someone else changed a node or slice (fleet.events.node): the health machine respects it.
 
     `action_id` is set when an actuator reports carrying out one of our own actions; without it
@@ -168,20 +168,20 @@ class NodeEvent(Event, kw_only=True, tag_field="schema", tag="node_event/1"):
     reason: Text = ""
 
 
-class QuotaInfo(Event, kw_only=True):
+class QuotaInfo(Event, frozen=True, kw_only=True):
     metric: ShortText
     limit: float
     usage: float
     unit: ShortText = "count"
 
 
-class MaintenanceWindow(Event, kw_only=True):
+class MaintenanceWindow(Event, frozen=True, kw_only=True):
     start: TimestampMs
     end: TimestampMs
     notice_s: NonNegInt = 0
 
 
-class CapacityEvent(Event, kw_only=True, tag_field="schema", tag="capacity_event/1"):
+class CapacityEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="capacity_event/1"):
     """Quota, stock-out, reservation, queued-resource, maintenance or preemption signal
     (fleet.events.capacity, key = zone). Fields follow reference/data-shapes.md §6.5."""
 
@@ -221,7 +221,7 @@ class CapacityEvent(Event, kw_only=True, tag_field="schema", tag="capacity_event
 # --- derived ------------------------------------------------------------------------------
 
 
-class Target(Event, kw_only=True):
+class Target(Event, frozen=True, kw_only=True):
     """What an action applies to: a node, or a whole TPU slice (repaired as one unit)."""
 
     cluster: Name
@@ -231,7 +231,7 @@ class Target(Event, kw_only=True):
     zone: Name
 
 
-class Entity(Event, kw_only=True):
+class Entity(Event, frozen=True, kw_only=True):
     """What a finding is about: a device on a node/slice, a link, or the node/slice itself."""
 
     kind: EntityKind
@@ -239,7 +239,7 @@ class Entity(Event, kw_only=True):
     device: ShortText | None = None  # gpu index, chip id or "chip:port" of an ICI link
 
 
-class Evidence(Event, kw_only=True):
+class Evidence(Event, frozen=True, kw_only=True):
     metric: ShortText
     value: float | None
     baseline: float | None
@@ -247,7 +247,7 @@ class Evidence(Event, kw_only=True):
     window_s: NonNegInt
 
 
-class Finding(Event, kw_only=True, tag_field="schema", tag="finding/1"):
+class Finding(Event, frozen=True, kw_only=True, tag_field="schema", tag="finding/1"):
     """A verdict on an entity, HealthEvent-style (fleet.findings, key = node/slice).
 
     `healthy=True` findings clear a check; a `check="heartbeat"` finding says the target
@@ -266,13 +266,13 @@ class Finding(Event, kw_only=True, tag_field="schema", tag="finding/1"):
     message: Text = ""
 
 
-class Reason(Event, kw_only=True):
+class Reason(Event, frozen=True, kw_only=True):
     checks: list[ShortText]
     finding_ids: list[Id]
     summary: Text
 
 
-class Proposal(Event, kw_only=True, tag_field="schema", tag="proposal/1"):
+class Proposal(Event, frozen=True, kw_only=True, tag_field="schema", tag="proposal/1"):
     """What the health machine wants done to a target (fleet.proposals, key = pool)."""
 
     proposal_id: Id
@@ -285,7 +285,7 @@ class Proposal(Event, kw_only=True, tag_field="schema", tag="proposal/1"):
     state: HealthStateName
 
 
-class Action(Event, kw_only=True, tag_field="schema", tag="action/1"):
+class Action(Event, frozen=True, kw_only=True, tag_field="schema", tag="action/1"):
     """The public contract for actuators (fleet.actions, key = node/slice)."""
 
     action_id: Id
@@ -298,7 +298,7 @@ class Action(Event, kw_only=True, tag_field="schema", tag="action/1"):
     expires_at: TimestampMs | None = None
 
 
-class NodeState(Event, kw_only=True, tag_field="schema", tag="node_state/1"):
+class NodeState(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_state/1"):
     """Current health state of a node or slice (fleet.node-state, compacted, key = target)."""
 
     ts: TimestampMs
@@ -313,7 +313,7 @@ class NodeState(Event, kw_only=True, tag_field="schema", tag="node_state/1"):
     open_checks: list[ShortText] = []
 
 
-class Alert(Event, kw_only=True, tag_field="schema", tag="alert/1"):
+class Alert(Event, frozen=True, kw_only=True, tag_field="schema", tag="alert/1"):
     """Alertmanager-shaped alert (fleet.alerts, key = fingerprint); times are RFC 3339 as
     Alertmanager's API wants them, with `ts` in ms like every other topic."""
 
@@ -327,7 +327,7 @@ class Alert(Event, kw_only=True, tag_field="schema", tag="alert/1"):
     generatorURL: ShortText = ""  # noqa: N815
 
 
-class Utilization(Event, kw_only=True, tag_field="schema", tag="utilization/1"):
+class Utilization(Event, frozen=True, kw_only=True, tag_field="schema", tag="utilization/1"):
     """One device over one event-time window (fleet.utilization, key = node/slice)."""
 
     window_start: TimestampMs
@@ -348,7 +348,7 @@ class Utilization(Event, kw_only=True, tag_field="schema", tag="utilization/1"):
     samples: Annotated[int, Meta(ge=1)]
 
 
-class DeadLetter(Event, kw_only=True, tag_field="schema", tag="dead_letter/1"):
+class DeadLetter(Event, frozen=True, kw_only=True, tag_field="schema", tag="dead_letter/1"):
     """A record that could not be processed (fleet.dlq): coordinates, reason, raw bytes."""
 
     ts: TimestampMs

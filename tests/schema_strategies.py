@@ -59,5 +59,7 @@ def _object(node: dict[str, Any], defs: dict[str, Any]) -> st.SearchStrategy[Any
 def _string(node: dict[str, Any]) -> st.SearchStrategy[str]:
     low, high = node.get("minLength", 0), node.get("maxLength", 40)
     if "pattern" in node:
-        return st.from_regex(node["pattern"], fullmatch=True).filter(lambda s: low <= len(s) <= high)
+        return st.from_regex(node["pattern"], fullmatch=True).filter(
+            lambda s: low <= len(s) <= high
+        )
     return st.text(min_size=low, max_size=min(high, 40))

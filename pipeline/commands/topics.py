@@ -36,7 +36,9 @@ def _create(args: argparse.Namespace, settings: Settings) -> int:
         note = f"  ({result.note})" if result.note else ""
         print(f"{status:8} {result.name:28} partitions={result.partitions}{note}")
     created = sum(result.created for result in results)
-    print(f"{created} created, {len(results) - created} already present on {settings.kafka.bootstrap}")
+    print(
+        f"{created} created, {len(results) - created} already present on {settings.kafka.bootstrap}"
+    )
     return 0
 
 

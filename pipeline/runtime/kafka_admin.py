@@ -51,15 +51,17 @@ def create_topics(settings: KafkaSettings) -> list[TopicResult]:
                 validate_only=False,
             )
         created = {topic_name(settings, spec.suffix) for spec in missing}
-        return [_result(settings, topic_name(settings, spec.suffix), existing, created)
-                for spec in TOPICS]
+        return [
+            _result(settings, topic_name(settings, spec.suffix), existing, created)
+            for spec in TOPICS
+        ]
     finally:
         admin.close()
 
 
 def _partition_counts(admin: KafkaAdminClient) -> dict[str, int]:
     described = admin.describe_topics()
-    return {topic["topic"]: len(topic["partitions"]) for topic in described}
+    return {topic["name"]: len(topic["partitions"]) for topic in described}
 
 
 def _result(
@@ -68,7 +70,9 @@ def _result(
     if name in created:
         return TopicResult(name, settings.partitions, created=True)
     count = existing[name]
-    note = "" if count == settings.partitions else (
-        f"has {count} partitions, config says {settings.partitions}; left unchanged"
+    note = (
+        ""
+        if count == settings.partitions
+        else (f"has {count} partitions, config says {settings.partitions}; left unchanged")
     )
     return TopicResult(name, count, created=False, note=note)

@@ -10,7 +10,9 @@ from pipeline.config import Settings, load_settings
 from pipeline.errors import ConfigError
 
 
-def test_defaults_without_file_or_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_defaults_without_file_or_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert load_settings(environ={}) == Settings()
 
@@ -38,8 +40,9 @@ def test_settings_are_frozen() -> None:
         ({"FLEETPULSE_KAFKA": "x"}, "FLEETPULSE_<SECTION>__<KEY>"),
     ],
 )
-def test_bad_overrides_name_the_key(environ: dict[str, str], words: str, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_overrides_name_the_key(
+    environ: dict[str, str], words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=words):
         load_settings(environ=environ)

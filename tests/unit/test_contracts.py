@@ -10,11 +10,11 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.schema_strategies import from_schema
 
 from pipeline import codec, schemas_tool
 from pipeline.errors import DecodeError
 from pipeline.model import TOPIC_VALUES, Event
+from tests.schema_strategies import from_schema
 
 SCHEMAS = schemas_tool.SCHEMA_DIR
 NAMES = sorted(TOPIC_VALUES)
@@ -88,7 +88,13 @@ MUTATIONS = [
     ("gpu_sample", ["node"], "../../etc", "$.node", '"../../etc"'),
     ("gpu_sample", ["node"], "node\x07bell", "$.node", "regex"),
     ("gpu_sample", ["pool"], "p" * 300, "$.pool", "length <= 253"),
-    ("gpu_sample", ["gpus", 0, "metrics", "DCGM_FI_DEV_GPU_TEMP"], "hot", "$.gpus[0].metrics", "`float`"),
+    (
+        "gpu_sample",
+        ["gpus", 0, "metrics", "DCGM_FI_DEV_GPU_TEMP"],
+        "hot",
+        "$.gpus[0].metrics",
+        "`float`",
+    ),
     ("gpu_sample", ["gpus", 1, "index"], -1, "$.gpus[1].index", ">= 0"),
     ("tpu_sample", ["slice"], "a/b", "$.slice", '"a/b"'),
     ("tpu_sample", ["accelerator_type"], "v5p", "$.accelerator_type", "regex"),

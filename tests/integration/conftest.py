@@ -1,0 +1,46 @@
+"""Fixtures for tests against real services started by `make test` (deploy/with-services.sh).
+
+Nothing here skips: a test that needs Kafka fails loudly when the broker is unreachable,
+because in CI every real component must be present.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import msgspec
+import pytest
+
+from pipeline.config import KafkaSettings, Settings, load_settings
+
+
+def _bootstrap() -> str:
+    return os.environ.get("FLEETPULSE_KAFKA__BOOTSTRAP", "127.0.0.1:19092")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    bootstrap = _bootstrap()
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        pytest.fail(
+            f"Kafka is not reachable at {bootstrap} ({exc}); run the tests with `make test`, "
+            "which starts the broker (deploy/kafka/kafka.sh start)"
+        )
+    return bootstrap
+
+
+@pytest.fixture
+def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
+    """Kafka settings with a topic prefix unique to this test, so tests never share topics."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    return KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=prefix, partitions=3)
+
+
+@pytest.fixture
+def settings(kafka_settings: KafkaSettings) -> Settings:
+    return msgspec.structs.replace(load_settings(environ={}), kafka=kafka_settings)
