@@ -51,10 +51,58 @@ class LakeSettings(Section, frozen=True):
     flush_seconds: PositiveInt = 60
 
 
+class SourcesSettings(Section, frozen=True):
+    """Ingest adapters (`fleetpulse ingest <source>`): endpoints, identity, polling, checkpoints.
+
+    Identity fields (cluster, pool, zone, node) fill what an endpoint does not say itself:
+    dcgm-exporter has no cluster/pool/zone labels unless Prometheus adds them, a kernel log
+    does not name its node.
+    """
+
+    state_dir: str = ".cache/sources"  # checkpoint files, one JSON per source
+    cluster: str = "local"
+    pool: str = "default"
+    zone: str = "local-a"
+    node: str = ""  # this host (xid, tpu_runtime); "" = the host name
+    poll_interval_s: Annotated[float, Meta(gt=0)] = 15.0
+    backoff_initial_s: Annotated[float, Meta(gt=0)] = 1.0
+    backoff_max_s: Annotated[float, Meta(gt=0)] = 60.0
+    prometheus_url: str = "http://127.0.0.1:9090"
+    # Data younger than the lag is not read yet: a scrape lands up to one interval late.
+    prometheus_lag_s: Annotated[float, Meta(ge=0)] = 30.0
+    prometheus_max_lookback_s: Annotated[float, Meta(gt=0)] = 600.0
+    cloudmon_endpoint: str = ""  # "" = the real API; "host:port" = a plaintext stand-in
+    cloudmon_project: str = "fleetpulse-sim"
+    cloudmon_inventory: str = ""  # JSON: tpu_worker -> node/slice/pool (see sources/cloudmon.py)
+    cloudmon_lag_s: Annotated[float, Meta(ge=0)] = 180.0  # Cloud Monitoring is ~3 min behind
+    cloudmon_max_lookback_s: Annotated[float, Meta(gt=0)] = 3600.0
+    cloudmon_page_size: PositiveInt = 1000
+    tpu_runtime_endpoint: str = "127.0.0.1:8431"
+    tpu_slice: str = ""
+    tpu_accelerator_type: str = ""
+    tpu_topology: str = ""
+    tpu_worker_id: Annotated[int, Meta(ge=0)] = 0
+    xid_log_path: str = "/var/log/kern.log"
+
+
+class AlertSettings(Section, frozen=True):
+    """`fleetpulse alerts`: fleet.alerts to webhooks and Alertmanager; offsets commit after 2xx."""
+
+    webhook_urls: list[str] = []
+    alertmanager_url: str = ""  # e.g. http://127.0.0.1:9093
+    group_id: str = "fleetpulse-alerts"
+    timeout_s: Annotated[float, Meta(gt=0)] = 10.0
+    max_attempts: PositiveInt = 5
+    backoff_initial_s: Annotated[float, Meta(gt=0)] = 0.5
+    backoff_max_s: Annotated[float, Meta(gt=0)] = 30.0
+
+
 class Settings(Section, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     metrics: MetricsSettings = MetricsSettings()
     lake: LakeSettings = LakeSettings()
+    sources: SourcesSettings = SourcesSettings()
+    alerts: AlertSettings = AlertSettings()
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
