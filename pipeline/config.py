@@ -21,6 +21,7 @@ ENV_PREFIX = "FLEETPULSE_"
 DEFAULT_CONFIG = Path("fleetpulse.toml")
 PositiveInt = Annotated[int, Meta(ge=1)]
 Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+Percent = Annotated[float, Meta(ge=0.0, le=100.0)]
 
 
 class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -45,10 +46,33 @@ class MetricsSettings(Section, frozen=True):
 
 
 class LakeSettings(Section, frozen=True):
+    """The Parquet lake (`fleetpulse sink lake`, `lake compact`, `sql`, `report`)."""
+
     path: str = "lake"
     row_group_rows: PositiveInt = 128_000
     flush_rows: PositiveInt = 200_000
     flush_seconds: PositiveInt = 60
+    compression_level: Annotated[int, Meta(ge=1, le=22)] = 3  # zstd
+    group_id: str = "fleetpulse-lake"
+    # Compaction merges a partition's files once it holds this many, into files of at most
+    # compact_rows rows; temporary files older than stale_tmp_s are left-overs of a crash.
+    compact_min_files: Annotated[int, Meta(ge=2)] = 4
+    compact_rows: PositiveInt = 2_000_000
+    stale_tmp_s: PositiveInt = 3600
+    # USD per accelerator-hour by model regex (as in catalog/prices.csv), ahead of the list
+    # prices: {"H100" = 6.5} makes every H100 cost 6.5 whatever the catalog says.
+    prices: dict[str, Annotated[float, Meta(gt=0)]] = {}
+    # A device-window below this mean utilization counts as idle in the canned analyses.
+    idle_util_pct: Annotated[float, Meta(ge=0.0, le=100.0)] = 5.0
+
+
+class AggregateSettings(Section, frozen=True):
+    """Event-time utilization windows (pipeline/aggregate.py)."""
+
+    window_s: Annotated[int, Meta(ge=1, le=3600)] = 60
+    # A window closes once the key's newest event time passes its end by grace_s; records
+    # older than a closed window are late: counted, not aggregated.
+    grace_s: Annotated[int, Meta(ge=0, le=3600)] = 30
 
 
 class SourcesSettings(Section, frozen=True):
@@ -97,12 +121,77 @@ class AlertSettings(Section, frozen=True):
     backoff_max_s: Annotated[float, Meta(gt=0)] = 30.0
 
 
+class DetectSettings(Section, frozen=True):
+    """Detector thresholds (pipeline/detect). Sample counts are scrapes of one node or host.
+
+    Defaults assume 15-30 s scrapes; see pipeline/detect/__init__.py for what each check means.
+    """
+
+    heartbeat_s: PositiveInt = 60  # at most one heartbeat finding per target per this event time
+    # own-history baselines: EW mean and EW mean absolute deviation, Huber-clipped updates
+    half_life_samples: PositiveInt = 240  # ~1-2 h: slow enough that a fault is not learned
+    warmup_samples: PositiveInt = 20  # no statistical verdict before this many samples
+    clip_z: Annotated[float, Meta(gt=0)] = 3.0  # residuals clipped to this many scales
+    anomaly_adapt: Fraction = 0.05  # baseline learning rate while a series is anomalous
+    cusum_k: Annotated[float, Meta(ge=0)] = 0.5  # CUSUM slack, in scales
+    cusum_h: Annotated[float, Meta(gt=0)] = 8.0  # CUSUM alarm level, in scales
+    # peer comparison (a GPU vs the GPUs of its node on the same job, a chip vs its slice)
+    peer_min: Annotated[int, Meta(ge=2)] = 3  # fewer peers in a group: no peer verdict
+    peer_mad_k: Annotated[float, Meta(ge=0)] = 4.0  # deviation must also exceed k robust sigmas
+    busy_util_pct: Percent = 50.0  # a GPU below this utilisation is not judged on clocks/power
+    temp_peer_delta_c: Annotated[float, Meta(gt=0)] = 6.0  # above its usual offset to peers
+    temp_alone_delta_c: Annotated[float, Meta(gt=0)] = 15.0  # above peers, whatever its history
+    temp_drift_min_c: Annotated[float, Meta(ge=0)] = 3.0  # CUSUM drift must be at least this
+    clock_drop_frac: Fraction = 0.05  # SM clock below peers (or own baseline) by this fraction
+    clock_alone_frac: Fraction = 0.15  # below peers by this, whatever its history
+    power_drop_frac: Fraction = 0.15  # power below same-job peers: straggler candidate
+    violation_frac: Fraction = 0.05  # share of time throttled (thermal) that counts as evidence
+    straggler_min_jobs: PositiveInt = 2  # uncorroborated slowness must follow the GPU across jobs
+    gray_persist_samples: PositiveInt = 4  # consecutive anomalous samples before a gray finding
+    clear_persist_samples: PositiveInt = 6  # consecutive normal samples before it clears
+    # counters (rates derived here; a drop is a reset and counts from zero)
+    pcie_replay_per_min: Annotated[float, Meta(gt=0)] = 8.0  # DCGM's PCIe replay-rate limit
+    nvlink_error_scrapes: PositiveInt = 3  # scrapes with NVLink errors within the window
+    nvlink_window_s: PositiveInt = 300  # a single correctable burst is noise, not a finding
+    sbe_watch_per_hour: Annotated[float, Meta(gt=0)] = 5000.0  # SBE noise: watch only
+    counter_quiet_s: PositiveInt = 900  # an ECC/remap episode clears after this long quiet
+    # staleness
+    node_stale_s: PositiveInt = 40  # a node/host silent this long (at least) is stale
+    stale_intervals: Annotated[float, Meta(ge=1)] = 2.5  # ... or this many of its intervals
+    missing_samples: PositiveInt = 2  # scrapes without a known GPU/chip before it is missing
+    # XIDs
+    xid_dedupe_s: PositiveInt = 180  # same XID on the same GPU within this is one episode
+    xid_clear_s: PositiveInt = 600  # an XID episode clears after this long without a repeat
+    app_xid_window_s: PositiveInt = 86_400  # application-XID recurrence window
+    app_xid_min_jobs: PositiveInt = 3  # distinct jobs hit on one GPU before it is blamed
+    # TPU chips and ICI links
+    tpu_busy_pct: Percent = 50.0  # slice peers below this duty cycle: no chip verdict
+    tpu_duty_drop_pct: Percent = 30.0  # chip duty cycle this many points below its peers
+    tpu_util_drop_frac: Fraction = 0.3  # chip TensorCore utilisation below peers: watch
+    tpu_persist_s: PositiveInt = 30  # a chip/link condition must hold this long
+    tpu_clear_s: PositiveInt = 120  # ... and be gone this long to clear
+    ici_down_health: Annotated[int, Meta(ge=1, le=10)] = 10  # health at or above: link down
+    ici_one_sided_s: PositiveInt = 120  # down at one end only, the other end healthy
+    ici_flit_drop_frac: Fraction = 0.5  # link flit rate below its usual share: degraded
+    ici_errors_per_s: Annotated[float, Meta(gt=0)] = 1.0  # link error rate: degraded
+    ici_ocs_min_links: PositiveInt = 4  # this many links down in one dimension: OCS, watch
+    # single-series detector (fleetpulse backtest on timestamp,value series)
+    series_half_life: PositiveInt = 288
+    series_warmup: PositiveInt = 288
+    series_z: Annotated[float, Meta(gt=0)] = 5.0
+    series_persist: PositiveInt = 3
+    series_cusum_h: Annotated[float, Meta(gt=0)] = 24.0
+    series_min_scale_rel: Fraction = 0.01  # scale floor relative to the level
+
+
 class Settings(Section, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     metrics: MetricsSettings = MetricsSettings()
     lake: LakeSettings = LakeSettings()
+    aggregate: AggregateSettings = AggregateSettings()
     sources: SourcesSettings = SourcesSettings()
     alerts: AlertSettings = AlertSettings()
+    detect: DetectSettings = DetectSettings()
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
