@@ -1,0 +1,281 @@
+"""DCGM metrics from a Prometheus server → GpuSample, one per node per scrape timestamp.
+
+The query is an instant query of a range selector, `{__name__=~"(?i)dcgm_fi_.+"}[<window>]`,
+which returns the raw samples with their own timestamps (a range *query* would resample them
+at a step). Values arrive as strings (prometheus-api-client passes Prometheus's JSON through).
+Series are grouped by node (`Hostname`, `hostname`, then `node`, then the host of `instance`)
+and timestamp; each GPU is one `gpu` label value. `cluster`, `pool` and `zone` come from target
+labels when Prometheus adds them, else from settings.
+
+Position: the newest timestamp read. Each poll reads `(position, now - lag]`; the lag leaves
+room for a scrape that is still on its way, so a sample is read once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from pipeline.config import SourcesSettings
+from pipeline.errors import DecodeError, SourceError
+from pipeline.model import GpuReading, GpuSample
+from pipeline.sources.base import BadRecord, Batch, Parsed, load_checkpoint, save_checkpoint
+
+QUERY = '{__name__=~"(?i)dcgm_fi_.+"}'
+_NODE_LABELS = ("Hostname", "hostname", "node")
+# Blank/not-supported sentinels that older dcgm-exporter releases printed (dcgm_structs.h):
+# INT64 blanks start at 0x7ffffffffffffff0, FP64 blanks at 2**47 (four codes each).
+_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+_FP64_BLANKS = frozenset(float(2**47 + code) for code in range(4))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What the endpoint does not say itself: defaults for missing target labels."""
+
+    cluster: str
+    pool: str
+    zone: str
+
+
+class PrometheusPosition(msgspec.Struct, frozen=True):
+    last_ts_ms: int
+
+
+# --- the pure parser ------------------------------------------------------------------------
+
+
+def parse_series(
+    results: Iterable[Mapping[str, Any]], identity: Identity, *, after_ms: int = 0
+) -> Parsed:
+    """Matrix results (`[{"metric": {…}, "values": [[ts, "v"], …]}]`) → GpuSamples.
+
+    Points at or before `after_ms` are dropped; a series that is malformed becomes a BadRecord
+    and the rest still count.
+    """
+    parsed = Parsed()
+    nodes: dict[tuple[str, int], _NodeScrape] = {}
+    for result in results:
+        try:
+            _add_series(nodes, result, identity, after_ms)
+        except DecodeError as exc:
+            parsed.bad.append(BadRecord(_raw(result), exc))
+    for (node, ts), scrape in sorted(nodes.items(), key=lambda item: (item[0][1], item[0][0])):
+        try:
+            parsed.events.append(scrape.sample(node, ts))
+        except (DecodeError, ValueError, msgspec.ValidationError) as exc:
+            error = exc if isinstance(exc, DecodeError) else _invalid(node, exc)
+            parsed.bad.append(BadRecord(scrape.raw(node, ts), error))
+    return parsed
+
+
+@dataclass
+class _Gpu:
+    labels: Mapping[str, str]
+    metrics: dict[str, float]
+
+
+@dataclass
+class _NodeScrape:
+    cluster: str
+    pool: str
+    zone: str
+    driver: str
+    gpus: dict[int, _Gpu]
+
+    def sample(self, node: str, ts: int) -> GpuSample:
+        return GpuSample(
+            ts=ts,
+            cluster=self.cluster,
+            node=node,
+            pool=self.pool,
+            zone=self.zone,
+            driver=self.driver,
+            gpus=[_reading(index, gpu) for index, gpu in sorted(self.gpus.items())],
+        )
+
+    def raw(self, node: str, ts: int) -> bytes:
+        gpus = {
+            str(i): {"labels": dict(g.labels), "metrics": g.metrics} for i, g in self.gpus.items()
+        }
+        return json.dumps({"node": node, "ts": ts, "gpus": gpus}, sort_keys=True).encode()
+
+
+def _add_series(
+    nodes: dict[tuple[str, int], _NodeScrape],
+    result: Mapping[str, Any],
+    identity: Identity,
+    after_ms: int,
+) -> None:
+    labels = result.get("metric")
+    values = result.get("values")
+    if not isinstance(labels, Mapping) or not isinstance(values, list):
+        raise DecodeError(
+            field="result",
+            expected='{"metric": {labels}, "values": [[ts, "value"], …]}',
+            got=_shown(result),
+        )
+    name = str(labels.get("__name__", "")).upper()
+    if not name.startswith("DCGM_FI_"):
+        raise DecodeError(field="__name__", expected="a DCGM_FI_* metric", got=repr(name))
+    node = _node(labels)
+    index = _gpu_index(labels)
+    for ts_ms, value in _points(values, name):
+        if ts_ms <= after_ms or value is None:
+            continue
+        scrape = nodes.get((node, ts_ms))
+        if scrape is None:
+            scrape = nodes[(node, ts_ms)] = _NodeScrape(
+                cluster=str(labels.get("cluster", identity.cluster)),
+                pool=str(labels.get("pool", identity.pool)),
+                zone=str(labels.get("zone", identity.zone)),
+                driver=str(labels.get("DCGM_FI_DRIVER_VERSION", "")),
+                gpus={},
+            )
+        gpu = scrape.gpus.setdefault(index, _Gpu(labels=labels, metrics={}))
+        gpu.metrics[name] = value
+
+
+def _node(labels: Mapping[str, Any]) -> str:
+    for key in _NODE_LABELS:
+        if labels.get(key):
+            return str(labels[key])
+    instance = str(labels.get("instance", ""))
+    host = instance.rsplit(":", 1)[0].strip("[]") if instance else ""
+    if not host:
+        raise DecodeError(
+            field="labels",
+            expected="a node name in Hostname, hostname, node or instance",
+            got=_shown(labels),
+        )
+    return host
+
+
+def _gpu_index(labels: Mapping[str, Any]) -> int:
+    text = str(labels.get("gpu", ""))
+    if not text.isdigit():
+        raise DecodeError(field="labels.gpu", expected='a GPU index like "0"', got=repr(text))
+    return int(text)
+
+
+def _points(values: list[Any], name: str) -> Iterable[tuple[int, float | None]]:
+    for point in values:
+        if not (isinstance(point, list | tuple) and len(point) == 2):
+            raise DecodeError(
+                field=f"{name}.values", expected="[timestamp, value]", got=_shown(point)
+            )
+        try:
+            ts_ms = round(float(point[0]) * 1000)
+            value = float(point[1])  # Prometheus sends values as strings
+        except (TypeError, ValueError):
+            raise DecodeError(
+                field=f"{name}.values", expected='[unix seconds, "number"]', got=_shown(point)
+            ) from None
+        if not math.isfinite(value):
+            raise DecodeError(field=f"{name}.value", expected="a finite number", got=repr(point[1]))
+        yield ts_ms, (None if _is_blank(value) else value)
+
+
+def _is_blank(value: float) -> bool:
+    return value >= _INT64_BLANK or value in _FP64_BLANKS
+
+
+def _reading(index: int, gpu: _Gpu) -> GpuReading:
+    labels = gpu.labels
+    uuid = labels.get("UUID", labels.get("uuid"))
+    if uuid is None or "pci_bus_id" not in labels:
+        raise DecodeError(
+            field=f"gpu {index} labels",
+            expected="UUID (or uuid) and pci_bus_id",
+            got=_shown(labels),
+        )
+    return GpuReading(
+        index=index,
+        uuid=str(uuid),
+        pci_bus_id=str(labels["pci_bus_id"]),
+        model=str(labels.get("modelName", labels.get("model_name", ""))),
+        job=str(labels["pod"]) if labels.get("pod") else None,
+        metrics=dict(sorted(gpu.metrics.items())),
+    )
+
+
+def _invalid(node: str, exc: Exception) -> DecodeError:
+    return DecodeError(
+        field=f"node {node!r}", expected="values valid for gpu_sample/1", got=str(exc)
+    )
+
+
+def _raw(result: object) -> bytes:
+    try:
+        return json.dumps(result, sort_keys=True, default=str).encode()
+    except (TypeError, ValueError):
+        return repr(result).encode()
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:120] + "…"
+
+
+# --- the I/O side ---------------------------------------------------------------------------
+
+
+class PrometheusSource:
+    """Reads new DCGM samples from Prometheus with prometheus-api-client."""
+
+    name = "prometheus"
+
+    def __init__(
+        self,
+        settings: SourcesSettings,
+        *,
+        checkpoint: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        client: Any = None,
+    ) -> None:
+        from prometheus_api_client import PrometheusConnect
+
+        self._settings = settings
+        self._identity = Identity(settings.cluster, settings.pool, settings.zone)
+        self._clock = clock
+        self._checkpoint = checkpoint or Path(settings.state_dir) / "prometheus.json"
+        self._client = client or PrometheusConnect(url=settings.prometheus_url, disable_ssl=True)
+        saved = load_checkpoint(self._checkpoint, PrometheusPosition)
+        self.position = saved.last_ts_ms if saved else None
+
+    def poll(self) -> Batch:
+        end_ms = int((self._clock() - self._settings.prometheus_lag_s) * 1000)
+        oldest = end_ms - int(self._settings.prometheus_max_lookback_s * 1000)
+        start_ms = max(self.position if self.position is not None else oldest, oldest)
+        if end_ms <= start_ms:
+            return Batch([], [], PrometheusPosition(start_ms))
+        results = self._query(start_ms, end_ms)
+        parsed = parse_series(results, self._identity, after_ms=start_ms)
+        return Batch(parsed.events, parsed.bad, PrometheusPosition(end_ms))
+
+    def _query(self, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+
+        query = f"{QUERY}[{end_ms - start_ms}ms]"
+        try:
+            result = self._client.custom_query(query, params={"time": f"{end_ms / 1000:.3f}"})
+        except (PrometheusApiClientException, OSError, ValueError) as exc:
+            raise SourceError(f"prometheus query {query!r} failed: {exc}") from exc
+        if not isinstance(result, list):
+            raise SourceError(f"prometheus query {query!r}: expected a result list, got {result!r}")
+        return result
+
+    def commit(self, position: msgspec.Struct | None) -> None:
+        if isinstance(position, PrometheusPosition):
+            save_checkpoint(self._checkpoint, position)
+            self.position = position.last_ts_ms
+
+    def close(self) -> None:
+        pass

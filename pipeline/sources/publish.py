@@ -1,0 +1,115 @@
+"""Where ingest batches go: Kafka (kafka-python, acks=all), or JSON lines on stdout.
+
+Keys follow the partitioning rules of DESIGN §1: GPU samples and XID events by node, TPU chip
+and ICI samples by slice, capacity events by zone. Rejected inputs go to fleet.dlq with the
+source name in place of a topic (they never were on one) and partition/offset -1.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+import time
+from collections.abc import Sequence
+from typing import IO
+
+from pipeline.codec import encode
+from pipeline.config import KafkaSettings
+from pipeline.errors import SourceError
+from pipeline.model import (
+    CapacityEvent,
+    DeadLetter,
+    Event,
+    GpuSample,
+    IciSample,
+    TpuSample,
+    XidEvent,
+)
+from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.sources.base import BadRecord
+
+_SEND_TIMEOUT_S = 30.0
+
+
+def event_key(event: Event) -> str:
+    """The Kafka key of an input event (DESIGN §1 keys and partitions)."""
+    if isinstance(event, GpuSample | XidEvent):
+        return event.node
+    if isinstance(event, TpuSample | IciSample):
+        return event.slice
+    if isinstance(event, CapacityEvent):
+        return event.zone
+    raise TypeError(f"no ingest key rule for {type(event).__name__}")
+
+
+def dead_letter(source: str, bad: BadRecord, now_ms: int) -> DeadLetter:
+    return DeadLetter(
+        ts=now_ms,
+        topic=f"source.{source}",
+        partition=-1,
+        offset=-1,
+        key=None,
+        error=str(bad.error),
+        raw_b64=base64.b64encode(bad.raw).decode("ascii"),
+    )
+
+
+class KafkaPublisher:
+    """Sends every event to its topic and waits for the broker's acknowledgement."""
+
+    def __init__(self, settings: KafkaSettings, client_id: str) -> None:
+        from kafka import KafkaProducer  # the kafka client only where Kafka is used
+        from kafka.errors import KafkaError
+
+        self._error = KafkaError
+        self._settings = settings
+        self._topics = {spec.value: topic_name(settings, spec.suffix) for spec in TOPICS}
+        try:
+            self._producer = KafkaProducer(
+                bootstrap_servers=settings.bootstrap,
+                client_id=client_id,
+                acks="all",
+                linger_ms=5,
+            )
+        except KafkaError as exc:
+            raise SourceError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
+
+    def publish(self, source: str, events: Sequence[Event], bad: Sequence[BadRecord]) -> None:
+        now_ms = int(time.time() * 1000)
+        futures = [
+            self._producer.send(
+                self._topics[type(event)], key=event_key(event).encode(), value=encode(event)
+            )
+            for event in events
+        ]
+        dlq = topic_name(self._settings, "dlq")
+        futures += [
+            self._producer.send(dlq, value=encode(dead_letter(source, record, now_ms)))
+            for record in bad
+        ]
+        try:
+            for future in futures:
+                future.get(timeout=_SEND_TIMEOUT_S)
+        except self._error as exc:
+            raise SourceError(f"{source}: Kafka did not acknowledge the batch: {exc}") from exc
+
+    def close(self) -> None:
+        self._producer.close(timeout=_SEND_TIMEOUT_S)
+
+
+class StdoutPublisher:
+    """JSON lines, one per event; dead letters too (for `fleetpulse ingest --stdout`)."""
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        self._out = out or sys.stdout
+
+    def publish(self, source: str, events: Sequence[Event], bad: Sequence[BadRecord]) -> None:
+        now_ms = int(time.time() * 1000)
+        for event in events:
+            self._out.write(encode(event).decode() + "\n")
+        for record in bad:
+            self._out.write(encode(dead_letter(source, record, now_ms)).decode() + "\n")
+        self._out.flush()
+
+    def close(self) -> None:
+        self._out.flush()
