@@ -1,0 +1,274 @@
+"""DuckDB over the Parquet lake: one view per table (sql/*.sql) and canned analyses
+(sql/analyses/*.sql, one query per file).
+
+No DuckDB database file is kept: each `Lake` is an in-memory DuckDB that reads the Parquet files
+the sink has renamed into place, so readers never block the writer. The files to read are listed
+here in Python (`visible_files`), which hides files a compaction has already merged; they reach
+DuckDB through its Python API, never pasted into SQL text. Each table first appears as
+`raw_<table>` with every column of its current schema (NULL where old files lack one), and the
+view in sql/<table>.sql builds on that.
+
+Query parameters are always bound (`$since`, `$until`, `$pool`, `$bucket`, `$idle_pct`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from pipeline.catalog import accelerator_prices, xid_catalog
+from pipeline.config import LakeSettings
+from pipeline.errors import FleetPulseError
+from pipeline.sinks.lake import visible_files
+from pipeline.sinks.lake_tables import TABLES, TableSpec
+
+_PARAM = re.compile(r"\$([a-z_]+)\b")
+_SQL_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.timestamp("ms"): "TIMESTAMP",
+    pa.list_(pa.string()): "VARCHAR[]",
+    pa.map_(pa.string(), pa.string()): "MAP(VARCHAR, VARCHAR)",
+}
+_RETRIES = 3  # a compaction may delete a file between our listing and DuckDB opening it
+
+
+class QueryError(FleetPulseError):
+    """A query could not run: unknown name, missing parameter, or a DuckDB error."""
+
+
+@dataclass(frozen=True)
+class CannedQuery:
+    name: str
+    question: str
+    sql: str
+    params: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Result:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    seconds: float = 0.0
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+
+def canned_queries() -> dict[str, CannedQuery]:
+    """Every canned analysis by name (the file name without .sql), in name order."""
+    folder = resources.files("pipeline.sql") / "analyses"
+    queries = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".sql"):
+            query = _parse_canned(entry.name.removesuffix(".sql"), entry.read_text())
+            queries[query.name] = query
+    return queries
+
+
+def _parse_canned(name: str, text: str) -> CannedQuery:
+    question = ""
+    body: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("-- question:"):
+            question = stripped.removeprefix("-- question:").strip()
+        elif stripped.startswith("--") and question and not body:
+            question += " " + stripped.removeprefix("--").strip()
+        elif not stripped.startswith("--"):
+            body.append(line)
+    if not question:
+        raise QueryError(f"sql/analyses/{name}.sql: expected a '-- question:' comment")
+    sql = "\n".join(body).strip().rstrip(";")
+    params = tuple(dict.fromkeys(_PARAM.findall(sql)))
+    return CannedQuery(name=name, question=question, sql=sql, params=params)
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90s', '15m', '24h', '7d' → timedelta."""
+    match = re.fullmatch(r"(\d+)\s*([smhd])", text.strip())
+    if match is None:
+        raise QueryError(f"duration {text!r}: expected a number and a unit, like 15m, 24h or 7d")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match[2]]
+    return timedelta(**{unit: int(match[1])})
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time ('2026-01-01T12:00', zone optional, UTC assumed) → naive UTC datetime."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise QueryError(f"time {text!r}: expected ISO 8601, like 2026-01-01T12:00Z") from None
+    return when.astimezone(UTC).replace(tzinfo=None) if when.tzinfo else when
+
+
+class Lake:
+    """A read-only DuckDB view of the lake at `root`. Open one per query session."""
+
+    def __init__(self, root: Path | str, settings: LakeSettings | None = None) -> None:
+        self.root = Path(root)
+        self.settings = settings or LakeSettings()
+        self.con = duckdb.connect(":memory:")
+        self.con.execute("SET TimeZone = 'UTC'")
+        self._register_reference_tables()
+        self._register_tables()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Lake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
+        """Run any SQL over the views; `params` are bound to `$name` placeholders."""
+        for attempt in range(_RETRIES):
+            try:
+                started = time.perf_counter()
+                cursor = self.con.execute(query, dict(params) if params else None)
+                columns = [d[0] for d in cursor.description] if cursor.description else []
+                rows = cursor.fetchall() if cursor.description else []
+                return Result(columns, rows, time.perf_counter() - started)
+            except duckdb.IOException:
+                if attempt == _RETRIES - 1:
+                    raise
+                self._register_tables()  # files moved under us: list them again
+            except duckdb.Error as exc:
+                raise QueryError(str(exc).splitlines()[0]) from None
+        raise AssertionError("unreachable")
+
+    def run(self, name: str, **params: Any) -> Result:
+        """Run a canned analysis. since/until default to the last 24 h of data in the lake."""
+        query = canned_queries().get(name)
+        if query is None:
+            raise QueryError(f"no canned query {name!r}: try one of {', '.join(canned_queries())}")
+        return self.sql(query.sql, self.bind(query, params))
+
+    def bind(self, query: CannedQuery, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters `query` uses, from `given` or defaults; unknown ones are errors."""
+        extra = {k for k, v in given.items() if v is not None} - set(query.params)
+        if extra:
+            raise QueryError(f"query {query.name!r} takes no {', '.join(sorted(extra))}; "
+                             f"it takes {', '.join(query.params) or 'no parameters'}")
+        until = given.get("until") or self.latest() or datetime.now(UTC).replace(tzinfo=None)
+        defaults = {
+            "until": until,
+            "since": until - timedelta(hours=24),
+            "pool": None,
+            "bucket": timedelta(hours=1),
+            "idle_pct": self.settings.idle_util_pct,
+        }
+        values = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+        missing = [p for p in query.params if p not in values]
+        if missing:
+            raise QueryError(f"query {query.name!r} needs {', '.join(missing)}")
+        return {p: values[p] for p in query.params}
+
+    def latest(self) -> datetime | None:
+        """End of the newest utilization window or event in the lake (the default `until`)."""
+        row = self.con.execute(
+            "SELECT max(t) FROM (SELECT max(window_start + to_seconds(window_s)) AS t "
+            "FROM utilization UNION ALL SELECT max(ts) FROM findings "
+            "UNION ALL SELECT max(ts) FROM node_state)"
+        ).fetchone()
+        return None if row is None or row[0] is None else row[0]  # type: ignore[no-any-return]
+
+    def tables(self) -> dict[str, int]:
+        """Visible files per table."""
+        return {name: len(visible_files(self.root, name)) for name in TABLES}
+
+    # --- registration ----------------------------------------------------------------------
+
+    def _register_tables(self) -> None:
+        for spec in TABLES.values():
+            self._raw_relation(spec).create_view(f"raw_{spec.name}", replace=True)
+        for spec in TABLES.values():
+            self.con.execute(_view_sql(spec.name))
+
+    def _raw_relation(self, spec: TableSpec) -> duckdb.DuckDBPyRelation:
+        files = [str(path) for path in visible_files(self.root, spec.name)]
+        if not files:
+            empty = self.con.from_arrow(spec.schema.empty_table())
+            partitions = "NULL::DATE AS date, NULL::BIGINT AS hour"
+            return empty.project(f"{_projection(spec, set())}, {partitions}")
+        relation = self.con.read_parquet(files, hive_partitioning=True, union_by_name=True)
+        found = set(relation.columns)
+        extras = [c for c in ("date", "hour") if c in found]
+        return relation.project(", ".join([_projection(spec, found), *extras]))
+
+    def _register_reference_tables(self) -> None:
+        self.con.from_arrow(self._prices()).create_view("raw_prices", replace=True)
+        self.con.from_arrow(_xid_arrow()).create_view("raw_xid_catalog", replace=True)
+        for name in ("prices", "xid_catalog"):
+            self.con.execute(_view_sql(name))
+
+    def _prices(self) -> pa.Table:
+        # Config overrides come first: the first matching row wins, as in prices.csv.
+        rows = [(pattern, pattern, usd, "config [lake.prices]", "")
+                for pattern, usd in sorted(self.settings.prices.items())]
+        rows += [(p.accelerator, p.model_match, p.usd_per_hour, p.source, p.as_of)
+                 for p in accelerator_prices()]
+        names = ["accelerator", "model_match", "usd_per_hour", "source", "as_of"]
+        columns = [list(values) for values in zip(*rows, strict=True)] if rows else [[]] * 5
+        table = pa.table(dict(zip(names, columns, strict=True)))
+        return table.append_column("priority", pa.array(range(len(rows)), pa.int32()))
+
+
+def _projection(spec: TableSpec, found: set[str]) -> str:
+    parts = []
+    for field in spec.schema:
+        if field.name in found:
+            parts.append(f'"{field.name}"')
+        else:
+            parts.append(f'NULL::{_SQL_TYPES[field.type]} AS "{field.name}"')
+    return ", ".join(parts)
+
+
+def _view_sql(name: str) -> str:
+    return (resources.files("pipeline.sql") / f"{name}.sql").read_text()
+
+
+def _xid_arrow() -> pa.Table:
+    entries = sorted(xid_catalog().values(), key=lambda e: e.code)
+    return pa.table({
+        "xid": pa.array([e.code for e in entries], pa.int32()),
+        "mnemonic": [e.mnemonic for e in entries],
+        "description": [e.description for e in entries],
+        "severity": [e.severity for e in entries],
+        "fatal": [e.fatal for e in entries],
+        "action": [e.action for e in entries],
+        "application": [e.application for e in entries],
+    })
+
+
+def run_canned(root: Path | str, name: str, settings: LakeSettings | None = None,
+               **params: Any) -> Result:
+    """Open the lake, run one canned analysis, close it."""
+    with Lake(root, settings) as lake:
+        return lake.run(name, **params)
+
+
+def run_sql(root: Path | str, query: str, settings: LakeSettings | None = None,
+            params: Mapping[str, Any] | None = None) -> Result:
+    with Lake(root, settings) as lake:
+        return lake.sql(query, params)
+
+
+__all__: Sequence[str] = (
+    "CannedQuery", "Lake", "QueryError", "Result", "canned_queries", "parse_duration",
+    "parse_time", "run_canned", "run_sql",
+)

@@ -1,0 +1,252 @@
+"""The lake's tables: which topic feeds each, its Parquet columns, and how an event flattens.
+
+One row per event. Nested structs become prefixed columns (`target.cluster` → `target_cluster`),
+lists of strings stay Parquet lists, label maps stay Parquet maps, and event-time milliseconds
+become TIMESTAMP (UTC, no zone) so DuckDB can bucket them directly.
+
+A table's `version` goes up when its columns change. Readers (pipeline/lake.py) fill columns that
+old files lack with NULL, so adding a column never breaks reading what is already on disk;
+removing or retyping one needs a new table name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.model import (
+    Action,
+    Alert,
+    CapacityEvent,
+    Event,
+    Finding,
+    NodeState,
+    Utilization,
+    XidEvent,
+)
+
+TIMESTAMP = pa.timestamp("ms")
+STRINGS = pa.list_(pa.string())
+LABELS = pa.map_(pa.string(), pa.string())
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    get: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A lake table: `lake/<name>/date=…/hour=…/<topic>-<partition>-<first offset>.parquet`."""
+
+    name: str
+    topic_suffix: str  # the Kafka topic (after settings.kafka.topic_prefix) that feeds it
+    event: type[Event]
+    version: int
+    time: Callable[[Any], int]  # event time in ms that picks the date/hour partition
+    columns: tuple[Column, ...]
+    schema: pa.Schema = field(init=False)
+
+    def __post_init__(self) -> None:
+        metadata = {"fleetpulse.table": self.name, "fleetpulse.version": str(self.version)}
+        schema = pa.schema([pa.field(c.name, c.type) for c in self.columns], metadata=metadata)
+        object.__setattr__(self, "schema", schema)
+
+    def to_arrow(self, events: Sequence[Event]) -> pa.Table:
+        # Column by column with map(): about 3x faster than building row dicts.
+        arrays = [pa.array(list(map(c.get, events)), type=c.type) for c in self.columns]
+        return pa.Table.from_arrays(arrays, schema=self.schema)
+
+
+def _col(name: str, kind: pa.DataType, path: str | None = None) -> Column:
+    return Column(name, kind, attrgetter(path or name))
+
+
+def _maybe(path: str, name: str) -> Callable[[Any], Any]:
+    # An optional nested struct: its fields are NULL when the struct is absent.
+    outer = attrgetter(path)
+    return lambda event: None if (inner := outer(event)) is None else getattr(inner, name)
+
+
+def _schema_tag(event: Event) -> str:
+    return str(event.__struct_config__.tag)
+
+
+SCHEMA = Column("schema", pa.string(), _schema_tag)
+
+
+def _target(prefix: str = "target") -> tuple[Column, ...]:
+    return tuple(
+        _col(f"target_{part}", pa.string(), f"{prefix}.{part}")
+        for part in ("cluster", "kind", "name", "pool", "zone")
+    )
+
+
+UTILIZATION = TableSpec(
+    name="utilization",
+    topic_suffix="utilization",
+    event=Utilization,
+    version=1,
+    time=attrgetter("window_start"),
+    columns=(
+        _col("window_start", TIMESTAMP),
+        _col("window_s", pa.int32()),
+        *(_col(name, pa.string()) for name in ("cluster", "pool", "zone", "node", "slice")),
+        *(_col(name, pa.string()) for name in ("device", "accelerator", "job")),
+        _col("allocated", pa.bool_()),
+        *(_col(name, pa.float64()) for name in ("util_mean", "util_max", "mem_used_frac")),
+        _col("power_w_mean", pa.float64()),
+        _col("samples", pa.int32()),
+        SCHEMA,
+    ),
+)
+
+FINDINGS = TableSpec(
+    name="findings",
+    topic_suffix="findings",
+    event=Finding,
+    version=1,
+    time=attrgetter("ts"),
+    columns=(
+        _col("ts", TIMESTAMP),
+        _col("finding_id", pa.string()),
+        _col("entity_kind", pa.string(), "entity.kind"),
+        *_target("entity.target"),
+        _col("device", pa.string(), "entity.device"),
+        _col("check", pa.string()),
+        _col("severity", pa.string()),
+        _col("healthy", pa.bool_()),
+        _col("fatal", pa.bool_()),
+        _col("recommended_action", pa.string()),
+        Column("evidence_metric", pa.string(), _maybe("evidence", "metric")),
+        Column("evidence_value", pa.float64(), _maybe("evidence", "value")),
+        Column("evidence_baseline", pa.float64(), _maybe("evidence", "baseline")),
+        Column("evidence_score", pa.float64(), _maybe("evidence", "score")),
+        Column("evidence_window_s", pa.int64(), _maybe("evidence", "window_s")),
+        _col("message", pa.string()),
+        SCHEMA,
+    ),
+)
+
+ACTIONS = TableSpec(
+    name="actions",
+    topic_suffix="actions",
+    event=Action,
+    version=1,
+    time=attrgetter("ts"),
+    columns=(
+        _col("ts", TIMESTAMP),
+        _col("action_id", pa.string()),
+        _col("kind", pa.string()),
+        *_target(),
+        _col("reason_checks", STRINGS, "reason.checks"),
+        _col("reason_finding_ids", STRINGS, "reason.finding_ids"),
+        _col("reason_summary", pa.string(), "reason.summary"),
+        _col("dry_run", pa.bool_()),
+        _col("proposal_id", pa.string()),
+        _col("expires_at", TIMESTAMP),
+        SCHEMA,
+    ),
+)
+
+NODE_STATE = TableSpec(
+    name="node_state",
+    topic_suffix="node-state",
+    event=NodeState,
+    version=1,
+    time=attrgetter("ts"),
+    columns=(
+        _col("ts", TIMESTAMP),
+        *_target(),
+        _col("state", pa.string()),
+        _col("since", TIMESTAMP),
+        _col("episode", pa.string()),
+        _col("cordoned_by_us", pa.bool_()),
+        _col("human_hold", pa.bool_()),
+        _col("repairs", pa.int32()),
+        _col("last_action", pa.string()),
+        _col("open_checks", STRINGS),
+        SCHEMA,
+    ),
+)
+
+ALERTS = TableSpec(
+    name="alerts",
+    topic_suffix="alerts",
+    event=Alert,
+    version=1,
+    time=attrgetter("ts"),
+    columns=(
+        _col("ts", TIMESTAMP),
+        _col("fingerprint", pa.string()),
+        _col("status", pa.string()),
+        Column("alertname", pa.string(), lambda alert: alert.labels.get("alertname")),
+        Column("severity", pa.string(), lambda alert: alert.labels.get("severity")),
+        _col("labels", LABELS),
+        _col("annotations", LABELS),
+        _col("starts_at", pa.string(), "startsAt"),
+        _col("ends_at", pa.string(), "endsAt"),
+        _col("generator_url", pa.string(), "generatorURL"),
+        SCHEMA,
+    ),
+)
+
+CAPACITY = TableSpec(
+    name="capacity",
+    topic_suffix="events.capacity",
+    event=CapacityEvent,
+    version=1,
+    time=attrgetter("ts"),
+    columns=(
+        _col("ts", TIMESTAMP),
+        *(_col(name, pa.string()) for name in ("event_id", "provider", "source", "kind")),
+        *(_col(name, pa.string()) for name in ("severity", "region", "zone", "cluster", "pool")),
+        *(_col(name, pa.string()) for name in ("target_kind", "target", "accelerator_type")),
+        Column("quota_metric", pa.string(), _maybe("quota", "metric")),
+        Column("quota_limit", pa.float64(), _maybe("quota", "limit")),
+        Column("quota_usage", pa.float64(), _maybe("quota", "usage")),
+        Column("quota_unit", pa.string(), _maybe("quota", "unit")),
+        Column("window_start", TIMESTAMP, _maybe("window", "start")),
+        Column("window_end", TIMESTAMP, _maybe("window", "end")),
+        Column("window_notice_s", pa.int64(), _maybe("window", "notice_s")),
+        *(_col(name, pa.string()) for name in ("state", "previous_state", "error_code")),
+        _col("message", pa.string()),
+        SCHEMA,
+    ),
+)
+
+XID = TableSpec(
+    name="xid",
+    topic_suffix="events.xid",
+    event=XidEvent,
+    version=1,
+    time=attrgetter("ts"),
+    columns=(
+        _col("ts", TIMESTAMP),
+        *(_col(name, pa.string()) for name in ("cluster", "node", "pool", "zone", "pci_bus_id")),
+        _col("gpu_index", pa.int32()),
+        _col("uuid", pa.string()),
+        _col("xid", pa.int32()),
+        _col("pid", pa.int64()),
+        *(_col(name, pa.string()) for name in ("process", "job", "message", "source")),
+        SCHEMA,
+    ),
+)
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec for spec in (UTILIZATION, FINDINGS, ACTIONS, NODE_STATE, ALERTS, CAPACITY, XID)
+}
+TABLE_BY_TOPIC_SUFFIX: dict[str, TableSpec] = {spec.topic_suffix: spec for spec in TABLES.values()}
+_TABLE_BY_EVENT: dict[type[Event], TableSpec] = {spec.event: spec for spec in TABLES.values()}
+
+
+def table_for_event(event: Event) -> str | None:
+    """The lake table an event belongs in, or None for events the lake does not keep."""
+    spec = _TABLE_BY_EVENT.get(type(event))
+    return None if spec is None else spec.name

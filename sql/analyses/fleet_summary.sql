@@ -1,0 +1,26 @@
+-- question: What happened in the fleet over the period, in one row? Devices and device-hours
+-- reported, mean utilization, allocated share, idle allocated hours, unhealthy findings,
+-- actions (and how many were dry runs), XID events and alerts fired.
+SELECT
+    (SELECT count(DISTINCT node || '/' || device) FROM utilization
+      WHERE window_start >= $since AND window_start < $until
+        AND ($pool IS NULL OR pool = $pool)) AS devices,
+    round(sum(hours), 2) AS device_hours,
+    round(sum(util_mean * hours) / nullif(sum(hours), 0), 2) AS util_mean_pct,
+    round(100 * sum(hours) FILTER (WHERE allocated) / nullif(sum(hours), 0), 2) AS allocated_pct,
+    round(coalesce(sum(hours) FILTER (WHERE allocated AND util_mean < $idle_pct), 0), 2)
+        AS idle_allocated_hours,
+    (SELECT count(*) FROM findings
+      WHERE NOT healthy AND "check" <> 'heartbeat' AND ts >= $since AND ts < $until
+        AND ($pool IS NULL OR target_pool = $pool)) AS findings,
+    (SELECT count(*) FROM actions WHERE ts >= $since AND ts < $until
+        AND ($pool IS NULL OR target_pool = $pool)) AS actions,
+    (SELECT count(*) FILTER (WHERE dry_run) FROM actions WHERE ts >= $since AND ts < $until
+        AND ($pool IS NULL OR target_pool = $pool)) AS dry_run_actions,
+    (SELECT count(*) FROM xid WHERE ts >= $since AND ts < $until
+        AND ($pool IS NULL OR pool = $pool)) AS xid_events,
+    (SELECT count(*) FROM alerts WHERE status = 'firing' AND ts >= $since AND ts < $until)
+        AS alerts_fired
+FROM utilization
+WHERE window_start >= $since AND window_start < $until
+  AND ($pool IS NULL OR pool = $pool);
