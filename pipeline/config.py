@@ -184,6 +184,53 @@ class DetectSettings(Section, frozen=True):
     series_min_scale_rel: Fraction = 0.01  # scale floor relative to the level
 
 
+class HealthSettings(Section, frozen=True):
+    """Node / slice health state machine (pipeline/health.py); event-time seconds."""
+
+    persist_s: PositiveInt = 120  # an actionable condition must hold this long before degraded
+    probation_s: PositiveInt = 600  # healthy this long after a repair before it counts as done
+    reproposal_s: PositiveInt = 300  # re-send a proposal the policy has not acted on
+    dry_run_reproposal_s: PositiveInt = 3600  # ... and one answered by a dry-run action
+    flap_window_s: PositiveInt = 1800  # conditions closing more than flap_max times in this
+    flap_max: PositiveInt = 3  # ... window make a target "flapping":
+    flap_persist_factor: PositiveInt = 4  # it needs persist_s x this before degraded
+    flap_hold_s: PositiveInt = 900  # and stays suspect until quiet this long
+    drain_timeout_s: PositiveInt = 3600  # no "drained" report by then: proceed to repair
+    repair_window_s: PositiveInt = 7 * 86_400  # repairs counted for escalation and the cap
+    max_repairs: PositiveInt = 4  # repairs in the window before the target is left to a human
+    node_ladder: tuple[str, ...] = ("reset_gpu", "reboot", "replace")
+    slice_ladder: tuple[str, ...] = ("repair_slice", "replace")
+
+    def __post_init__(self) -> None:
+        repairs = {"reset_gpu", "reboot", "repair", "replace", "repair_slice"}
+        for name, ladder in (("node_ladder", self.node_ladder), ("slice_ladder", self.slice_ladder)):
+            if not ladder or not set(ladder) <= repairs:
+                raise ValueError(f"{name}: expected repair kinds from {sorted(repairs)}")
+
+
+class PolicySettings(Section, frozen=True):
+    """Remediation policy per pool (pipeline/policy.py); event-time seconds."""
+
+    dry_run: bool = False  # every action is published with dry_run=true
+    dry_run_checks: tuple[str, ...] = ()  # disruptive actions justified only by these: dry run
+    max_unavailable_pct: Percent = 10.0  # blast radius: unavailable targets per pool, percent
+    max_unavailable: PositiveInt = 10  # ... and absolute cap; the smaller one wins
+    budget_floor: Annotated[int, Meta(ge=0)] = 1  # always allow this many (small pools)
+    fatal_max_unavailable_pct: Percent = 50.0  # fatal faults may exceed the budget up to this
+    burst_cordons: PositiveInt = 3  # this many cordons within burst_window_s ...
+    burst_window_s: PositiveInt = 600
+    slow_start_interval_s: PositiveInt = 300  # ... then at most one per interval
+    calm_s: PositiveInt = 1800  # ... until this long after the last slow-start cordon
+    max_actions_per_hour: PositiveInt = 30  # cordons and repairs per pool (fatal ones exempt)
+    action_ttl_s: PositiveInt = 900  # expires_at; unreported by then: no longer open
+    pending_ttl_s: PositiveInt = 1200  # a withheld proposal not re-sent for this long is dropped
+    dedupe_window_s: PositiveInt = 86_400  # proposal ids remembered this long
+    maintenance_lead_s: PositiveInt = 1800  # cordon and drain this long before a window
+    maintenance_release_s: PositiveInt = 900  # release this long after a window without DONE
+    capacity_hold_s: PositiveInt = 3600  # a quota / stock-out signal holds this long
+    quota_near_frac: Fraction = 0.95  # quota usage at or above this is "near the limit"
+
+
 class Settings(Section, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     metrics: MetricsSettings = MetricsSettings()
@@ -192,6 +239,8 @@ class Settings(Section, frozen=True):
     sources: SourcesSettings = SourcesSettings()
     alerts: AlertSettings = AlertSettings()
     detect: DetectSettings = DetectSettings()
+    health: HealthSettings = HealthSettings()
+    policy: PolicySettings = PolicySettings()
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:

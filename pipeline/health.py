@@ -1,0 +1,543 @@
+"""Node / slice health state machine: transition(state, signal) -> (state, proposals).
+
+One HealthState per target (a node, or a TPU slice repaired as one unit). Signals:
+
+- Finding: an unhealthy finding opens (or refreshes) a condition keyed by check and device; a
+  healthy one with the same check (and device) closes it; `heartbeat` findings only move the
+  clock. Time is the newest signal ts seen (event time), never the wall clock.
+- NodeEvent: what someone else did. A cordon without action_id is a human hold: we stop
+  proposing and never release it. An uncordon without action_id of something held (by a human
+  or by us) cancels our episode: open conditions are waived (no re-cordon for them until they
+  close and come back, or another check opens). `drained`, `repaired`, `created`, `deleted`
+  report progress. Cordon/uncordon events that carry our action_id are echoes: the Action feed
+  is authoritative for those.
+- Action: our own action as published by the policy; this is how we learn a proposal was
+  carried out. A dry-run action is not carried out: the state does not move, and the proposal
+  is re-sent only every `dry_run_reproposal_s` (not every `reproposal_s`), so dry run cannot
+  loop; the policy drops those re-sends while dry run is still on, and acts for real once it is
+  switched off.
+
+States (what we last saw happen, not what we wish):
+
+    healthy ──unhealthy finding──▶ suspect ──actionable, persisted persist_s──▶ degraded
+       ▲  ◀──all closed (unless flapping: held suspect until quiet flap_hold_s)──┘  │ fatal: at once
+       │                                                   propose cordon ◀─────────┘
+       │   cordon action ──▶ cordoned ──(plan ≥ drain) drain action──▶ draining
+       │                        │                                        │ drained / drain_timeout_s
+       │                        │            (plan = repair) repair action▼
+       │                        │                                      repairing
+       │                        │ conditions closed                      │ repaired / created
+       │                        ▼                                        ▼
+       └── uncordon action ◀── probation (healthy for probation_s) ◀─────┘
+                                 │ condition back and persisting: repair failed → cordoned,
+                                 ▼ next rung of the ladder (reset_gpu → reboot → replace)
+
+The plan comes from the recommended actions of the open conditions: "cordon" only cordons
+(and waits for the conditions to close), "drain" also drains, a repair kind also repairs.
+Repairs escalate along a ladder by the number of repairs in `repair_window_s`; after
+`max_repairs` the target stays cordoned with nothing more proposed: a human's turn.
+
+Pure and deterministic: `transition` returns a new state and leaves the one passed in untouched.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import msgspec
+
+from pipeline.config import HealthSettings
+from pipeline.ids import stable_id
+from pipeline.model import (
+    Action,
+    ActionKind,
+    Finding,
+    HealthStateName,
+    NodeEvent,
+    NodeState,
+    Proposal,
+    Reason,
+    Target,
+)
+
+HEARTBEAT = "heartbeat"
+MAINTENANCE_CHECK = "maintenance"  # reason.checks of the policy's maintenance actions
+PRE_CORDON: frozenset[str] = frozenset({"healthy", "suspect", "degraded"})
+REPAIR_KINDS: frozenset[str] = frozenset(
+    {"reset_gpu", "reboot", "repair", "replace", "repair_slice"}
+)
+_RECREATE = frozenset({"replace", "repair", "repair_slice"})  # the target is deleted, then created
+# Rough strength of a repair, to place a recommendation on a ladder that may lack it.
+_RANK = {"reset_gpu": 1, "reboot": 2, "repair": 2, "repair_slice": 2, "replace": 3}
+_CORDON, _DRAIN, _REPAIR = 1, 2, 3  # plan levels; 0 = watch only
+_LEVEL = {"none": 0, "watch": 0, "cordon": _CORDON, "drain": _DRAIN} | dict.fromkeys(
+    REPAIR_KINDS, _REPAIR
+)
+_SEVERITY = {"info": 0, "warning": 1, "critical": 2}
+MAX_CONDITIONS = 256  # beyond this, new devices of a check share one condition
+_APPLIED_MAX = 16
+_FINDING_IDS_MAX = 16
+_MS = 1000
+
+
+class Condition(msgspec.Struct, kw_only=True):
+    """One open check on one device (or on the target itself)."""
+
+    check: str
+    device: str | None = None
+    first_ts: int
+    last_ts: int
+    severity: str
+    fatal: bool
+    recommended: str
+    finding_ids: list[str]  # the first and the latest
+    message: str = ""
+    waived: bool = False  # open when a human released the target: not evidence any more
+
+
+class Outstanding(msgspec.Struct, kw_only=True):
+    """The proposal we are waiting on (one at a time per target)."""
+
+    proposal_id: str
+    kind: str
+    first_ts: int
+    last_ts: int
+    dry_run: bool = False  # answered by a dry-run action: re-sent only rarely
+
+
+class HealthState(msgspec.Struct, kw_only=True):
+    target: Target
+    state: HealthStateName = "healthy"
+    since: int
+    clock: int  # newest event time seen for this target
+    episode: str | None = None
+    round: int = 0  # proposals decided in this episode (part of the proposal id)
+    conditions: dict[str, Condition] = {}
+    unhealthy_since: int | None = None  # start of the stretch with an actionable condition
+    quiet_since: int | None = None  # start of the stretch without one
+    flaps: list[int] = []  # when actionable conditions closed, within flap_window_s
+    cordoned_by_us: bool = False
+    human_hold: bool = False
+    maintenance: bool = False  # cordoned by the policy for scheduled maintenance
+    drained: bool = False
+    repairs: list[int] = []  # when repair actions were carried out, within repair_window_s
+    repair_kind: str | None = None
+    last_action: str | None = None  # "<kind>:<action_id>" of the last action carried out
+    applied: list[str] = []  # recent action ids, so a replayed action is a no-op
+    outstanding: Outstanding | None = None
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(HealthState)
+
+
+def target_key(target: Target) -> str:
+    return f"{target.cluster}/{target.kind}/{target.name}"
+
+
+def transition(
+    state: HealthState | None, signal: Finding | NodeEvent | Action, settings: HealthSettings
+) -> tuple[HealthState, list[Proposal]]:
+    """Apply one signal to one target's state; return the new state and what to propose."""
+    target = _target_of(signal)
+    if state is None:
+        st = HealthState(target=target, since=signal.ts, clock=signal.ts)
+    else:
+        if target_key(state.target) != target_key(target):
+            raise ValueError(
+                f"signal for {target_key(target)} sent to the state of {target_key(state.target)}"
+            )
+        st = _DECODER.decode(_ENCODER.encode(state))
+    st.target = target  # identity stays current: a node can move to another pool
+    st.clock = max(st.clock, signal.ts)
+    if isinstance(signal, Finding):
+        _on_finding(st, signal)
+    elif isinstance(signal, NodeEvent):
+        _on_node_event(st, signal)
+    else:
+        _on_action(st, signal)
+    _prune(st, settings)
+    _settle(st, settings)
+    return st, _propose(st, settings)
+
+
+def to_node_state(state: HealthState) -> NodeState:
+    """The record for the compacted fleet.node-state topic (ts = newest event time seen)."""
+    return NodeState(
+        ts=state.clock,
+        target=state.target,
+        state=state.state,
+        since=state.since,
+        episode=state.episode,
+        cordoned_by_us=state.cordoned_by_us,
+        human_hold=state.human_hold,
+        repairs=len(state.repairs),
+        last_action=state.last_action,
+        open_checks=sorted({c.check for c in state.conditions.values()}),
+    )
+
+
+def _target_of(signal: Finding | NodeEvent | Action) -> Target:
+    if isinstance(signal, Finding):
+        return signal.entity.target
+    if isinstance(signal, Action):
+        return signal.target
+    return Target(
+        cluster=signal.cluster,
+        kind=signal.target_kind,
+        name=signal.target,
+        pool=signal.pool,
+        zone=signal.zone,
+    )
+
+
+# --- signals ------------------------------------------------------------------------------
+
+
+def _on_finding(st: HealthState, finding: Finding) -> None:
+    if finding.check == HEARTBEAT:
+        return
+    key = f"{finding.check}|{finding.entity.device or ''}"
+    if finding.healthy:
+        _close(st, finding, key)
+        return
+    cond = st.conditions.get(key)
+    if cond is None and len(st.conditions) >= MAX_CONDITIONS:
+        key = f"{finding.check}|*"
+        cond = st.conditions.get(key)
+    if cond is None:
+        st.conditions[key] = Condition(
+            check=finding.check,
+            device=finding.entity.device,
+            first_ts=finding.ts,
+            last_ts=finding.ts,
+            severity=finding.severity,
+            fatal=finding.fatal,
+            recommended=finding.recommended_action,
+            finding_ids=[finding.finding_id],
+            message=finding.message,
+        )
+        return
+    cond.first_ts = min(cond.first_ts, finding.ts)
+    cond.last_ts = max(cond.last_ts, finding.ts)
+    cond.fatal = cond.fatal or finding.fatal
+    if _strength(finding.recommended_action) > _strength(cond.recommended):
+        cond.recommended = finding.recommended_action
+    if _SEVERITY[finding.severity] > _SEVERITY.get(cond.severity, 0):
+        cond.severity = finding.severity
+    if finding.finding_id != cond.finding_ids[0]:
+        cond.finding_ids = [cond.finding_ids[0], finding.finding_id]
+    cond.message = finding.message or cond.message
+
+
+def _strength(recommended: str) -> tuple[int, int]:
+    return _LEVEL[recommended], _RANK.get(recommended, 0)
+
+
+def _close(st: HealthState, finding: Finding, key: str) -> None:
+    # A device-less clear closes the check on every device; a clear older than the latest
+    # unhealthy evidence is stale (out-of-order delivery) and closes nothing.
+    if finding.entity.device is None:
+        keys = [k for k, c in st.conditions.items() if c.check == finding.check]
+    else:
+        keys = [key] if key in st.conditions else []
+    for k in keys:
+        cond = st.conditions[k]
+        if finding.ts < cond.last_ts:
+            continue
+        del st.conditions[k]
+        if _actionable(cond):
+            st.flaps.append(finding.ts)
+
+
+def _on_node_event(st: HealthState, event: NodeEvent) -> None:
+    if event.action_id is not None and event.kind in ("cordoned", "uncordoned"):
+        return
+    if event.kind == "cordoned":
+        # Cordoning is idempotent in Kubernetes: a "cordoned" while we hold the cordon is a
+        # watcher echoing ours, not a person, so it does not become a human hold.
+        if not st.cordoned_by_us:
+            _human_hold(st)
+    elif event.kind == "uncordoned":
+        if st.human_hold or st.cordoned_by_us:
+            _human_release(st)
+    elif event.kind == "drained":
+        if st.state == "draining":
+            st.drained = True
+    elif event.kind == "repaired":
+        _repaired(st, fresh_node=False)
+    elif event.kind == "created":
+        if st.state == "repairing":
+            _repaired(st, fresh_node=True)
+        else:
+            _reset(st)
+    elif event.kind == "deleted" and not (st.state == "repairing" and st.repair_kind in _RECREATE):
+        _reset(st)
+
+
+def _human_hold(st: HealthState) -> None:
+    st.human_hold = True
+    st.outstanding = None
+    if st.state in PRE_CORDON:
+        _enter(st, "cordoned")
+
+
+def _human_release(st: HealthState) -> None:
+    # A person put the target back in service: our episode is over and what was open then is
+    # waived (draino drained a node an admin had uncordoned; we must not).
+    was_out = st.state not in PRE_CORDON
+    st.human_hold = st.cordoned_by_us = st.maintenance = st.drained = False
+    st.outstanding = None
+    for cond in st.conditions.values():
+        cond.waived = True
+    st.unhealthy_since = None
+    st.episode, st.round = None, 0
+    _enter(st, "probation" if was_out and st.conditions else "healthy")
+    st.quiet_since = st.clock
+
+
+def _repaired(st: HealthState, *, fresh_node: bool) -> None:
+    if st.human_hold or (st.state in PRE_CORDON and not st.cordoned_by_us):
+        return  # someone else's business, or nothing of ours to finish
+    if fresh_node:  # a recreated node object comes up schedulable: our cordon went with it
+        st.cordoned_by_us = st.drained = False
+    st.outstanding = None
+    _enter(st, "probation")
+    st.quiet_since = None
+
+
+def _reset(st: HealthState) -> None:
+    fresh = HealthState(target=st.target, since=st.clock, clock=st.clock)
+    for field in HealthState.__struct_fields__:
+        setattr(st, field, getattr(fresh, field))
+
+
+def _on_action(st: HealthState, action: Action) -> None:
+    if action.action_id in st.applied:
+        return
+    if action.dry_run:
+        if st.outstanding is not None and st.outstanding.proposal_id == action.proposal_id:
+            st.outstanding.dry_run = True
+        return
+    st.applied = [*st.applied, action.action_id][-_APPLIED_MAX:]
+    st.last_action = f"{action.kind}:{action.action_id}"
+    if st.outstanding is not None and st.outstanding.proposal_id == action.proposal_id:
+        st.outstanding = None
+    if action.kind == "cordon":
+        st.cordoned_by_us = True
+        st.maintenance = MAINTENANCE_CHECK in action.reason.checks
+        if st.state in PRE_CORDON:
+            st.drained = False
+            _enter(st, "cordoned")
+    elif action.kind == "drain":
+        st.drained = False
+        _enter(st, "draining")
+    elif action.kind == "uncordon":
+        st.cordoned_by_us = st.maintenance = st.drained = False
+        if not st.human_hold:
+            st.episode, st.round, st.unhealthy_since = None, 0, None
+            _enter(st, "healthy")  # _settle moves on to suspect if something is still open
+    else:
+        st.repairs = [*st.repairs, action.ts]
+        st.repair_kind = action.kind
+        _enter(st, "repairing")
+
+
+# --- time and state -----------------------------------------------------------------------
+
+
+def _prune(st: HealthState, settings: HealthSettings) -> None:
+    st.flaps = [t for t in st.flaps if st.clock - t < settings.flap_window_s * _MS][-64:]
+    st.repairs = [t for t in st.repairs if st.clock - t < settings.repair_window_s * _MS][-32:]
+
+
+def _actionable(cond: Condition) -> bool:
+    return not cond.waived and (cond.fatal or _LEVEL[cond.recommended] >= _CORDON)
+
+
+def _flapping(st: HealthState, settings: HealthSettings) -> bool:
+    return len(st.flaps) > settings.flap_max
+
+
+def _held(st: HealthState, settings: HealthSettings) -> bool:
+    """A flapping target stays suspect until it has been quiet for flap_hold_s."""
+    return _flapping(st, settings) and st.clock - st.flaps[-1] < settings.flap_hold_s * _MS
+
+
+def _enter(st: HealthState, name: HealthStateName) -> None:
+    if st.state != name:
+        st.state, st.since = name, st.clock
+
+
+def _settle(st: HealthState, settings: HealthSettings) -> None:
+    actionable = [c for c in st.conditions.values() if _actionable(c)]
+    if actionable:
+        st.quiet_since = None
+        if st.unhealthy_since is None:
+            st.unhealthy_since = min(c.first_ts for c in actionable)
+    else:
+        st.quiet_since = st.clock if st.quiet_since is None else st.quiet_since
+        if not (st.state in PRE_CORDON and _held(st, settings)):
+            st.unhealthy_since = None
+    if st.human_hold or st.maintenance:
+        return
+    if st.state in PRE_CORDON:
+        _settle_pre_cordon(st, actionable, settings)
+    elif st.state == "probation":
+        _settle_probation(st, actionable, settings)
+    elif st.state in ("cordoned", "draining"):
+        if not actionable:
+            _enter(st, "probation")
+        elif st.state == "draining" and st.clock - st.since >= settings.drain_timeout_s * _MS:
+            st.drained = True  # like NVSentinel's DeleteAfterTimeout: a drain cannot block forever
+
+
+def _settle_pre_cordon(
+    st: HealthState, actionable: list[Condition], settings: HealthSettings
+) -> None:
+    name: HealthStateName
+    if actionable:
+        required = settings.persist_s * _MS
+        if _flapping(st, settings):
+            required *= settings.flap_persist_factor
+        since = st.unhealthy_since if st.unhealthy_since is not None else st.clock
+        persisted = st.clock - since >= required
+        fatal = any(c.fatal for c in actionable)
+        name = "degraded" if fatal or persisted or st.state == "degraded" else "suspect"
+    elif st.conditions or _held(st, settings):
+        name = "suspect"
+    else:
+        name = "healthy"
+    if st.state == "healthy" and name != "healthy":
+        first = st.unhealthy_since if st.unhealthy_since is not None else st.clock
+        st.episode, st.round = stable_id("ep", target_key(st.target), first), 0
+    elif name == "healthy":
+        st.episode, st.round, st.outstanding = None, 0, None
+    _enter(st, name)
+
+
+def _settle_probation(
+    st: HealthState, actionable: list[Condition], settings: HealthSettings
+) -> None:
+    failed = any(_failed_repair(st, c, settings) for c in actionable)
+    if st.cordoned_by_us:
+        if failed:
+            _enter(st, "cordoned")  # we still hold it: on to the next rung of the ladder
+        return
+    # Back in service already (a person released it, or the node was recreated): after
+    # probation_s quiet it is simply healthy; a failure starts a new episode from scratch.
+    if failed or _quiet_for(st, settings.probation_s):
+        st.episode, st.round = None, 0
+        _enter(st, "healthy")
+        _settle_pre_cordon(st, actionable, settings)
+
+
+def _quiet_for(st: HealthState, seconds: int) -> bool:
+    if st.quiet_since is None:
+        return False
+    return st.clock - max(st.quiet_since, st.since) >= seconds * _MS
+
+
+def _failed_repair(st: HealthState, cond: Condition, settings: HealthSettings) -> bool:
+    # New evidence after probation began fails it once it persists (fatal: at once); a condition
+    # carried over from before the repair gets probation_s for its detector to clear it.
+    if cond.first_ts >= st.since or cond.last_ts > st.since:
+        if cond.fatal:
+            return True
+        return st.clock - max(cond.first_ts, st.since) >= settings.persist_s * _MS
+    return st.clock - st.since >= settings.probation_s * _MS
+
+
+# --- proposals ----------------------------------------------------------------------------
+
+
+def _plan(st: HealthState) -> tuple[int, int]:
+    """(level, repair rank) wanted by the open, not waived, actionable conditions."""
+    level = rank = 0
+    for cond in st.conditions.values():
+        if _actionable(cond):
+            level = max(level, _LEVEL[cond.recommended], _CORDON)
+            rank = max(rank, _RANK.get(cond.recommended, 0))
+    return level, rank
+
+
+def _repair_kind(st: HealthState, rank: int, settings: HealthSettings) -> str | None:
+    if len(st.repairs) >= settings.max_repairs:
+        return None  # repeated repairs did not stick: leave it cordoned for a person
+    ladder = settings.slice_ladder if st.target.kind == "slice" else settings.node_ladder
+    start = next((i for i, kind in enumerate(ladder) if _RANK[kind] >= rank), len(ladder) - 1)
+    return ladder[min(start + len(st.repairs), len(ladder) - 1)]
+
+
+def _wanted(st: HealthState, settings: HealthSettings) -> str | None:
+    if st.human_hold or st.maintenance:
+        return None
+    level, rank = _plan(st)
+    if st.state == "degraded":
+        return "cordon"
+    if st.state == "cordoned" and level >= _DRAIN and not st.drained:
+        return "drain"
+    if st.state in ("cordoned", "draining") and level == _REPAIR and st.drained:
+        return _repair_kind(st, rank, settings)
+    if st.state == "probation" and st.cordoned_by_us and _quiet_for(st, settings.probation_s):
+        return "uncordon"
+    return None
+
+
+def _propose(st: HealthState, settings: HealthSettings) -> list[Proposal]:
+    kind = _wanted(st, settings)
+    if kind is None:
+        st.outstanding = None
+        return []
+    pending = st.outstanding
+    if pending is not None and pending.kind == kind:
+        wait = settings.dry_run_reproposal_s if pending.dry_run else settings.reproposal_s
+        if st.clock - pending.last_ts < wait * _MS:
+            return []
+        pending.last_ts = st.clock  # the same id again: the policy dedupes or acts now
+        return [_proposal(st, pending.proposal_id, kind)]
+    if st.episode is None:
+        st.episode = stable_id("ep", target_key(st.target), st.clock)
+    st.round += 1
+    proposal_id = stable_id("prp", st.episode, kind, st.round)
+    st.outstanding = Outstanding(
+        proposal_id=proposal_id, kind=kind, first_ts=st.clock, last_ts=st.clock
+    )
+    return [_proposal(st, proposal_id, kind)]
+
+
+def _proposal(st: HealthState, proposal_id: str, kind: str) -> Proposal:
+    conditions = [st.conditions[k] for k in sorted(st.conditions) if _actionable(st.conditions[k])]
+    assert st.episode is not None
+    return Proposal(
+        proposal_id=proposal_id,
+        ts=st.clock,
+        kind=cast(ActionKind, kind),
+        target=st.target,
+        reason=_reason(st, kind, conditions),
+        fatal=any(c.fatal for c in conditions),
+        episode=st.episode,
+        state=st.state,
+    )
+
+
+def _reason(st: HealthState, kind: str, conditions: list[Condition]) -> Reason:
+    finding_ids: list[str] = []
+    for cond in conditions:
+        finding_ids += [i for i in cond.finding_ids if i not in finding_ids]
+    where = f"{st.target.kind} {st.target.name}"
+    if kind == "uncordon":
+        done = st.repair_kind or "cordon"
+        summary = f"uncordon {where}: healthy through probation after {done}"
+    else:
+        parts = [
+            f"{c.check}{'@' + c.device if c.device else ''} ({c.severity}"
+            f"{', fatal' if c.fatal else ''}): {c.message[:160]}"
+            for c in conditions
+        ]
+        summary = f"{kind} {where}: " + "; ".join(parts)
+    return Reason(
+        checks=sorted({c.check for c in conditions}),
+        finding_ids=finding_ids[:_FINDING_IDS_MAX],
+        summary=summary[:4000],
+    )

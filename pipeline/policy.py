@@ -1,0 +1,657 @@
+"""Remediation policy per pool: decide(state, signal) -> (state, actions, alerts).
+
+Signals: Proposals from the health machine, NodeStates (pool membership and what is out of
+service, ours or a person's), CapacityEvents (quota, stock-out, scheduled maintenance). Every
+proposal becomes a withheld entry first; after each signal the withheld entries are released in
+order (uncordons, then fatal, then oldest) through the gates below, so a proposal held back for
+the budget goes out as soon as the budget frees, and one whose episode ended is dropped instead
+of replayed (NVSentinel's closing breaker replayed days-old events).
+
+Gates, in order:
+- human hold on the target: drop (never fight a person); one open action per target: wait;
+- drain / repairs need our cordon on the target (NodeState.cordoned_by_us), else wait; an
+  uncordon of anything we did not cordon, or that a person holds, is dropped;
+- blast radius (cordons only: drains and repairs act on a target already out): unavailable
+  targets of the pool, counting our open cordons, dry-run cordons and people's cordons,
+  stay <= min(max_unavailable, max(budget_floor, floor(pct x size))). Fatal faults may go past
+  that up to fatal_max_unavailable_pct of the pool: a dead accelerator is lost capacity already,
+  so taking it out costs little, while past half a pool the cause is more likely systemic (a
+  driver regression, a detector bug) than many independent failures;
+- capacity (non-fatal cordons and repairs that recreate the target, in a quota-exceeded,
+  near-quota or stocked-out zone): defer, with an alert;
+- slow start (non-fatal cordons): after burst_cordons within burst_window_s, one per
+  slow_start_interval_s until calm_s after the last one;
+- rate (non-fatal cordons and repairs): max_actions_per_hour per pool.
+Releases (uncordon) pass every capacity gate: a breaker must never keep recovered nodes out.
+
+Dry run (global, or per check when every check behind a disruptive proposal is a dry-run
+check): the action is published with dry_run=True and a distinct id, stable_id("act",
+proposal_id, "dry-run"), so a later real action for the same proposal never collides with it;
+a dry-run cordon counts against the budget for as long as its episode lasts, so dry run shows
+what the real run would do, throttling included.
+
+Scheduled maintenance: cordon, then drain, maintenance_lead_s before the window; release after
+MAINTENANCE_DONE or maintenance_release_s after the window. These pass every gate and do not
+count against the failure budget, but do count as unavailable in what the alerts report.
+
+Alerts: one per pool and cause (budget, capacity, throttle) fires while proposals are withheld
+for it, updated when the withheld set changes, resolved when it empties; one per cordoned target
+fires with the cordon and resolves with its release. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import msgspec
+
+from pipeline import alerts
+from pipeline.config import PolicySettings
+from pipeline.health import MAINTENANCE_CHECK, REPAIR_KINDS, target_key
+from pipeline.ids import stable_id
+from pipeline.model import (
+    Action,
+    ActionKind,
+    Alert,
+    CapacityEvent,
+    HealthStateName,
+    NodeState,
+    Proposal,
+    Reason,
+    Target,
+)
+
+_MS = 1000
+_HOUR_MS = 3_600_000
+DISRUPTIVE: frozenset[str] = frozenset({"cordon", "drain"}) | REPAIR_KINDS  # per-check dry run
+RATE_LIMITED: frozenset[str] = frozenset({"cordon"}) | REPAIR_KINDS
+NEEDS_CAPACITY: frozenset[str] = frozenset({"cordon", "replace", "repair", "repair_slice"})
+NEEDS_OUR_CORDON: frozenset[str] = frozenset({"drain", "uncordon"}) | REPAIR_KINDS
+OUT_OF_SERVICE: frozenset[str] = frozenset({"cordoned", "draining", "repairing"})
+# why a proposal is withheld -> the pool alert that reports it (None: transient, no alert)
+WITHHELD_ALERT: dict[str, alerts.PoolAlert | None] = {
+    "budget": "budget",
+    "fatal_ceiling": "budget",
+    "capacity": "capacity",
+    "slow_start": "throttle",
+    "rate_limit": "throttle",
+    "busy": None,
+    "awaiting_cordon": None,
+}
+_ACT, _DROP = "act", "drop"
+
+
+class TargetView(msgspec.Struct, kw_only=True):
+    """The latest NodeState of a pool member, as far as the policy needs it."""
+
+    target: Target
+    state: HealthStateName
+    episode: str | None = None
+    cordoned_by_us: bool = False
+    human_hold: bool = False
+    last_action: str | None = None
+    ts: int = 0
+
+    @property
+    def unavailable(self) -> bool:
+        return self.cordoned_by_us or self.human_hold or self.state in OUT_OF_SERVICE
+
+
+class OpenAction(msgspec.Struct, kw_only=True):
+    """A real action the health machine has not reported back yet (at most one per target)."""
+
+    action_id: str
+    proposal_id: str
+    kind: str
+    ts: int
+    expires_at: int
+    maintenance: bool = False
+
+
+class Withheld(msgspec.Struct, kw_only=True):
+    proposal: Proposal
+    first_ts: int
+    last_ts: int
+    reason: str = ""
+
+
+class Acted(msgspec.Struct, kw_only=True):
+    ts: int
+    dry_run: bool
+
+
+class Maintenance(msgspec.Struct, kw_only=True):
+    event_id: str
+    target: Target
+    start: int
+    end: int
+    release_at: int
+    cordoned: bool = False
+    drained: bool = False
+    dry_run: bool = False
+    done: bool = False
+
+
+class PolicyState(msgspec.Struct, kw_only=True):
+    pool: str
+    cluster: str = ""
+    clock: int = 0
+    targets: dict[str, TargetView] = {}
+    open: dict[str, OpenAction] = {}
+    acted: dict[str, Acted] = {}  # proposal id -> what we did, for dedupe
+    withheld: dict[str, Withheld] = {}  # by target: the latest proposal only
+    shadow: dict[str, str] = {}  # dry-run cordons: target -> episode
+    cordons: list[int] = []  # when cordons went out (slow start)
+    disruptive: list[int] = []  # when cordons and repairs went out (rate limit)
+    slow_start_until: int = 0
+    quota_until: int = 0
+    stockout_until: int = 0
+    capacity_note: str = ""
+    maintenance: dict[str, Maintenance] = {}  # by target
+    alerts: dict[str, Alert] = {}  # firing: "budget" / "capacity" / "throttle" / "cordon:<target>"
+
+
+@dataclass
+class _Out:
+    actions: list[Action] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(PolicyState)
+
+
+def decide(
+    state: PolicyState | None,
+    signal: Proposal | NodeState | CapacityEvent,
+    settings: PolicySettings,
+) -> tuple[PolicyState, list[Action], list[Alert]]:
+    """Apply one signal to one pool's state; return the new state, actions and alerts."""
+    st = _start(state, signal)
+    st.clock = max(st.clock, signal.ts)
+    out = _Out()
+    if isinstance(signal, Proposal):
+        _on_proposal(st, signal, settings)
+    elif isinstance(signal, NodeState):
+        _on_node_state(st, signal, out)
+    else:
+        _on_capacity(st, signal, settings)
+    _expire(st, settings)
+    _run_maintenance(st, settings, out)
+    _release_withheld(st, settings, out)
+    _sync_pool_alerts(st, settings, out)
+    return st, out.actions, out.alerts
+
+
+def _start(state: PolicyState | None, signal: Proposal | NodeState | CapacityEvent) -> PolicyState:
+    pool = (signal.pool or "") if isinstance(signal, CapacityEvent) else signal.target.pool
+    if state is None:
+        return PolicyState(pool=pool)
+    if pool and state.pool and pool != state.pool:
+        raise ValueError(f"signal for pool {pool!r} sent to the policy state of {state.pool!r}")
+    st = _DECODER.decode(_ENCODER.encode(state))
+    st.pool = st.pool or pool
+    return st
+
+
+# --- signals ------------------------------------------------------------------------------
+
+
+def _learn(st: PolicyState, target: Target, state: HealthStateName) -> TargetView:
+    """A pool member, first seen in a proposal or a node state (ts 0: any NodeState is news)."""
+    key = target_key(target)
+    st.cluster = st.cluster or target.cluster
+    view = st.targets.get(key)
+    if view is None:
+        view = st.targets[key] = TargetView(target=target, state=state)
+    return view
+
+
+def _on_proposal(st: PolicyState, proposal: Proposal, settings: PolicySettings) -> None:
+    _learn(st, proposal.target, proposal.state)
+    prior = st.acted.get(proposal.proposal_id)
+    if prior is not None and (not prior.dry_run or _is_dry(proposal, settings)):
+        return  # the same proposal again: one action (or one dry run while dry run is on)
+    key = target_key(proposal.target)
+    held = st.withheld.get(key)
+    if held is not None and held.proposal.proposal_id == proposal.proposal_id:
+        held.last_ts = st.clock
+    else:
+        st.withheld[key] = Withheld(proposal=proposal, first_ts=st.clock, last_ts=st.clock)
+
+
+def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
+    key = target_key(ns.target)
+    view = _learn(st, ns.target, ns.state)
+    if ns.ts < view.ts:
+        return  # an older record overtaken by a newer one
+    view.target, view.state, view.episode, view.ts = ns.target, ns.state, ns.episode, ns.ts
+    view.cordoned_by_us, view.human_hold, view.last_action = (
+        ns.cordoned_by_us,
+        ns.human_hold,
+        ns.last_action,
+    )
+    pending = st.open.get(key)
+    if pending is not None and ns.last_action == f"{pending.kind}:{pending.action_id}":
+        del st.open[key]  # the health machine has seen it: no longer open
+    if key in st.shadow and st.shadow[key] != ns.episode:
+        del st.shadow[key]
+    held = st.withheld.get(key)
+    stale = held is not None and (ns.human_hold or ns.episode != held.proposal.episode)
+    if held is not None and stale and ns.ts >= held.proposal.ts:
+        del st.withheld[key]  # contested by a person, or its episode is over
+    name = f"cordon:{key}"
+    if name in st.alerts and not ns.cordoned_by_us and key not in st.open:
+        out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
+
+
+def _on_capacity(st: PolicyState, event: CapacityEvent, settings: PolicySettings) -> None:
+    if not _applies(st, event):
+        return
+    hold = event.ts + settings.capacity_hold_s * _MS
+    note = f"{event.kind} in {event.zone}" + (f": {event.message}" if event.message else "")
+    if event.kind == "QUOTA_EXCEEDED":
+        st.quota_until, st.capacity_note = max(st.quota_until, hold), note
+    elif event.kind == "STOCKOUT":
+        st.stockout_until, st.capacity_note = max(st.stockout_until, hold), note
+    elif event.kind in ("QUOTA_USAGE", "QUOTA_CHANGED") and event.quota is not None:
+        quota = event.quota
+        near = quota.limit <= 0 or quota.usage / quota.limit >= settings.quota_near_frac
+        st.quota_until = hold if near else 0
+        if near:
+            st.capacity_note = f"{note}: {quota.metric} {quota.usage:g} of {quota.limit:g}"
+    elif event.kind.startswith("MAINTENANCE_"):
+        _on_maintenance(st, event, settings)
+
+
+def _applies(st: PolicyState, event: CapacityEvent) -> bool:
+    if event.pool is not None:
+        return event.pool == st.pool
+    if event.cluster is not None and st.cluster and event.cluster != st.cluster:
+        return False
+    zones = {view.target.zone for view in st.targets.values()}
+    return not zones or event.zone in zones
+
+
+def _on_maintenance(st: PolicyState, event: CapacityEvent, settings: PolicySettings) -> None:
+    target = _maintenance_target(st, event)
+    if target is None:
+        return  # zone-wide notices name no target to move out of the way
+    key = target_key(target)
+    plan = st.maintenance.get(key)
+    if event.kind == "MAINTENANCE_DONE":
+        if plan is not None:
+            plan.release_at = min(plan.release_at, event.ts)
+        return
+    if plan is not None and (plan.event_id == event.event_id or not plan.done):
+        if event.kind == "MAINTENANCE_STARTED":
+            plan.start = min(plan.start, event.ts)  # late notice: move it out now
+        return
+    window = event.window
+    start = window.start if window is not None else event.ts
+    end = window.end if window is not None else event.ts
+    if event.kind == "MAINTENANCE_STARTED":
+        start = min(start, event.ts)
+    st.maintenance[key] = Maintenance(
+        event_id=event.event_id,
+        target=target,
+        start=start,
+        end=end,
+        release_at=end + settings.maintenance_release_s * _MS,
+    )
+
+
+def _maintenance_target(st: PolicyState, event: CapacityEvent) -> Target | None:
+    if event.target is None:
+        return None
+    for view in st.targets.values():
+        if view.target.name == event.target and (
+            event.target_kind is None or view.target.kind == event.target_kind
+        ):
+            return view.target
+    if event.cluster is None or event.target_kind is None or not st.pool:
+        return None
+    return Target(
+        cluster=event.cluster, kind=event.target_kind, name=event.target, pool=st.pool,
+        zone=event.zone,
+    )
+
+
+# --- housekeeping -------------------------------------------------------------------------
+
+
+def _expire(st: PolicyState, settings: PolicySettings) -> None:
+    now = st.clock
+    st.open = {k: o for k, o in st.open.items() if now < o.expires_at}
+    keep = settings.dedupe_window_s * _MS
+    st.acted = {k: a for k, a in st.acted.items() if now - a.ts <= keep}
+    ttl = settings.pending_ttl_s * _MS
+    st.withheld = {k: w for k, w in st.withheld.items() if now - w.last_ts <= ttl}
+    window = max(settings.burst_window_s * _MS, _HOUR_MS)
+    st.cordons = [t for t in st.cordons if now - t < window]
+    st.disruptive = [t for t in st.disruptive if now - t < _HOUR_MS]
+    st.maintenance = {
+        k: m for k, m in st.maintenance.items() if not m.done or now - m.release_at <= keep
+    }
+
+
+# --- maintenance --------------------------------------------------------------------------
+
+
+def _run_maintenance(st: PolicyState, settings: PolicySettings, out: _Out) -> None:
+    for key in sorted(st.maintenance):
+        plan = st.maintenance[key]
+        if plan.done:
+            continue
+        view = st.targets.get(key)
+        if st.clock >= plan.release_at:
+            _end_maintenance(st, plan, view, settings, out)
+        elif st.clock >= plan.start - settings.maintenance_lead_s * _MS:
+            _begin_maintenance(st, plan, view, settings, out)
+
+
+def _begin_maintenance(
+    st: PolicyState,
+    plan: Maintenance,
+    view: TargetView | None,
+    settings: PolicySettings,
+    out: _Out,
+) -> None:
+    key = target_key(plan.target)
+    if key in st.open:
+        return  # one action at a time per target
+    if not plan.cordoned:
+        if view is not None and view.unavailable:
+            plan.done = True  # already out of service (a fault or a person): leave it be
+            return
+        _act(st, _maintenance_proposal(st, plan, "cordon"), settings, out, maintenance=True)
+        plan.cordoned = True
+        plan.dry_run = st.acted[_maintenance_id(plan, "cordon")].dry_run
+    elif not plan.drained and (plan.dry_run or (view is not None and view.cordoned_by_us)):
+        _act(st, _maintenance_proposal(st, plan, "drain"), settings, out, maintenance=True)
+        plan.drained = True
+
+
+def _end_maintenance(
+    st: PolicyState,
+    plan: Maintenance,
+    view: TargetView | None,
+    settings: PolicySettings,
+    out: _Out,
+) -> None:
+    if not plan.cordoned:
+        plan.done = True
+        return
+    if target_key(plan.target) in st.open:
+        return
+    release = _maintenance_proposal(st, plan, "uncordon")
+    if plan.dry_run:  # the cordon was a dry run: so is its release, whatever the checks say
+        _act(st, release, settings, out, maintenance=True, dry=True)
+    elif view is not None and view.cordoned_by_us and not view.human_hold:
+        _act(st, release, settings, out, maintenance=True)
+    plan.done = True
+
+
+def _maintenance_id(plan: Maintenance, kind: str) -> str:
+    return stable_id("prp", "maintenance", plan.event_id, kind)
+
+
+def _maintenance_proposal(st: PolicyState, plan: Maintenance, kind: ActionKind) -> Proposal:
+    view = st.targets.get(target_key(plan.target))
+    window = f"{alerts.rfc3339(plan.start)} .. {alerts.rfc3339(plan.end)}"
+    return Proposal(
+        proposal_id=_maintenance_id(plan, kind),
+        ts=st.clock,
+        kind=kind,
+        target=plan.target,
+        reason=Reason(
+            checks=[MAINTENANCE_CHECK],
+            finding_ids=[],
+            summary=f"{kind} {plan.target.kind} {plan.target.name}: scheduled maintenance "
+            f"{window} ({plan.event_id})",
+        ),
+        fatal=False,
+        episode=stable_id("ep", "maintenance", plan.event_id),
+        state=view.state if view is not None else "healthy",
+    )
+
+
+# --- gates --------------------------------------------------------------------------------
+
+
+def _priority(held: Withheld) -> tuple[int, int, str]:
+    proposal = held.proposal
+    rank = 0 if proposal.kind == "uncordon" else 1 if proposal.fatal else 2
+    return rank, held.first_ts, proposal.proposal_id
+
+
+def _release_withheld(st: PolicyState, settings: PolicySettings, out: _Out) -> None:
+    for held in sorted(st.withheld.values(), key=_priority):
+        proposal = held.proposal
+        verdict = _gate(st, proposal, settings)
+        if verdict in (_ACT, _DROP):
+            del st.withheld[target_key(proposal.target)]
+            if verdict == _ACT:
+                _act(st, proposal, settings, out, maintenance=False)
+        else:
+            held.reason = verdict
+
+
+def _gate(st: PolicyState, proposal: Proposal, settings: PolicySettings) -> str:
+    key = target_key(proposal.target)
+    view = st.targets.get(key)
+    if view is not None and view.human_hold:
+        return _DROP
+    if key in st.open:
+        return "busy"
+    kind = proposal.kind
+    if kind in NEEDS_OUR_CORDON and (view is None or not view.cordoned_by_us):
+        return _DROP if kind == "uncordon" else "awaiting_cordon"
+    if kind == "cordon":
+        verdict = _budget_gate(st, key, proposal.fatal, settings)
+        if verdict:
+            return verdict
+    if proposal.fatal or kind == "uncordon":
+        return _ACT
+    if kind in NEEDS_CAPACITY and _capacity_constrained(st):
+        return "capacity"
+    if kind == "cordon" and _slow_start_blocks(st, settings):
+        return "slow_start"
+    if kind in RATE_LIMITED and len(st.disruptive) >= settings.max_actions_per_hour:
+        return "rate_limit"
+    return _ACT
+
+
+@dataclass(frozen=True)
+class Budget:
+    size: int
+    failure: frozenset[str]  # out for a fault or a person: what the budget counts
+    total: frozenset[str]  # ... plus scheduled maintenance
+    limit: int
+    ceiling: int  # how far fatal faults may go
+
+
+def budget(st: PolicyState, settings: PolicySettings) -> Budget:
+    """The pool's blast-radius budget right now."""
+    maintenance = {k for k, m in st.maintenance.items() if m.cordoned and not m.done}
+    total = {k for k, v in st.targets.items() if v.unavailable}
+    total |= {k for k, o in st.open.items() if o.kind == "cordon"}
+    total |= set(st.shadow)
+    failure = total - maintenance
+    size = len(st.targets)
+    limit = min(
+        settings.max_unavailable,
+        max(settings.budget_floor, math.floor(settings.max_unavailable_pct * size / 100)),
+    )
+    ceiling = max(limit, math.floor(settings.fatal_max_unavailable_pct * size / 100))
+    return Budget(size, frozenset(failure), frozenset(total), limit, ceiling)
+
+
+def _budget_gate(st: PolicyState, key: str, fatal: bool, settings: PolicySettings) -> str:
+    now = budget(st, settings)
+    if key in now.failure:
+        return ""  # out of service already: cordoning it takes nothing more away
+    after = len(now.failure) + 1
+    if after <= now.limit or (fatal and after <= now.ceiling):
+        return ""
+    return "fatal_ceiling" if fatal else "budget"
+
+
+def _capacity_constrained(st: PolicyState) -> bool:
+    return st.clock < st.quota_until or st.clock < st.stockout_until
+
+
+def _slow_start_blocks(st: PolicyState, settings: PolicySettings) -> bool:
+    if st.clock >= st.slow_start_until or not st.cordons:
+        return False
+    return st.clock - st.cordons[-1] < settings.slow_start_interval_s * _MS
+
+
+# --- acting -------------------------------------------------------------------------------
+
+
+def _is_dry(proposal: Proposal, settings: PolicySettings) -> bool:
+    if settings.dry_run:
+        return True
+    checks = proposal.reason.checks
+    return (
+        proposal.kind in DISRUPTIVE
+        and bool(checks)
+        and all(check in settings.dry_run_checks for check in checks)
+    )
+
+
+def _act(
+    st: PolicyState,
+    proposal: Proposal,
+    settings: PolicySettings,
+    out: _Out,
+    *,
+    maintenance: bool,
+    dry: bool | None = None,
+) -> None:
+    dry = _is_dry(proposal, settings) if dry is None else dry
+    key = target_key(proposal.target)
+    action_id = stable_id("act", proposal.proposal_id, *(["dry-run"] if dry else []))
+    action = Action(
+        action_id=action_id,
+        ts=st.clock,
+        kind=proposal.kind,
+        target=proposal.target,
+        reason=proposal.reason,
+        dry_run=dry,
+        proposal_id=proposal.proposal_id,
+        expires_at=st.clock + settings.action_ttl_s * _MS,
+    )
+    out.actions.append(action)
+    st.acted[proposal.proposal_id] = Acted(ts=st.clock, dry_run=dry)
+    if dry:
+        if proposal.kind == "cordon" and not maintenance:
+            st.shadow[key] = proposal.episode
+    else:
+        st.open[key] = OpenAction(
+            action_id=action_id,
+            proposal_id=proposal.proposal_id,
+            kind=proposal.kind,
+            ts=st.clock,
+            expires_at=action.expires_at or st.clock,
+            maintenance=maintenance,
+        )
+        _target_alert(st, action, proposal.fatal, maintenance, out)
+    if not maintenance:
+        _count(st, proposal.kind, settings)
+
+
+def _count(st: PolicyState, kind: str, settings: PolicySettings) -> None:
+    if kind in RATE_LIMITED:
+        st.disruptive.append(st.clock)
+    if kind != "cordon":
+        return
+    in_slow_start = st.clock < st.slow_start_until
+    st.cordons.append(st.clock)
+    burst = [t for t in st.cordons if st.clock - t < settings.burst_window_s * _MS]
+    if in_slow_start or len(burst) >= settings.burst_cordons:
+        st.slow_start_until = st.clock + settings.calm_s * _MS
+
+
+def _target_alert(
+    st: PolicyState, action: Action, fatal: bool, maintenance: bool, out: _Out
+) -> None:
+    name = f"cordon:{target_key(action.target)}"
+    if action.kind == "cordon" and name not in st.alerts:
+        alert = alerts.cordon_alert(
+            action.target,
+            action.reason,
+            st.clock,
+            action_id=action.action_id,
+            fatal=fatal,
+            maintenance=maintenance,
+        )
+        st.alerts[name] = alert
+        out.alerts.append(alert)
+    elif action.kind == "uncordon" and name in st.alerts:
+        out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
+
+
+# --- pool alerts --------------------------------------------------------------------------
+
+
+def _sync_pool_alerts(st: PolicyState, settings: PolicySettings, out: _Out) -> None:
+    by_alert: dict[alerts.PoolAlert, list[Withheld]] = {name: [] for name in alerts.POOL_ALERTS}
+    for key in sorted(st.withheld):
+        name = WITHHELD_ALERT.get(st.withheld[key].reason)
+        if name is not None:
+            by_alert[name].append(st.withheld[key])
+    for name, items in by_alert.items():
+        current = st.alerts.get(name)
+        if not items:
+            if current is not None:
+                out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
+            continue
+        annotations = _describe(st, name, items, settings)
+        if current is None:
+            alert = alerts.pool_alert(name, st.pool or "unknown", st.cluster, st.clock, annotations)
+        elif current.annotations.get("withheld") != annotations["withheld"]:
+            alert = alerts.update(current, annotations, st.clock)
+        else:
+            continue
+        st.alerts[name] = alert
+        out.alerts.append(alert)
+
+
+def _describe(
+    st: PolicyState, name: alerts.PoolAlert, items: list[Withheld], settings: PolicySettings
+) -> dict[str, str]:
+    now = budget(st, settings)
+    listed = ", ".join(
+        f"{w.proposal.kind} {w.proposal.target.name} ({', '.join(w.proposal.reason.checks)}"
+        f"{', fatal' if w.proposal.fatal else ''})"
+        for w in items
+    )
+    counts = (
+        f"{len(now.failure)} of {now.size} targets out of service for faults or by people, "
+        f"{len(now.total)} including scheduled maintenance"
+    )
+    if name == "budget":
+        summary = f"pool {st.pool}: remediation budget spent, {len(items)} proposals withheld"
+        why = (
+            f"{counts}; budget {now.limit} = min(cap {settings.max_unavailable}, "
+            f"max({settings.budget_floor}, {settings.max_unavailable_pct:g}% of {now.size})); "
+            f"fatal faults may go to {now.ceiling}. FleetPulse stopped cordoning in this pool."
+        )
+    elif name == "capacity":
+        summary = f"pool {st.pool}: {len(items)} remediations deferred for capacity"
+        why = f"{st.capacity_note}; {counts}. Fatal faults still proceed."
+    else:
+        summary = f"pool {st.pool}: remediation throttled, {len(items)} proposals waiting"
+        why = (
+            f"slow start after {settings.burst_cordons} cordons in {settings.burst_window_s} s "
+            f"(one per {settings.slow_start_interval_s} s) or the rate limit of "
+            f"{settings.max_actions_per_hour} actions per hour; {counts}."
+        )
+    return {
+        "summary": summary,
+        "description": f"{why} Withheld: {listed}.",
+        "withheld": ",".join(w.proposal.proposal_id for w in items),
+    }
