@@ -42,7 +42,7 @@ _SQL_TYPES = {
     pa.list_(pa.string()): "VARCHAR[]",
     pa.map_(pa.string(), pa.string()): "MAP(VARCHAR, VARCHAR)",
 }
-_RETRIES = 3  # a compaction may delete a file between our listing and DuckDB opening it
+_RETRIES = 5  # a compaction may delete a file between our listing and DuckDB opening it
 
 
 class QueryError(FleetPulseError):
@@ -136,17 +136,18 @@ class Lake:
 
     def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
         """Run any SQL over the views; `params` are bound to `$name` placeholders."""
+        started = time.perf_counter()
         for attempt in range(_RETRIES):
             try:
-                started = time.perf_counter()
                 cursor = self.con.execute(query, dict(params) if params else None)
                 columns = [d[0] for d in cursor.description] if cursor.description else []
                 rows = cursor.fetchall() if cursor.description else []
                 return Result(columns, rows, time.perf_counter() - started)
-            except duckdb.IOException:
+            except duckdb.IOException as exc:
                 if attempt == _RETRIES - 1:
-                    raise
-                self._register_tables()  # files moved under us: list them again
+                    raise QueryError(f"lake files kept changing under the query: {exc}") from None
+                time.sleep(0.02 * attempt)
+                self._register_tables()  # a compaction moved files: list them again
             except duckdb.Error as exc:
                 raise QueryError(str(exc).splitlines()[0]) from None
         raise AssertionError("unreachable")
@@ -180,12 +181,13 @@ class Lake:
 
     def latest(self) -> datetime | None:
         """End of the newest utilization window or event in the lake (the default `until`)."""
-        row = self.con.execute(
+        result = self.sql(
             "SELECT max(t) FROM (SELECT max(window_start + to_seconds(window_s)) AS t "
             "FROM utilization UNION ALL SELECT max(ts) FROM findings "
             "UNION ALL SELECT max(ts) FROM node_state)"
-        ).fetchone()
-        return None if row is None or row[0] is None else row[0]  # type: ignore[no-any-return]
+        )
+        latest = result.rows[0][0] if result.rows else None
+        return latest if isinstance(latest, datetime) else None
 
     def tables(self) -> dict[str, int]:
         """Visible files per table."""
@@ -194,10 +196,17 @@ class Lake:
     # --- registration ----------------------------------------------------------------------
 
     def _register_tables(self) -> None:
-        for spec in TABLES.values():
-            self._raw_relation(spec).create_view(f"raw_{spec.name}", replace=True)
-        for spec in TABLES.values():
-            self.con.execute(_view_sql(spec.name))
+        for attempt in range(_RETRIES):
+            try:
+                for spec in TABLES.values():
+                    self._raw_relation(spec).create_view(f"raw_{spec.name}", replace=True)
+                for spec in TABLES.values():
+                    self.con.execute(_view_sql(spec.name))
+                return
+            except duckdb.IOException as exc:
+                if attempt == _RETRIES - 1:
+                    raise QueryError(f"lake files kept changing while listed: {exc}") from None
+                time.sleep(0.02 * attempt)
 
     def _raw_relation(self, spec: TableSpec) -> duckdb.DuckDBPyRelation:
         files = [str(path) for path in visible_files(self.root, spec.name)]

@@ -83,7 +83,7 @@ def _runs(directory: Path, committed: Positions, settings: LakeSettings) -> list
 
 
 def _merge(spec: TableSpec, directory: Path, run: list[LakeFile], settings: LakeSettings) -> int:
-    tables = [pq.read_table(f.path) for f in run]
+    tables = [pq.ParquetFile(f.path).read() for f in run]
     last = max(_last_offset(f) for f in run)
     merged = _conform(pa.concat_tables(tables, promote_options="permissive"), spec)
     metadata = {
