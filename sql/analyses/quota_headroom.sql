@@ -1,8 +1,10 @@
--- question: How much quota is left in each zone? Per zone and quota metric, the latest limit and
--- usage reported before the end of the period, the headroom (absolute and %), and in the
--- period: quota-exceeded errors, stock-outs, preemptions; maintenance scheduled to come.
-WITH latest AS (
-    SELECT region, zone, quota_metric,
+-- question: How much quota is left in each zone? Per zone (and quota metric, where one is
+-- reported) the latest limit and usage before the end of the period and the headroom (absolute
+-- and %); in the period: quota-exceeded errors, stock-outs, preemptions; maintenance to come.
+WITH zones AS (
+    SELECT DISTINCT region, zone FROM capacity WHERE ts < $until
+), latest AS (
+    SELECT zone, quota_metric,
            arg_max(quota_limit, ts) AS quota_limit,
            arg_max(quota_usage, ts) AS quota_usage,
            arg_max(quota_unit, ts) AS unit,
@@ -38,7 +40,8 @@ SELECT region,
        coalesce(preemptions, 0) AS preemptions,
        coalesce(maintenance_scheduled, 0) AS maintenance_scheduled,
        next_maintenance
-FROM latest
+FROM zones
+LEFT JOIN latest USING (zone)
 LEFT JOIN period USING (zone)
 LEFT JOIN coming USING (zone)
 ORDER BY headroom_pct NULLS LAST, zone, quota_metric;
