@@ -150,6 +150,7 @@ class DetectSettings(Section, frozen=True):
     gray_persist_samples: PositiveInt = 4  # consecutive anomalous samples before a gray finding
     clear_persist_samples: PositiveInt = 6  # consecutive normal samples before it clears
     # counters (rates derived here; a drop is a reset and counts from zero)
+    counter_persist_samples: PositiveInt = 2  # scrapes over a rate limit before a finding
     pcie_replay_per_min: Annotated[float, Meta(gt=0)] = 8.0  # DCGM's PCIe replay-rate limit
     nvlink_error_scrapes: PositiveInt = 3  # scrapes with NVLink errors within the window
     nvlink_window_s: PositiveInt = 300  # a single correctable burst is noise, not a finding
@@ -180,7 +181,9 @@ class DetectSettings(Section, frozen=True):
     series_warmup: PositiveInt = 288
     series_z: Annotated[float, Meta(gt=0)] = 5.0
     series_persist: PositiveInt = 3
+    series_cusum_k: Annotated[float, Meta(ge=0)] = 2.0  # autocorrelated series: larger slack
     series_cusum_h: Annotated[float, Meta(gt=0)] = 24.0
+    series_clear: PositiveInt = 36  # calm samples before an episode closes
     series_min_scale_rel: Fraction = 0.01  # scale floor relative to the level
 
 

@@ -1,0 +1,43 @@
+"""Pure detectors: rolling statistics, peer comparison, XID rules, ICI localisation.
+
+Each detector is `detect_*(state | None, record, settings) -> (state, findings)` with one
+msgspec state per key (node for GPU samples and XIDs, slice for TPU and ICI samples), mutated
+and returned. No I/O, no clock: time is the records' event time, and the runtime calls the
+`check_stale_*` / `expire_xid` functions with the event time it has seen advance (a node that
+stops reporting sends nothing, so its silence is noticed through other records).
+
+Every check is an episode: one unhealthy finding when it opens and one `healthy=True` finding
+with the same check when it clears; ids are stable_id(target, device, check, episode start),
+so replays and bursts give the same id. Each reporting target also gets a `heartbeat` finding
+at most once per `heartbeat_s` of event time: the health machine's clock.
+Duplicate and out-of-order records (ts not after the last one of the same node / host /
+episode) are dropped and counted in `state.dropped`.
+"""
+
+from pipeline.detect.gpu import GpuDevice, GpuNodeState, check_stale_gpu, detect_gpu
+from pipeline.detect.ici import IciSliceState, LinkEnd, detect_ici
+from pipeline.detect.series import SeriesFlag, SeriesParams, SeriesState, series_step
+from pipeline.detect.tpu import TpuChip, TpuHost, TpuSliceState, check_stale_tpu, detect_tpu
+from pipeline.detect.xid import XidState, detect_xid, expire_xid
+
+__all__ = [
+    "GpuDevice",
+    "GpuNodeState",
+    "IciSliceState",
+    "LinkEnd",
+    "SeriesFlag",
+    "SeriesParams",
+    "SeriesState",
+    "TpuChip",
+    "TpuHost",
+    "TpuSliceState",
+    "XidState",
+    "check_stale_gpu",
+    "check_stale_tpu",
+    "detect_gpu",
+    "detect_ici",
+    "detect_tpu",
+    "detect_xid",
+    "expire_xid",
+    "series_step",
+]

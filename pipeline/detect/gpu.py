@@ -1,0 +1,248 @@
+"""The GPU node detector: one state per node, fed that node's dcgm-exporter scrapes.
+
+Checks (entity gpu unless noted; see gpu_rules for the thresholds):
+  gpu.ecc.dbe            new uncorrectable ECC errors           critical, fatal, reset_gpu
+  gpu.row_remap.failure  no spare rows left                     critical, fatal, replace
+  gpu.row_remap.pending  remap waits for a reset                warning, reset_gpu
+  gpu.pcie.replay_rate   replays above DCGM's limit, sustained  warning, cordon
+  gpu.pcie.link_downgrade link width/gen below its best         warning, cordon
+  gpu.nvlink.crc_rate    NVLink errors in several scrapes       warning, cordon
+  gpu.ecc.sbe_rate       single-bit error storm                 info, watch (never cordons)
+  gpu.temp.peer          hotter than same-job peers, sustained  warning, cordon
+  gpu.clock.throttle     SM clock below peers / own history     warning, cordon
+  gpu.power.peer         straggler with hardware-like evidence  warning, cordon
+  gpu.missing            a known GPU absent from the scrape     critical, fatal, reboot
+  node.stale (node)      the node stopped reporting             critical, reboot
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from pipeline.config import DetectSettings
+from pipeline.detect.findings import Book, clear_check, evidence, heartbeat, open_check, refresh
+from pipeline.detect.gpu_rules import Ctx, Peers, View, counter_rules, gauge_rules
+from pipeline.detect.stats import Baseline, alpha_for, median, median_mad
+from pipeline.model import Finding, GpuSample
+
+NODE_STALE = "node.stale"
+GPU_MISSING = "gpu.missing"
+
+
+class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
+    """What the detector remembers about one GPU of a node."""
+
+    uuid: str = ""
+    last_ts: int = 0
+    absent: int = 0  # consecutive scrapes of the node without this GPU
+    temp_offset: Baseline = msgspec.field(default_factory=Baseline)  # temp - peer median
+    clock_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
+    clock_own: Baseline = msgspec.field(default_factory=Baseline)  # own SM clock when busy
+    power_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
+    raw: tuple[float | None, ...] = ()  # last counter and flag fields (gpu_metrics.RAW_FIELDS)
+    at_rest: bool = False  # no counter check open or counting: unchanged fields need no work
+    was_busy: bool = False
+    hardware_reasons: bool = False  # last throttle-reasons field had a hardware bit
+    streaks: dict[str, int] = {}  # per check: consecutive bad (> 0) or good (< 0) scrapes
+    nvlink_hits: list[int] = []  # ts of recent scrapes with new NVLink errors
+    sbe_hour: float = 0.0  # SBE count decaying with a one-hour half-life
+    last_dbe_ts: int = 0
+    last_rows_ts: int = 0
+    best_gen: float = 0.0
+    best_width: float = 0.0
+    slow_jobs: list[str] = []  # jobs during which it drew less power than its peers
+    normal_busy: int = 0  # busy scrapes since it last looked slow
+
+
+class GpuNodeState(msgspec.Struct, kw_only=True):
+    book: Book
+    last_ts: int = 0
+    interval_ms: float = 0.0  # learned scrape interval
+    dropped: int = 0  # duplicate or out-of-order scrapes ignored
+    devices: dict[str, GpuDevice] = {}  # by GPU index as text (the finding's device)
+
+
+def new_gpu_state(sample: GpuSample) -> GpuNodeState:
+    return GpuNodeState(
+        book=Book(
+            cluster=sample.cluster,
+            kind="node",
+            name=sample.node,
+            pool=sample.pool,
+            zone=sample.zone,
+        )
+    )
+
+
+def detect_gpu(
+    state: GpuNodeState | None, sample: GpuSample, settings: DetectSettings
+) -> tuple[GpuNodeState, list[Finding]]:
+    """Feed one scrape of one node; returns the new state and any findings."""
+    if state is None:
+        state = new_gpu_state(sample)
+    if sample.ts <= state.last_ts:
+        state.dropped += 1  # a replay or a late scrape: its information is already in
+        return state, []
+    book = state.book
+    refresh(book, sample.cluster, sample.pool, sample.zone)
+    _learn_interval(state, sample.ts)
+    state.last_ts = sample.ts
+    ctx = Ctx(
+        book, sample.ts, settings, alpha_for(settings.half_life_samples), state.interval_ms / 1000.0
+    )
+    if book.open:
+        ctx.emit(clear_check(book, sample.ts, NODE_STALE, None, f"node {book.name} reporting"))
+    views = [
+        View(str(r.index), r.uuid, r.job, r.metrics, settings.busy_util_pct) for r in sample.gpus
+    ]
+    peers = _peer_groups(views, settings.peer_min)
+    seen = set()
+    for view in views:
+        if not view.reporting:
+            continue
+        seen.add(view.device)
+        dev = _device(state, view, ctx)
+        dt_ms = sample.ts - dev.last_ts if dev.last_ts else 0
+        dev.last_ts = sample.ts
+        hardware, pcie_bad = counter_rules(ctx, dev, view, dt_ms)
+        gauge_rules(ctx, dev, view, peers.get(view.group), hardware, pcie_bad)
+    _absent(state, seen, ctx)
+    ctx.emit(heartbeat(book, sample.ts, settings.heartbeat_s))
+    return state, ctx.out
+
+
+def check_stale_gpu(
+    state: GpuNodeState, now_ms: int, settings: DetectSettings
+) -> tuple[GpuNodeState, list[Finding]]:
+    """Called as event time advances (from other nodes' records): a silent node is stale.
+
+    The episode is named by when the node *became* stale (last scrape + limit), so its id does
+    not depend on how often the runtime calls this.
+    """
+    if not state.last_ts:
+        return state, []
+    limit_ms = int(max(settings.node_stale_s * 1000, settings.stale_intervals * state.interval_ms))
+    silent_ms = now_ms - state.last_ts
+    if silent_ms <= limit_ms:
+        return state, []
+    finding = open_check(
+        state.book,
+        now_ms,
+        check=NODE_STALE,
+        device=None,
+        kind="node",
+        severity="critical",
+        action="reboot",
+        start_ts=state.last_ts + limit_ms,
+        evidence=evidence(
+            "seconds_since_last_scrape",
+            silent_ms / 1000,
+            state.interval_ms / 1000,
+            None,
+            limit_ms / 1000,
+        ),
+        message=f"node {state.book.name} has not reported for {silent_ms / 1000:.0f} s",
+    )
+    return state, [finding] if finding is not None else []
+
+
+def _learn_interval(state: GpuNodeState, ts: int) -> None:
+    if not state.last_ts:
+        return
+    gap = ts - state.last_ts
+    if state.interval_ms <= 0:
+        state.interval_ms = float(gap)
+    elif gap <= 4 * state.interval_ms:  # a gap is not the scrape interval
+        state.interval_ms += 0.1 * (gap - state.interval_ms)
+
+
+def _device(state: GpuNodeState, view: View, ctx: Ctx) -> GpuDevice:
+    dev = state.devices.get(view.device)
+    if dev is not None and dev.uuid == view.uuid:
+        if dev.absent:
+            if dev.absent >= ctx.settings.missing_samples:
+                ctx.emit(
+                    clear_check(
+                        ctx.book,
+                        ctx.ts,
+                        GPU_MISSING,
+                        view.device,
+                        f"GPU {view.device} reporting again",
+                    )
+                )
+            dev.absent = 0
+        return dev
+    if dev is not None:  # another GPU in that slot: the old one's findings no longer apply
+        for key, episode in list(ctx.book.open.items()):
+            if episode.device == view.device:
+                ctx.emit(
+                    clear_check(
+                        ctx.book,
+                        ctx.ts,
+                        episode.check,
+                        view.device,
+                        f"GPU {view.device} replaced ({view.uuid})",
+                        key=key,
+                    )
+                )
+    dev = GpuDevice(uuid=view.uuid)
+    state.devices[view.device] = dev
+    return dev
+
+
+def _absent(state: GpuNodeState, seen: set[str], ctx: Ctx) -> None:
+    if len(seen) == len(state.devices):
+        return
+    for device, dev in state.devices.items():
+        if device in seen:
+            continue
+        dev.absent += 1
+        if dev.absent == ctx.settings.missing_samples:
+            ctx.emit(
+                open_check(
+                    ctx.book,
+                    ctx.ts,
+                    check=GPU_MISSING,
+                    device=device,
+                    kind="gpu",
+                    severity="critical",
+                    action="reboot",
+                    fatal=True,
+                    evidence=evidence(
+                        "gpus_reporting",
+                        len(seen),
+                        len(state.devices),
+                        None,
+                        ctx.settings.missing_samples * ctx.interval_s,
+                    ),
+                    message=f"GPU {device} ({dev.uuid}) missing from {dev.absent} scrapes while "
+                    f"the node reports",
+                )
+            )
+
+
+def _peer_groups(views: list[View], peer_min: int) -> dict[str, Peers]:
+    """Median gauges per peer group (same job) at this instant; clock and power over the
+    busy members only, since an idle GPU's clock says nothing about its health."""
+    members: dict[str, list[View]] = {}
+    for view in views:
+        if view.reporting:
+            members.setdefault(view.group, []).append(view)
+    groups = {}
+    for name, group in members.items():
+        if len(group) < peer_min:
+            continue
+        peers = Peers()
+        temps = [v.temp for v in group if v.temp is not None]
+        if temps:
+            peers.n = len(temps)
+            peers.temp, peers.temp_mad = median_mad(temps)
+        clocks = [v.clock for v in group if v.busy and v.clock is not None]
+        powers = [v.power for v in group if v.busy and v.power is not None]
+        peers.n_busy = min(len(clocks), len(powers)) if powers else len(clocks)
+        if clocks:
+            peers.clock = median(clocks)
+        if powers:
+            peers.power = median(powers)
+        groups[name] = peers
+    return groups

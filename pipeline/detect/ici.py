@@ -1,0 +1,311 @@
+"""The ICI detector: one state per slice, fed every host's link counters.
+
+Every ICI link is seen from both ends (chip a port p -> chip b, and chip b -> chip a), usually
+by two different hosts. Faults are localised from the ends together:
+  ici.chip.down (tpu_chip)   every link of one chip is down: the chip, not the cables
+                             critical, repair_slice
+  ici.link.down (ici_link)   both ends report the link down (or one end, for
+                             `ici_one_sided_s`, while the other stays silent or healthy)
+                             critical, repair_slice
+  ici.ocs.degraded (slice)   `ici_ocs_min_links` links down in one torus dimension at once:
+                             an optical circuit switch; ICI resiliency routes around it
+                             warning, watch
+  ici.link.degraded (ici_link) health between 1 and 9, flit rate well below the link's usual
+                             share of the host's traffic, or errors: resiliency at work
+                             warning, watch (not a repair)
+Health is libtpu's `ici_link_health` scale as observed: 0 healthy, 10 down.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from pipeline.config import DetectSettings
+from pipeline.detect.findings import (
+    CLEAR,
+    OPEN,
+    Book,
+    Run,
+    clear_check,
+    evidence,
+    open_check,
+    refresh,
+    timed_step,
+)
+from pipeline.detect.stats import Baseline, alpha_for, counter_delta, learn, median
+from pipeline.model import EntityKind, Finding, IciLink, IciSample, RecommendedAction, Severity
+
+LINK_DOWN = "ici.link.down"
+LINK_DEGRADED = "ici.link.degraded"
+CHIP_DOWN = "ici.chip.down"
+OCS = "ici.ocs.degraded"
+RATIO_FLOOR = 0.02
+
+
+class LinkEnd(msgspec.Struct, kw_only=True, gc=False):
+    """One end of a link as its chip's host reports it."""
+
+    chip: int
+    port: int
+    peer: int
+    host: str
+    ts: int = 0
+    health: int = 0
+    tx: int | None = None
+    rx: int | None = None
+    errors: int | None = None
+    share: Baseline = msgspec.field(default_factory=Baseline)  # flit rate / host median
+    down: bool = False
+    degraded: str = ""  # why it is degraded ("" = it is not)
+
+
+class IciSliceState(msgspec.Struct, kw_only=True):
+    book: Book
+    ends: dict[str, LinkEnd] = {}  # by "chip>peer"
+    hosts: dict[str, int] = {}  # last ts per reporting host
+    peers_of: dict[int, list[int]] = {}  # chip -> every chip it has a link with
+    unhealthy: list[str] = []  # ends that are down or degraded
+    runs: dict[str, Run] = {}  # by verdict key
+    dropped: int = 0
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    check: str
+    device: str
+    kind: EntityKind
+    severity: Severity
+    action: RecommendedAction
+    persist_ms: int
+    metric: str
+    value: float
+    message: str
+
+
+def detect_ici(
+    state: IciSliceState | None, sample: IciSample, settings: DetectSettings
+) -> tuple[IciSliceState, list[Finding]]:
+    """Feed one host's ICI link counters; returns the new slice state and any findings."""
+    if state is None:
+        state = IciSliceState(
+            book=Book(
+                cluster=sample.cluster,
+                kind="slice",
+                name=sample.slice,
+                pool=sample.pool,
+                zone=sample.zone,
+            )
+        )
+    last = state.hosts.get(sample.node, 0)
+    if sample.ts <= last:
+        state.dropped += 1
+        return state, []
+    state.hosts[sample.node] = sample.ts
+    refresh(state.book, sample.cluster, sample.pool, sample.zone)
+    _update_ends(state, sample, settings)
+    if not state.unhealthy and not state.runs:
+        return state, []
+    return state, _judge(state, sample.ts, settings)
+
+
+def _update_ends(state: IciSliceState, sample: IciSample, settings: DetectSettings) -> None:
+    rates: list[tuple[LinkEnd, float]] = []
+    errors_per_s: dict[str, float] = {}
+    for link in sample.links:
+        key = f"{link.chip_id}>{link.peer_chip_id}"
+        end = state.ends.get(key)
+        if end is None:
+            end = state.ends[key] = _new_end(state, link, sample.node)
+        dt_s = (sample.ts - end.ts) / 1000 if end.ts else 0.0
+        flits = counter_delta(end.tx, link.flits_tx) + counter_delta(end.rx, link.flits_rx)
+        if link.errors is not None and dt_s > 0:
+            errors_per_s[key] = counter_delta(end.errors, link.errors) / dt_s
+        if dt_s > 0 and end.tx is not None:
+            rates.append((end, flits / dt_s))
+        end.ts, end.health, end.host = sample.ts, link.health, sample.node
+        end.tx, end.rx, end.errors = link.flits_tx, link.flits_rx, link.errors
+        end.down = link.health >= settings.ici_down_health
+        end.degraded = "ici_link_health" if 0 < link.health < settings.ici_down_health else ""
+        error_rate = errors_per_s.get(key, 0.0)
+        if not end.down and error_rate >= settings.ici_errors_per_s:
+            end.degraded = end.degraded or "ici_errors_per_s"
+    _judge_shares(rates, settings)
+    unhealthy = set(state.unhealthy)
+    for link in sample.links:
+        key = f"{link.chip_id}>{link.peer_chip_id}"
+        end = state.ends[key]
+        if end.down or end.degraded:
+            unhealthy.add(key)
+        else:
+            unhealthy.discard(key)
+    state.unhealthy = sorted(unhealthy)
+
+
+def _new_end(state: IciSliceState, link: IciLink, node: str) -> LinkEnd:
+    for a, b in ((link.chip_id, link.peer_chip_id), (link.peer_chip_id, link.chip_id)):
+        peers = state.peers_of.setdefault(a, [])
+        if b not in peers:
+            peers.append(b)
+    return LinkEnd(chip=link.chip_id, port=link.port, peer=link.peer_chip_id, host=node)
+
+
+def _judge_shares(rates: list[tuple[LinkEnd, float]], settings: DetectSettings) -> None:
+    """A link carrying far less than its usual share of the host's ICI traffic is degraded
+    (traffic moves with the job, so the share, not the rate, is what stays put)."""
+    positive = [rate for _, rate in rates if rate > 0]
+    if len(positive) < settings.peer_min:
+        return
+    host_median = median(positive)
+    alpha = alpha_for(settings.half_life_samples)
+    for end, rate in rates:
+        share = rate / host_median
+        base = end.share
+        low = (
+            not end.down
+            and base.n >= settings.warmup_samples
+            and share <= base.mean * (1 - settings.ici_flit_drop_frac)
+        )
+        learn(
+            base,
+            share,
+            alpha,
+            settings.warmup_samples,
+            settings.clip_z,
+            RATIO_FLOOR,
+            settings.anomaly_adapt if low or end.down else 1.0,
+        )
+        if low:
+            end.degraded = end.degraded or "flit_share"
+
+
+def _judge(state: IciSliceState, ts: int, settings: DetectSettings) -> list[Finding]:
+    verdicts = _localise(state, ts, settings)
+    out: list[Finding] = []
+    clear_ms = settings.tpu_clear_s * 1000
+    for key in sorted(set(verdicts) | set(state.runs)):
+        verdict = verdicts.get(key)
+        persist_ms = verdict.persist_ms if verdict is not None else 0
+        edge = timed_step(state.runs, key, ts, verdict is not None, persist_ms, clear_ms)
+        finding = None
+        if edge == OPEN and verdict is not None:
+            finding = open_check(
+                state.book,
+                ts,
+                check=verdict.check,
+                device=verdict.device,
+                kind=verdict.kind,
+                severity=verdict.severity,
+                action=verdict.action,
+                key=key,
+                evidence=evidence(verdict.metric, verdict.value, 0.0, None, persist_ms / 1000),
+                message=verdict.message,
+            )
+        elif edge == CLEAR:
+            check = key.partition("|")[0]
+            finding = clear_check(state.book, ts, check, None, f"{check} resolved", key=key)
+        if finding is not None:
+            out.append(finding)
+    return out
+
+
+def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[str, Verdict]:
+    fresh_after = ts - 2 * settings.node_stale_s * 1000
+    ends = [state.ends[k] for k in state.unhealthy if state.ends[k].ts > fresh_after]
+    down = [end for end in ends if end.down]
+    dead_chips = _dead_chips(state, down)
+    verdicts: dict[str, Verdict] = {}
+    for chip in dead_chips:
+        verdicts[f"{CHIP_DOWN}|{chip}"] = Verdict(
+            check=CHIP_DOWN,
+            device=str(chip),
+            kind="tpu_chip",
+            severity="critical",
+            action="repair_slice",
+            persist_ms=0,
+            metric="ici_links_down",
+            value=len(state.peers_of.get(chip, [])),
+            message=f"every ICI link of chip {chip} is down: the chip, not its cables",
+        )
+    links = _down_links(state, down, dead_chips, fresh_after, settings)
+    by_dimension: dict[int, list[str]] = {}
+    for key, verdict in links.items():
+        port = int(verdict.device.partition(":")[2])
+        by_dimension.setdefault(port // 2, []).append(key)
+    for dimension, keys in by_dimension.items():
+        if len(keys) >= settings.ici_ocs_min_links:
+            verdicts[f"{OCS}|dim{dimension}"] = Verdict(
+                check=OCS,
+                device=f"dim{dimension}",
+                kind="slice",
+                severity="warning",
+                action="watch",
+                persist_ms=settings.tpu_persist_s * 1000,
+                metric="ici_links_down",
+                value=len(keys),
+                message=f"{len(keys)} ICI links down in dimension {dimension} at once: an "
+                "optical circuit switch; ICI resiliency routes around it (slower steps)",
+            )
+            for key in keys:
+                del links[key]
+    verdicts.update(links)
+    for end in ends:
+        if end.degraded and not end.down:
+            verdicts[f"{LINK_DEGRADED}|{end.chip}:{end.port}"] = Verdict(
+                check=LINK_DEGRADED,
+                device=f"{end.chip}:{end.port}",
+                kind="ici_link",
+                severity="warning",
+                action="watch",
+                persist_ms=settings.tpu_persist_s * 1000,
+                metric=end.degraded,
+                value=end.health,
+                message=f"ICI link chip {end.chip} port {end.port} -> chip {end.peer} degraded "
+                f"({end.degraded}, health {end.health}): resiliency at work, watch",
+            )
+    return verdicts
+
+
+def _dead_chips(state: IciSliceState, down: list[LinkEnd]) -> set[int]:
+    """Chips all of whose links are down, as seen from either end."""
+    cut: dict[int, set[int]] = {}
+    for end in down:
+        cut.setdefault(end.chip, set()).add(end.peer)
+        cut.setdefault(end.peer, set()).add(end.chip)
+    return {
+        chip
+        for chip, peers in cut.items()
+        if len(peers) >= 2 and len(peers) >= len(state.peers_of.get(chip, ()))
+    }
+
+
+def _down_links(
+    state: IciSliceState,
+    down: list[LinkEnd],
+    dead_chips: set[int],
+    fresh_after: int,
+    settings: DetectSettings,
+) -> dict[str, Verdict]:
+    links: dict[str, Verdict] = {}
+    for end in down:
+        if end.chip in dead_chips or end.peer in dead_chips:
+            continue  # explained by the chip
+        low, high = sorted((end.chip, end.peer))
+        key = f"{LINK_DOWN}|{low}-{high}"
+        other = state.ends.get(f"{end.peer}>{end.chip}")
+        both = other is not None and other.ts > fresh_after and other.down
+        named = end if end.chip == low or other is None else other
+        verdict = links.get(key)
+        if verdict is not None and verdict.persist_ms == 0:
+            continue
+        links[key] = Verdict(
+            check=LINK_DOWN,
+            device=f"{named.chip}:{named.port}",
+            kind="ici_link",
+            severity="critical",
+            action="repair_slice",
+            persist_ms=0 if both else settings.ici_one_sided_s * 1000,
+            metric="ici_link_health",
+            value=end.health,
+            message=f"ICI link chip {low} <-> chip {high} down "
+            + ("at both ends" if both else f"as seen from chip {end.chip} only"),
+        )
+    return links

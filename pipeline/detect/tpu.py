@@ -1,0 +1,341 @@
+"""The TPU slice detector: one state per slice, fed every host's chip scrapes.
+
+A slice is repaired as one unit, so every finding targets the slice (Target kind "slice");
+the entity says which chip or host. Checks:
+  tpu.chip.duty_cycle      chip idle while its peers work (dead or hung chip)
+                           critical, repair_slice
+  tpu.chip.tensorcore_util chip slower than its peers (fail-slow)          warning, watch
+  tpu.chip.missing         a known chip absent from its host's scrape      critical, repair_slice
+  tpu.host.stale (node)    a host of the slice stopped reporting           critical, repair_slice
+
+Peers of a chip are the chips on the same job on the *other* hosts of the slice (a whole host
+going dark must not drag its own baseline down); a one-host slice compares its own chips.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from pipeline.config import DetectSettings
+from pipeline.detect.findings import (
+    CLEAR,
+    OPEN,
+    Book,
+    Run,
+    clear_check,
+    evidence,
+    heartbeat,
+    open_check,
+    refresh,
+    timed_step,
+)
+from pipeline.detect.stats import median
+from pipeline.model import Finding, TpuChipReading, TpuSample
+
+DUTY = "tpu.chip.duty_cycle"
+UTIL = "tpu.chip.tensorcore_util"
+CHIP_MISSING = "tpu.chip.missing"
+HOST_STALE = "tpu.host.stale"
+DUTY_METRIC = "duty_cycle_pct"
+UTIL_METRIC = "tensorcore_util"
+# Above this many chips, slice-wide medians are cached for a few seconds instead of being
+# recomputed for every host's scrape (a 256-chip slice has 64 hosts reporting each round).
+DIRECT_PEERS_MAX = 64
+PEER_REFRESH_MS = 5_000
+
+
+class TpuChip(msgspec.Struct, kw_only=True, gc=False):
+    host: str
+    last_ts: int = 0
+    job: str | None = None
+    duty: float | None = None
+    util: float | None = None
+    absent: int = 0  # consecutive scrapes of its host without it
+    runs: dict[str, Run] = {}
+
+
+class TpuHost(msgspec.Struct, kw_only=True, gc=False):
+    last_ts: int = 0
+    interval_ms: float = 0.0
+    worker_id: int = 0
+    chips: list[int] = []  # chip ids in its last scrape
+
+
+class TpuSliceState(msgspec.Struct, kw_only=True):
+    book: Book
+    accelerator_type: str = ""
+    topology: str = ""
+    hosts: dict[str, TpuHost] = {}
+    chips: dict[int, TpuChip] = {}
+    dropped: int = 0  # duplicate or out-of-order host scrapes ignored
+    peers_ts: int = 0  # when the cached slice-wide medians were computed
+    peers: dict[str, tuple[int, float, float]] = {}  # job -> (chips, duty median, util median)
+
+
+def detect_tpu(
+    state: TpuSliceState | None, sample: TpuSample, settings: DetectSettings
+) -> tuple[TpuSliceState, list[Finding]]:
+    """Feed one host's chip scrape; returns the new slice state and any findings."""
+    if state is None:
+        state = TpuSliceState(
+            book=Book(
+                cluster=sample.cluster,
+                kind="slice",
+                name=sample.slice,
+                pool=sample.pool,
+                zone=sample.zone,
+            )
+        )
+    host = state.hosts.get(sample.node)
+    if host is not None and sample.ts <= host.last_ts:
+        state.dropped += 1
+        return state, []
+    if host is None:
+        host = state.hosts[sample.node] = TpuHost()
+    book = state.book
+    refresh(book, sample.cluster, sample.pool, sample.zone)
+    state.accelerator_type, state.topology = sample.accelerator_type, sample.topology
+    _learn_interval(host, sample.ts)
+    host.worker_id = sample.worker_id
+    out: list[Finding] = []
+    if book.open:
+        _emit(
+            out,
+            clear_check(
+                book, sample.ts, HOST_STALE, sample.node, f"host {sample.node} reporting again"
+            ),
+        )
+    reporting = [r for r in sample.chips if _reports(r)]
+    for reading in reporting:
+        _update_chip(state, sample, reading, settings, out)
+    _absent_chips(state, sample, host, {r.chip_id for r in reporting}, settings, out)
+    peers = _peers(state, sample, settings)
+    for reading in reporting:
+        _judge_chip(state, sample.ts, reading.chip_id, peers, settings, out)
+    _emit(out, heartbeat(book, sample.ts, settings.heartbeat_s))
+    return state, out
+
+
+def check_stale_tpu(
+    state: TpuSliceState, now_ms: int, settings: DetectSettings
+) -> tuple[TpuSliceState, list[Finding]]:
+    """Called as event time advances: a host of the slice that went silent is stale."""
+    out: list[Finding] = []
+    for node, host in state.hosts.items():
+        limit_ms = int(
+            max(settings.node_stale_s * 1000, settings.stale_intervals * host.interval_ms)
+        )
+        silent_ms = now_ms - host.last_ts
+        if host.last_ts and silent_ms > limit_ms:
+            _emit(
+                out,
+                open_check(
+                    state.book,
+                    now_ms,
+                    check=HOST_STALE,
+                    device=node,
+                    kind="node",
+                    severity="critical",
+                    action="repair_slice",
+                    start_ts=host.last_ts + limit_ms,
+                    evidence=evidence(
+                        "seconds_since_last_scrape",
+                        silent_ms / 1000,
+                        host.interval_ms / 1000,
+                        None,
+                        limit_ms / 1000,
+                    ),
+                    message=f"host {node} (worker {host.worker_id}) of slice {state.book.name} "
+                    f"silent for {silent_ms / 1000:.0f} s",
+                ),
+            )
+    return state, out
+
+
+def _emit(out: list[Finding], finding: Finding | None) -> None:
+    if finding is not None:
+        out.append(finding)
+
+
+def _reports(reading: TpuChipReading) -> bool:
+    # A chip listed without its core metrics is as good as missing.
+    return DUTY_METRIC in reading.metrics or UTIL_METRIC in reading.metrics
+
+
+def _learn_interval(host: TpuHost, ts: int) -> None:
+    if host.last_ts:
+        gap = ts - host.last_ts
+        if host.interval_ms <= 0:
+            host.interval_ms = float(gap)
+        elif gap <= 4 * host.interval_ms:
+            host.interval_ms += 0.1 * (gap - host.interval_ms)
+    host.last_ts = ts
+
+
+def _update_chip(
+    state: TpuSliceState,
+    sample: TpuSample,
+    reading: TpuChipReading,
+    settings: DetectSettings,
+    out: list[Finding],
+) -> None:
+    chip = state.chips.get(reading.chip_id)
+    if chip is None:
+        chip = state.chips[reading.chip_id] = TpuChip(host=sample.node)
+    chip.host, chip.last_ts, chip.job = sample.node, sample.ts, reading.job
+    chip.duty = reading.metrics.get(DUTY_METRIC)
+    chip.util = reading.metrics.get(UTIL_METRIC)
+    if chip.absent:
+        if chip.absent >= settings.missing_samples:
+            _emit(
+                out,
+                clear_check(
+                    state.book,
+                    sample.ts,
+                    CHIP_MISSING,
+                    str(reading.chip_id),
+                    f"chip {reading.chip_id} reporting again",
+                ),
+            )
+        chip.absent = 0
+
+
+def _absent_chips(
+    state: TpuSliceState,
+    sample: TpuSample,
+    host: TpuHost,
+    seen: set[int],
+    settings: DetectSettings,
+    out: list[Finding],
+) -> None:
+    for chip_id in host.chips:
+        chip = state.chips.get(chip_id)
+        if chip_id in seen or chip is None or chip.host != sample.node:
+            continue
+        chip.absent += 1
+        if chip.absent == settings.missing_samples:
+            _emit(
+                out,
+                open_check(
+                    state.book,
+                    sample.ts,
+                    check=CHIP_MISSING,
+                    device=str(chip_id),
+                    kind="tpu_chip",
+                    severity="critical",
+                    action="repair_slice",
+                    evidence=evidence(
+                        "chips_reporting",
+                        len(seen),
+                        len(host.chips),
+                        None,
+                        settings.missing_samples * host.interval_ms / 1000,
+                    ),
+                    message=f"chip {chip_id} missing from {chip.absent} scrapes of host "
+                    f"{sample.node} while the host reports",
+                ),
+            )
+    host.chips = sorted(seen | {c for c in host.chips if state.chips[c].absent})
+
+
+def _peers(
+    state: TpuSliceState, sample: TpuSample, settings: DetectSettings
+) -> dict[str, tuple[int, float, float]]:
+    """Per job: (chips, median duty cycle, median TensorCore util) of the fresh peer chips."""
+    fresh_after = sample.ts - settings.node_stale_s * 1000
+    if len(state.chips) > DIRECT_PEERS_MAX:
+        if sample.ts - state.peers_ts < PEER_REFRESH_MS:
+            return state.peers
+        state.peers, state.peers_ts = _medians(state, fresh_after, None), sample.ts
+        return state.peers
+    other_hosts = any(
+        c.host != sample.node and c.last_ts > fresh_after for c in state.chips.values()
+    )
+    return _medians(state, fresh_after, sample.node if other_hosts else None)
+
+
+def _medians(
+    state: TpuSliceState, fresh_after: int, exclude_host: str | None
+) -> dict[str, tuple[int, float, float]]:
+    duties: dict[str, list[float]] = {}
+    utils: dict[str, list[float]] = {}
+    for chip in state.chips.values():
+        if chip.last_ts <= fresh_after or chip.host == exclude_host or chip.absent:
+            continue
+        job = chip.job or ""
+        if chip.duty is not None:
+            duties.setdefault(job, []).append(chip.duty)
+        if chip.util is not None:
+            utils.setdefault(job, []).append(chip.util)
+    return {
+        job: (len(values), median(values), median(utils[job]) if utils.get(job) else 0.0)
+        for job, values in duties.items()
+    }
+
+
+def _judge_chip(
+    state: TpuSliceState,
+    ts: int,
+    chip_id: int,
+    peers: dict[str, tuple[int, float, float]],
+    settings: DetectSettings,
+    out: list[Finding],
+) -> None:
+    chip = state.chips[chip_id]
+    group = peers.get(chip.job or "") or (0, 0.0, 0.0)
+    count, duty_median, util_median = group
+    busy = count >= settings.peer_min and duty_median >= settings.tpu_busy_pct
+    duty_bad = (
+        busy and chip.duty is not None and chip.duty <= duty_median - settings.tpu_duty_drop_pct
+    )
+    util_bad = (
+        busy
+        and not duty_bad
+        and chip.util is not None
+        and util_median > 0
+        and chip.util <= util_median * (1 - settings.tpu_util_drop_frac)
+    )
+    persist_ms, clear_ms = settings.tpu_persist_s * 1000, settings.tpu_clear_s * 1000
+    device = str(chip_id)
+    edge = timed_step(chip.runs, DUTY, ts, duty_bad, persist_ms, clear_ms)
+    if edge == OPEN:
+        _emit(
+            out,
+            open_check(
+                state.book,
+                ts,
+                check=DUTY,
+                device=device,
+                kind="tpu_chip",
+                severity="critical",
+                action="repair_slice",
+                evidence=evidence(
+                    DUTY_METRIC, chip.duty, duty_median, None, settings.tpu_persist_s
+                ),
+                message=f"chip {chip_id} on {chip.host}: duty cycle {chip.duty:.0f} % while its "
+                f"{count} peers run at {duty_median:.0f} %",
+            ),
+        )
+    elif edge == CLEAR:
+        _emit(out, clear_check(state.book, ts, DUTY, device, f"chip {chip_id} busy again"))
+    edge = timed_step(chip.runs, UTIL, ts, util_bad, persist_ms, clear_ms)
+    if edge == OPEN:
+        _emit(
+            out,
+            open_check(
+                state.book,
+                ts,
+                check=UTIL,
+                device=device,
+                kind="tpu_chip",
+                severity="warning",
+                action="watch",
+                evidence=evidence(
+                    UTIL_METRIC, chip.util, util_median, None, settings.tpu_persist_s
+                ),
+                message=f"chip {chip_id} on {chip.host}: TensorCore utilisation {chip.util:.0f} "
+                f"against {util_median:.0f} on its peers",
+            ),
+        )
+    elif edge == CLEAR:
+        _emit(out, clear_check(state.book, ts, UTIL, device, f"chip {chip_id} keeps pace"))

@@ -1,0 +1,188 @@
+"""XID rules: the catalog decides; bursts are one episode; application XIDs need recurrence.
+
+- A burst of the same XID on the same GPU is one episode (a new one only after
+  `xid_dedupe_s` of silence, as NVIDIA's own dedupe does); one node once logged ~800K XID-95
+  lines with 29 distinct events.
+- Fatal XIDs open a finding at once with the catalog's severity and action (`xid.<code>`).
+- Application XIDs (13, 31, 43, 45 ...) never open a finding by themselves: only when one GPU
+  is hit in `app_xid_min_jobs` distinct jobs within `app_xid_window_s`
+  (`xid.app_recurrence`, reset_gpu). A job that hits several GPUs of the node with the same
+  XID is its own bug (it moves with the job) and does not count against any of them.
+- Other catalogued XIDs open a finding with the catalog's severity and action when the
+  catalog asks for one (unknown codes: warning, watch).
+- A finding clears after `xid_clear_s` without a repeat; the runtime calls `expire_xid` as
+  event time advances (and every new event expires first). A clear means the burst ended,
+  not that the GPU was repaired: repairs are the health machine's business.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from pipeline.catalog import xid_info
+from pipeline.catalog.xid import Action, XidEntry
+from pipeline.config import DetectSettings
+from pipeline.detect.findings import Book, clear_check, evidence, open_check, refresh
+from pipeline.model import Finding, RecommendedAction, XidEvent
+
+APP_RECURRENCE = "xid.app_recurrence"
+# FleetPulse actions on a node; restarting the application is the job owner's business.
+_ACTIONS: dict[Action, RecommendedAction] = {
+    "none": "none",
+    "watch": "watch",
+    "restart_app": "watch",
+    "reset_gpu": "reset_gpu",
+    "reboot": "reboot",
+    "replace": "replace",
+}
+
+
+class XidEpisode(msgspec.Struct, kw_only=True, gc=False):
+    device: str
+    code: int
+    start_ts: int
+    last_ts: int
+    count: int = 1
+
+
+class AppHit(msgspec.Struct, array_like=True, gc=False):
+    """An application-XID episode: which job, which GPU, when."""
+
+    job: str
+    device: str
+    code: int
+    ts: int
+
+
+class XidState(msgspec.Struct, kw_only=True):
+    book: Book
+    episodes: dict[str, XidEpisode] = {}  # by "device|code"
+    app_hits: list[AppHit] = []  # application-XID episodes within the recurrence window
+    dropped: int = 0  # duplicate or out-of-order events inside an episode
+
+
+def detect_xid(
+    state: XidState | None, event: XidEvent, settings: DetectSettings
+) -> tuple[XidState, list[Finding]]:
+    """Feed one XID event of one node; returns the new state and any findings."""
+    if state is None:
+        state = XidState(
+            book=Book(
+                cluster=event.cluster,
+                kind="node",
+                name=event.node,
+                pool=event.pool,
+                zone=event.zone,
+            )
+        )
+    refresh(state.book, event.cluster, event.pool, event.zone)
+    state, out = expire_xid(state, event.ts, settings)
+    device = str(event.gpu_index) if event.gpu_index is not None else event.pci_bus_id
+    key = f"{device}|{event.xid}"
+    episode = state.episodes.get(key)
+    if episode is not None:
+        if event.ts <= episode.last_ts:
+            state.dropped += 1  # replayed or late: already part of this episode
+            return state, out
+        if event.ts - episode.last_ts <= settings.xid_dedupe_s * 1000:
+            episode.last_ts = event.ts
+            episode.count += 1
+            return state, out
+    state.episodes[key] = XidEpisode(
+        device=device, code=event.xid, start_ts=event.ts, last_ts=event.ts
+    )
+    entry = xid_info(event.xid)
+    if entry.application:
+        finding = _application(state, event, device, settings)
+    else:
+        finding = _catalogued(state, event, device, entry)
+    if finding is not None:
+        out.append(finding)
+    return state, out
+
+
+def expire_xid(
+    state: XidState, now_ms: int, settings: DetectSettings
+) -> tuple[XidState, list[Finding]]:
+    """Close episodes silent for `xid_clear_s` and recurrences that fell out of the window."""
+    out: list[Finding] = []
+    clear_ms = settings.xid_clear_s * 1000
+    for key in [k for k, e in state.episodes.items() if now_ms - e.last_ts >= clear_ms]:
+        episode = state.episodes.pop(key)
+        finding = clear_check(
+            state.book,
+            now_ms,
+            f"xid.{episode.code}",
+            episode.device,
+            f"XID {episode.code} on GPU {episode.device}: quiet since {episode.count} events",
+        )
+        if finding is not None:
+            out.append(finding)
+    window_ms = settings.app_xid_window_s * 1000
+    if state.app_hits and now_ms - state.app_hits[0].ts > window_ms:
+        state.app_hits = [hit for hit in state.app_hits if now_ms - hit.ts <= window_ms]
+        for opened in [e for e in state.book.open.values() if e.check == APP_RECURRENCE]:
+            device = opened.device or ""
+            if len(_blamed_jobs(state.app_hits, device)) < settings.app_xid_min_jobs:
+                finding = clear_check(
+                    state.book,
+                    now_ms,
+                    APP_RECURRENCE,
+                    device,
+                    f"GPU {device}: application XIDs no longer recur",
+                )
+                if finding is not None:
+                    out.append(finding)
+    return state, out
+
+
+def _catalogued(state: XidState, event: XidEvent, device: str, entry: XidEntry) -> Finding | None:
+    action = _ACTIONS[entry.action]
+    if action == "none" and entry.severity == "info":
+        return None  # e.g. corrected C2C errors: logged by the lake, not a finding
+    return open_check(
+        state.book,
+        event.ts,
+        check=f"xid.{event.xid}",
+        device=device,
+        kind="gpu",
+        severity=entry.severity,
+        action=action,
+        fatal=entry.fatal,
+        evidence=evidence("xid", event.xid, None, None, 0),
+        message=f"XID {event.xid} {entry.mnemonic} on GPU {device} ({event.pci_bus_id})",
+    )
+
+
+def _application(
+    state: XidState, event: XidEvent, device: str, settings: DetectSettings
+) -> Finding | None:
+    if event.job is None:
+        return None  # without the job we cannot tell a buggy job from a bad GPU
+    state.app_hits.append(AppHit(event.job, device, event.xid, event.ts))
+    jobs = _blamed_jobs(state.app_hits, device)
+    if len(jobs) < settings.app_xid_min_jobs:
+        return None
+    codes = sorted({hit.code for hit in state.app_hits if hit.device == device})
+    return open_check(
+        state.book,
+        event.ts,
+        check=APP_RECURRENCE,
+        device=device,
+        kind="gpu",
+        severity="warning",
+        action="reset_gpu",
+        evidence=evidence(
+            "distinct_jobs", len(jobs), settings.app_xid_min_jobs, None, settings.app_xid_window_s
+        ),
+        message=f"GPU {device}: application XIDs {codes} in {len(jobs)} different jobs "
+        f"({', '.join(sorted(jobs))}): the GPU, not the code",
+    )
+
+
+def _blamed_jobs(hits: list[AppHit], device: str) -> set[str]:
+    """Jobs that hit `device` and no other GPU of the node (a job-wide XID is the job's bug)."""
+    devices_of: dict[str, set[str]] = {}
+    for hit in hits:
+        devices_of.setdefault(hit.job, set()).add(hit.device)
+    return {job for job, devices in devices_of.items() if devices == {device}}
