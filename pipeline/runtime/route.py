@@ -81,6 +81,9 @@ def on_time(
     if state.gpu is not None:
         state.gpu, stale = detect.check_stale_gpu(state.gpu, now_ms, settings.detect)
         findings += stale
+    if state.xid is not None:
+        state.xid, closed = detect.expire_xid(state.xid, now_ms, settings.detect)
+        findings += closed
     if state.tpu is not None:
         state.tpu, stale = detect.check_stale_tpu(state.tpu, now_ms, settings.detect)
         findings += stale
