@@ -17,7 +17,13 @@ from pipeline.config import load_settings
 from pipeline.errors import FleetPulseError
 
 # Modules that register subcommands, in the order `--help` lists them.
-COMMAND_MODULES: tuple[str, ...] = ("pipeline.commands.topics",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "pipeline.commands.topics",
+    "pipeline.commands.worker",
+    "pipeline.commands.sink",
+    "pipeline.commands.lake",
+    "pipeline.commands.sql",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

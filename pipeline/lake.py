@@ -96,6 +96,12 @@ def _parse_canned(name: str, text: str) -> CannedQuery:
     return CannedQuery(name=name, question=question, sql=sql, params=params)
 
 
+def adhoc_query(text: str) -> CannedQuery:
+    """Ad-hoc SQL as a query whose $parameters bind like a canned one's."""
+    sql = text.strip().rstrip(";")
+    return CannedQuery("ad hoc", "", sql, tuple(dict.fromkeys(_PARAM.findall(sql))))
+
+
 def parse_duration(text: str) -> timedelta:
     """'90s', '15m', '24h', '7d' → timedelta."""
     match = re.fullmatch(r"(\d+)\s*([smhd])", text.strip())
@@ -278,6 +284,6 @@ def run_sql(root: Path | str, query: str, settings: LakeSettings | None = None,
 
 
 __all__: Sequence[str] = (
-    "CannedQuery", "Lake", "QueryError", "Result", "canned_queries", "parse_duration",
-    "parse_time", "run_canned", "run_sql",
+    "CannedQuery", "Lake", "QueryError", "Result", "adhoc_query", "canned_queries",
+    "parse_duration", "parse_time", "run_canned", "run_sql",
 )

@@ -1,0 +1,168 @@
+"""`fleetpulse sql`: ad-hoc SQL or a canned analysis over the Parquet lake, as a table, CSV or JSON.
+
+    fleetpulse sql "SELECT pool, count(*) FROM utilization GROUP BY pool"
+    fleetpulse sql --query cost_of_idle --since 24h --pool train --format csv
+    fleetpulse sql --list
+
+--since/--until/--pool/--bucket are bound to $since/$until/$pool/$bucket in the query (canned
+or not), never pasted into it. --since takes a duration before --until (24h, 7d) or a time;
+--until defaults to the end of the newest data in the lake, so a replayed or simulated day
+reads the same as a live one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any, TextIO
+
+from pipeline.config import Settings
+from pipeline.lake import (
+    CannedQuery,
+    Lake,
+    QueryError,
+    Result,
+    adhoc_query,
+    canned_queries,
+    parse_duration,
+)
+from pipeline.lake import parse_time as parse_iso
+
+_MAX_CELL = 60
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "sql",
+        help="query the Parquet lake with DuckDB (ad hoc or a canned analysis)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", nargs="?", help="SQL to run over the lake's views")
+    parser.add_argument("--query", "-q", metavar="NAME", help="run the canned analysis NAME")
+    parser.add_argument("--list", action="store_true", help="list the canned analyses")
+    add_window_arguments(parser)
+    parser.add_argument("--format", "-f", choices=("table", "csv", "json"), default="table")
+    parser.set_defaults(handler=_handle)
+
+
+def add_window_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lake", help="lake folder (default: lake.path from the config)")
+    parser.add_argument("--since", help="start: a duration before --until (24h, 7d) or a time")
+    parser.add_argument("--until", help="end: a time (UTC if no zone) or 'now' "
+                        "(default: end of the newest data in the lake)")
+    parser.add_argument("--pool", help="only this pool")
+    parser.add_argument("--bucket", help="time bucket of timelines (default 1h)")
+
+
+def window_params(args: argparse.Namespace, lake: Lake) -> dict[str, Any]:
+    """--since/--until/--pool/--bucket as query parameters (None where not given)."""
+    until = None
+    if args.until:
+        until = (datetime.now(UTC).replace(tzinfo=None) if args.until == "now"
+                 else parse_iso(args.until))
+    since = None
+    if args.since:
+        if args.since[0].isdigit() and args.since[-1] in "smhd":
+            anchor = until or lake.latest() or datetime.now(UTC).replace(tzinfo=None)
+            since, until = anchor - parse_duration(args.since), anchor
+        else:
+            since = parse_iso(args.since)
+    bucket = parse_duration(args.bucket) if args.bucket else None
+    return {"since": since, "until": until, "pool": args.pool, "bucket": bucket}
+
+
+def _handle(args: argparse.Namespace, settings: Settings) -> int:
+    if args.list:
+        _print_list(sys.stdout)
+        return 0
+    if bool(args.text) == bool(args.query):
+        raise QueryError("give either SQL text or --query NAME (see --list)")
+    with Lake(args.lake or settings.lake.path, settings.lake) as lake:
+        query = _query(args)
+        given = {k: v for k, v in window_params(args, lake).items() if v is not None}
+        result = lake.sql(query.sql, lake.bind(query, given))
+    write_result(result, args.format, sys.stdout)
+    if args.format == "table":
+        print(f"({len(result.rows)} rows, {result.seconds:.3f} s)", file=sys.stderr)
+    return 0
+
+
+def _query(args: argparse.Namespace) -> CannedQuery:
+    if args.query:
+        query = canned_queries().get(args.query)
+        if query is None:
+            raise QueryError(f"no canned query {args.query!r}: see fleetpulse sql --list")
+        return query
+    return adhoc_query(args.text)
+
+
+def _print_list(out: TextIO) -> None:
+    for query in canned_queries().values():
+        params = " ".join(f"--{p}" for p in query.params if p != "idle_pct")
+        out.write(f"{query.name}  [{params}]\n    {query.question}\n")
+
+
+def write_result(result: Result, fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        out.write(json.dumps([{k: plain(v) for k, v in r.items()} for r in result.records()],
+                             indent=2) + "\n")
+    elif fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(result.columns)
+        writer.writerows([[_text(v) for v in row] for row in result.rows])
+    else:
+        out.write(format_table(result))
+
+
+def format_table(result: Result) -> str:
+    cells = [[_text(v)[:_MAX_CELL] for v in row] for row in result.rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(result.columns)]
+    numeric = [all(isinstance(row[i], int | float | Decimal) or row[i] is None
+                   for row in result.rows) for i in range(len(result.columns))]
+    buffer = io.StringIO()
+
+    def line(values: list[str]) -> None:
+        parts = [v.rjust(w) if num else v.ljust(w)
+                 for v, w, num in zip(values, widths, numeric, strict=True)]
+        buffer.write("  ".join(parts).rstrip() + "\n")
+
+    line(result.columns)
+    line(["-" * w for w in widths])
+    for row in cells:
+        line(row)
+    return buffer.getvalue()
+
+
+def plain(value: Any) -> Any:
+    """A JSON-ready value: times as ISO 8601 UTC, decimals as floats, lists and maps kept."""
+    if isinstance(value, datetime):
+        return value.isoformat() + ("Z" if value.tzinfo is None else "")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return value
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, float):
+        return format(value, ".6f").rstrip("0").rstrip(".") if abs(value) < 1e15 else str(value)
+    if isinstance(value, list | dict):
+        return json.dumps(plain(value))
+    return str(value)

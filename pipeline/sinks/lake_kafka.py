@@ -1,0 +1,167 @@
+"""`fleetpulse sink lake`: consume the output topics into the Parquet lake, effectively once.
+
+Offsets are committed only after the files holding the records are renamed into place (and the
+dead letters of bad records are acknowledged by the broker), so a crash at any point replays
+from the last commit and the replay overwrites the files it had written (see LakeWriter). On a
+rebalance the sink flushes and commits what it holds before giving partitions away.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from pipeline.codec import decode, encode
+from pipeline.config import Settings
+from pipeline.errors import DecodeError
+from pipeline.model import DeadLetter
+from pipeline.runtime.topics import topic_name
+from pipeline.sinks.lake import LakeWriter, Positions
+from pipeline.sinks.lake_tables import TABLES, TableSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SinkStats:
+    records: int = 0
+    rows: int = 0
+    dead_letters: int = 0
+    commits: int = 0
+    files: int = 0
+    tables: dict[str, int] = field(default_factory=dict)
+
+
+class LakeSink:
+    """One consumer in the lake sink's group; `run()` until stopped or idle."""
+
+    def __init__(self, settings: Settings, root: Path | str) -> None:
+        self.settings = settings
+        self.writer = LakeWriter(root, settings.lake)
+        self.stats = SinkStats()
+        self.stop = threading.Event()
+        self._tables: dict[str, TableSpec] = {
+            topic_name(settings.kafka, spec.topic_suffix): spec for spec in TABLES.values()
+        }
+        self._positions: Positions = {}
+        self._consumer: KafkaConsumer | None = None
+        self._producer: KafkaProducer | None = None
+
+    def run(self, idle_exit_s: float | None = None) -> SinkStats:
+        kafka = self.settings.kafka
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=f"{kafka.client_id}-lake",
+            group_id=self.settings.lake.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=10_000,
+        )
+        self._producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all",
+                                       client_id=f"{kafka.client_id}-lake-dlq")
+        self._consumer.subscribe(sorted(self._tables), listener=_FlushOnRevoke(self))
+        try:
+            self._loop(idle_exit_s)
+            self.commit()
+        finally:
+            self._consumer.close(autocommit=False)
+            self._producer.close()
+        return self.stats
+
+    def _loop(self, idle_exit_s: float | None) -> None:
+        assert self._consumer is not None
+        lake = self.settings.lake
+        last_commit = last_record = time.monotonic()
+        while not self.stop.is_set():
+            batches = self._consumer.poll(timeout_ms=200)
+            now = time.monotonic()
+            for records in batches.values():
+                for record in records:
+                    self._handle(record)
+                last_record = now
+            due = self._positions and now - last_commit >= lake.flush_seconds
+            if self.writer.pending_rows >= lake.flush_rows or due:
+                self.commit()
+                last_commit = time.monotonic()
+            if idle_exit_s is not None and now - last_record >= idle_exit_s:
+                return
+
+    def _handle(self, record: Any) -> None:
+        spec = self._tables[record.topic]
+        source = (record.topic, record.partition, record.offset)
+        self.stats.records += 1
+        try:
+            event = decode(record.value, spec.event)
+        except DecodeError as exc:
+            self._dead_letter(record, str(exc))
+        else:
+            self.writer.add(spec.name, event, source)
+            self.stats.tables[spec.name] = self.stats.tables.get(spec.name, 0) + 1
+        self._positions[(record.topic, record.partition)] = record.offset + 1
+
+    def _dead_letter(self, record: Any, error: str) -> None:
+        assert self._producer is not None
+        key = record.key.decode("utf-8", errors="replace")[:256] if record.key else None
+        # the broker's timestamp; a record without a sane one gets the time we saw it
+        stamp = record.timestamp or 0
+        ts = stamp if stamp >= 10**12 else int(time.time() * 1000)
+        letter = DeadLetter(ts=ts, topic=record.topic, partition=record.partition,
+                            offset=record.offset, key=key, error=error,
+                            raw_b64=base64.b64encode(record.value or b"").decode())
+        self._producer.send(topic_name(self.settings.kafka, "dlq"), value=encode(letter),
+                            key=record.key)
+        self.stats.dead_letters += 1
+        log.warning("dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset,
+                    error)
+
+    def commit(self) -> None:
+        """Files renamed, dead letters acknowledged, then offsets committed, then marked."""
+        assert self._consumer is not None and self._producer is not None
+        if not self._positions:
+            return
+        self.writer.flush()
+        self._producer.flush()
+        positions, self._positions = self._positions, {}
+        self._consumer.commit({
+            TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
+            for (topic, partition), offset in positions.items()
+        })
+        self.writer.mark_committed(positions)
+        self.stats.commits += 1
+        self.stats.rows, self.stats.files = self.writer.rows_written, self.writer.files_written
+        shown = ", ".join(f"{t}[{p}]={o}" for (t, p), o in sorted(positions.items()))
+        log.info("committed %s", shown)
+
+
+class _FlushOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, sink: LakeSink) -> None:
+        self.sink = sink
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        # Whatever we hold must be committed before another consumer resumes these partitions.
+        self.sink.commit()
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+
+
+def run_until_signalled(settings: Settings, root: Path | str,
+                        idle_exit_s: float | None = None) -> SinkStats:
+    """Run a LakeSink; SIGTERM/SIGINT stop it after a last flush and commit."""
+    sink = LakeSink(settings, root)
+
+    def stop(signum: int, frame: object) -> None:
+        sink.stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return sink.run(idle_exit_s)
