@@ -22,7 +22,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.sink",
     "pipeline.commands.lake",
     "pipeline.commands.sql",
-    "pipeline.commands.backtest",
 )
 
 
