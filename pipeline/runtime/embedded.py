@@ -18,7 +18,6 @@ from pipeline.codec import decode
 from pipeline.config import Settings
 from pipeline.errors import DecodeError
 from pipeline.model import (
-    Action,
     CapacityEvent,
     DeadLetter,
     Event,
@@ -41,6 +40,8 @@ class _Work(NamedTuple):
     stage: str  # "health" or "policy"
     event: Event
     pool: str  # the policy key; unused by the health stage
+
+
 _TELEMETRY = (GpuSample, XidEvent, TpuSample, IciSample)
 _VALUE_BY_SUFFIX = {spec.suffix: spec.value for spec in TOPICS}
 
@@ -99,7 +100,9 @@ class EmbeddedRuntime:
             return
         self._tick_ms = boundary
         for key in sorted(self.telemetry):
-            self.telemetry[key], findings = route.on_time(self.telemetry[key], boundary, self.settings)
+            self.telemetry[key], findings = route.on_time(
+                self.telemetry[key], boundary, self.settings
+            )
             self._cascade([_Work("health", finding, "") for finding in findings])
 
     def _on_telemetry(self, event: route.Telemetry) -> None:
@@ -146,7 +149,9 @@ class EmbeddedRuntime:
             self._emit("actions", action)
         return [_Work("health", action, pool) for action in actions]
 
-    def _dead_letter(self, suffix: str, raw: bytes, offset: int, key: str | None, error: str) -> None:
+    def _dead_letter(
+        self, suffix: str, raw: bytes, offset: int, key: str | None, error: str
+    ) -> None:
         letter = DeadLetter(
             ts=self._tick_ms or 1_000_000_000_000,
             topic=suffix,
@@ -167,7 +172,8 @@ class EmbeddedRuntime:
 def collect(settings: Settings, events: Iterable[Event]) -> dict[str, list[Event]]:
     """Run events through the embedded pipeline and return every output by topic suffix."""
     outputs: dict[str, list[Event]] = {}
-    runtime = EmbeddedRuntime(settings, lambda suffix, event: outputs.setdefault(suffix, []).append(event))
+    runtime = EmbeddedRuntime(
+        settings, lambda suffix, event: outputs.setdefault(suffix, []).append(event)
+    )
     runtime.feed_all(events)
     return outputs
-

@@ -75,7 +75,7 @@ def test_zone_wide_capacity_event_reaches_every_pool_of_the_zone() -> None:
     assert isinstance(capacity, CapacityEvent)
     zone = _sample("gpu_sample", GpuSample).zone  # type: ignore[attr-defined]
     stockout = msgspec.structs.replace(
-        capacity, kind="STOCKOUT", zone=zone, pool=None, target=None, target_kind=None, window=None
+        capacity, kind="STOCKOUT", zone=zone, cluster=None, pool=None, target=None, target_kind=None, window=None
     )
     assert all(state.stockout_until == 0 for state in runtime.policy.values())
     runtime.feed(stockout)
