@@ -21,11 +21,19 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from pipeline.codec import decode, encode
 from pipeline.errors import DecodeError, FleetPulseError, SourceError
 from pipeline.model import Event
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound=msgspec.Struct)
+E = TypeVar("E", bound=Event)
+
+
+def validated(event: E) -> E:
+    """The event checked against its schema's constraints (constructing a Struct does not
+    check them; decoding does), so a bad value is a dead letter here, not in every consumer."""
+    return decode(encode(event), type(event))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,14 @@ import msgspec
 from pipeline.config import SourcesSettings
 from pipeline.errors import DecodeError, SourceError
 from pipeline.model import TpuChipReading, TpuSample
-from pipeline.sources.base import BadRecord, Batch, Parsed, load_checkpoint, save_checkpoint
+from pipeline.sources.base import (
+    BadRecord,
+    Batch,
+    Parsed,
+    load_checkpoint,
+    save_checkpoint,
+    validated,
+)
 from pipeline.sources.tpu_hosts import TpuWorker, host_chips, load_inventory
 
 Inventory = Mapping[tuple[str, str], TpuWorker]
@@ -59,8 +66,11 @@ def parse_time_series(series: Iterable[Any], inventory: Inventory) -> Parsed:
     for (zone, instance, ts), chips in sorted(groups.items(), key=lambda g: (g[0][2], g[0][:2])):
         worker = inventory[(zone, instance)]
         try:
-            parsed.events.append(_sample(worker, ts, chips))
-        except (ValueError, msgspec.ValidationError) as exc:
+            parsed.events.append(validated(_sample(worker, ts, chips)))
+        except DecodeError as exc:
+            raw = json.dumps({"worker": instance, "ts": ts, "chips": chips}).encode()
+            parsed.bad.append(BadRecord(raw, exc))
+        except ValueError as exc:
             error = DecodeError(
                 field=f"tpu_worker {instance}",
                 expected="values valid for tpu_sample/1",

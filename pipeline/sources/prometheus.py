@@ -26,7 +26,14 @@ import msgspec
 from pipeline.config import SourcesSettings
 from pipeline.errors import DecodeError, SourceError
 from pipeline.model import GpuReading, GpuSample
-from pipeline.sources.base import BadRecord, Batch, Parsed, load_checkpoint, save_checkpoint
+from pipeline.sources.base import (
+    BadRecord,
+    Batch,
+    Parsed,
+    load_checkpoint,
+    save_checkpoint,
+    validated,
+)
 
 QUERY = '{__name__=~"(?i)dcgm_fi_.+"}'
 _NODE_LABELS = ("Hostname", "hostname", "node")
@@ -69,7 +76,7 @@ def parse_series(
             parsed.bad.append(BadRecord(_raw(result), exc))
     for (node, ts), scrape in sorted(nodes.items(), key=lambda item: (item[0][1], item[0][0])):
         try:
-            parsed.events.append(scrape.sample(node, ts))
+            parsed.events.append(validated(scrape.sample(node, ts)))
         except (DecodeError, ValueError, msgspec.ValidationError) as exc:
             error = exc if isinstance(exc, DecodeError) else _invalid(node, exc)
             parsed.bad.append(BadRecord(scrape.raw(node, ts), error))

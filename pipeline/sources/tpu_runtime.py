@@ -27,7 +27,14 @@ from pipeline.catalog import ici_neighbours, slice_shape
 from pipeline.config import SourcesSettings
 from pipeline.errors import ConfigError, DecodeError, SourceError
 from pipeline.model import Event, IciLink, IciSample, TpuChipReading, TpuSample
-from pipeline.sources.base import BadRecord, Batch, Parsed, load_checkpoint, save_checkpoint
+from pipeline.sources.base import (
+    BadRecord,
+    Batch,
+    Parsed,
+    load_checkpoint,
+    save_checkpoint,
+    validated,
+)
 from pipeline.sources.libtpu_proto import runtime_protocol
 from pipeline.sources.tpu_hosts import TpuHost, host_chips
 
@@ -79,8 +86,10 @@ def parse_runtime_metrics(responses: Mapping[str, Any], host: TpuHost) -> Parsed
         builds.append(lambda: _ici_sample(host, link_ts, links))
     for build in builds:
         try:
-            parsed.events.append(build())
-        except (ValueError, msgspec.ValidationError) as exc:
+            parsed.events.append(validated(build()))
+        except DecodeError as exc:
+            parsed.bad.append(BadRecord(repr((chips, links)).encode(), exc))
+        except ValueError as exc:
             error = DecodeError(field=host.node, expected="valid TPU host metrics", got=str(exc))
             parsed.bad.append(BadRecord(repr((chips, links)).encode(), error))
     return parsed

@@ -1,0 +1,334 @@
+"""XID kernel-log parser (every line form of data-shapes §2.1) and the tailer across rotations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import SourcesSettings
+from pipeline.errors import DecodeError
+from pipeline.model import XidEvent
+from pipeline.sim.endpoints.kernel_log import KernelLogWriter, format_xid_message
+from pipeline.sources.xid import GpuInfo, Identity, XidSource, parse_line, parse_lines
+
+ID = Identity(cluster="c1", node="gpu-node-1", pool="a3", zone="us-central1-a")
+FALLBACK = 1_764_424_999_000
+T0 = 1_764_424_800_000
+
+
+@pytest.mark.parametrize(
+    ("message", "pci", "xid", "pid", "process"),
+    [
+        (
+            "NVRM: Xid (PCI:0000:66:00): 32, pid=2280636, name=train.3, Channel ID 0000000d intr0 00040000",
+            "0000:66:00",
+            32,
+            2280636,
+            "train.3",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:b5:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp "
+            "Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address",
+            "0000:b5:00",
+            13,
+            None,
+            None,
+        ),
+        (
+            "NVRM: Xid (PCI:0003:00:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error "
+            "detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+            "0003:00:00",
+            74,
+            None,
+            None,
+        ),
+        ("NVRM: Xid (PCI:0000:3f:00): 46", "0000:3f:00", 46, None, None),
+        (
+            "NVRM: Xid (PCI:0000:2B:00): 79, GPU has fallen off the bus.",
+            "0000:2b:00",
+            79,
+            None,
+            None,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, "
+            "reset gpu to activate.",
+            "0000:10:1c",
+            63,
+            1896,
+            None,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:65:00): 119, pid='N/A', Timeout waiting for RPC from GSP",
+            "0000:65:00",
+            119,
+            None,
+            None,
+        ),
+        (
+            "NVRM: Xid (PCI:0008:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 "
+            "(GPU Reset Required)",
+            "0008:01:00",
+            154,
+            None,
+            None,
+        ),
+        (
+            "NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc Data ffffffff",
+            "0000:01:00",
+            3,
+            None,
+            None,
+        ),  # old driver format: no "PCI:"
+    ],
+)
+def test_real_xid_lines_parse(
+    message: str, pci: str, xid: int, pid: int | None, process: str | None
+) -> None:
+    line = f"2025-11-29T14:00:04.211000+00:00 gpu-node-1 kernel: [ 8123.456789] {message}\n"
+    event = parse_line(line, ID, fallback_ts_ms=FALLBACK)
+    assert isinstance(event, XidEvent)
+    assert (event.pci_bus_id, event.xid, event.pid, event.process) == (pci, xid, pid, process)
+    assert event.message == message
+    assert event.ts == 1_764_424_804_211
+    assert (event.cluster, event.node, event.pool, event.zone) == (
+        "c1",
+        "gpu-node-1",
+        "a3",
+        "us-central1-a",
+    )
+    assert event.source == "kernel_log"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "ts"),
+    [
+        ("2025-11-29T14:00:04.211000+00:00 gpu-node-1 kernel: ", 1_764_424_804_211),
+        ("2025-11-29T15:00:04.211+01:00 gpu-node-1 kernel: [   12.000001] ", 1_764_424_804_211),
+        (
+            "Nov 29 14:00:04 gpu-node-1 kernel: [ 8123.456789] ",
+            1_764_424_804_000,
+        ),  # year of reading
+        ("[ 8123.456789] ", FALLBACK),  # dmesg: no wall clock, time of reading
+        ("", FALLBACK),
+    ],
+)
+def test_timestamps_of_each_log_format(prefix: str, ts: int) -> None:
+    event = parse_line(f"{prefix}NVRM: Xid (PCI:0000:3f:00): 46", ID, fallback_ts_ms=FALLBACK)
+    assert isinstance(event, XidEvent)
+    assert event.ts == ts
+
+
+def test_companion_line_teaches_uuid_and_known_gpus_fill_index() -> None:
+    lines = [
+        "2025-11-29T14:00:04.211000+00:00 n kernel: NVRM: GPU at PCI:0000:2b:00: GPU-15704b32-f531-14ce-0530-1ac21e4b68e6\n",
+        "2025-11-29T14:00:04.211000+00:00 n kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.\n",
+        "2025-11-29T14:00:04.211000+00:00 n kernel: NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.\n",
+        "2025-11-29T14:00:05.000000+00:00 n kernel: NVRM: Xid (PCI:0000:53:00): 48, pid=7, name=python, DBE\n",
+        "2025-11-29T14:00:05.100000+00:00 n kernel: usb 1-1: new high-speed USB device number 2\n",
+    ]
+    gpus = {"0000:53:00": GpuInfo(3, "GPU-2b3e7c10-9f0d-44a1-8e52-0c7f3a9d1b24")}
+    parsed = parse_lines(lines, ID, fallback_ts_ms=FALLBACK, gpus=gpus)
+    assert parsed.bad == []
+    fell, dbe = parsed.events
+    assert isinstance(fell, XidEvent) and isinstance(dbe, XidEvent)
+    assert (fell.xid, fell.uuid, fell.gpu_index) == (
+        79,
+        "GPU-15704b32-f531-14ce-0530-1ac21e4b68e6",
+        None,
+    )
+    assert (dbe.xid, dbe.uuid, dbe.gpu_index) == (48, "GPU-2b3e7c10-9f0d-44a1-8e52-0c7f3a9d1b24", 3)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "NVRM: Xid (PCI:0000:66:00): abc, pid=1",  # code is not a number
+        "NVRM: Xid (PCI:zz:66): 13, pid=1",  # not a PCI id
+        "NVRM: Xid PCI:0000:66:00: 13",  # no parentheses
+        "NVRM: Xid (PCI:0000:66:00): 999999999, pid=1",  # beyond the model's code range
+    ],
+)
+def test_malformed_xid_lines_become_dead_letters(message: str) -> None:
+    with pytest.raises((DecodeError, ValueError)):
+        parse_line(message, ID, fallback_ts_ms=FALLBACK)
+    parsed = parse_lines([message + "\n"], ID, fallback_ts_ms=FALLBACK, gpus={})
+    assert parsed.events == []
+    [bad] = parsed.bad
+    assert bad.raw == (message + "\n").encode()
+    assert "expected" in str(bad.error) and "got" in str(bad.error)
+
+
+def test_other_kernel_lines_are_skipped() -> None:
+    for line in [
+        "2025-11-29T14:00:04.211000+00:00 n kernel: EXT4-fs (sda1): mounted filesystem",
+        "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress",
+        "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07",
+    ]:
+        assert parse_line(line, ID, fallback_ts_ms=FALLBACK) is None
+
+
+# --- the tailer ---------------------------------------------------------------------------
+
+
+def _event(n: int) -> XidEvent:
+    xid = (13, 31, 48, 79, 63, 94)[n % 6]
+    return XidEvent(
+        ts=T0 + 1000 * n,
+        cluster="c1",
+        node="gpu-node-1",
+        pool="a3",
+        zone="us-central1-a",
+        pci_bus_id=f"0000:{0x18 + n % 8:02x}:00",
+        xid=xid,
+        pid=4000 + n if n % 2 else None,
+        process="train.py" if n % 2 else None,
+        message=f"event {n}",
+        source="kernel_log",
+    )
+
+
+def _source(tmp_path: Path, log: Path, clock: list[float]) -> XidSource:
+    settings = SourcesSettings(
+        cluster="c1", node="gpu-node-1", pool="a3", zone="us-central1-a", state_dir=str(tmp_path)
+    )
+    return XidSource(settings, path=log, clock=lambda: clock[0], rotate_wait_s=1.0)
+
+
+def _read(source: XidSource, commit: bool = True) -> list[tuple[int, int, str]]:
+    batch = source.poll()
+    assert batch.bad == []
+    if commit:
+        source.commit(batch.position)
+    return [(e.ts, e.xid, e.message) for e in batch.events if isinstance(e, XidEvent)]
+
+
+def _expected(n: int) -> tuple[int, int, str]:
+    event = _event(n)
+    return event.ts, event.xid, format_xid_message(event)
+
+
+def test_rotation_truncation_and_restart_lose_and_repeat_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    clock = [T0 / 1000]
+    writer = KernelLogWriter(log, "gpu-node-1", boot_ms=T0 - 60_000)
+    source = _source(tmp_path, log, clock)
+    got: list[tuple[int, int, str]] = []
+    writer.write_xid(_event(0))
+    writer.write_xid(_event(1))
+    got += _read(source)
+    writer.write_xid(_event(2))
+    writer.rotate()  # create mode: kern.log -> kern.log.1, new kern.log
+    writer.write_xid(_event(3))
+    got += _read(source)
+    writer.write_xid(_event(4))
+    assert _read(source, commit=False)  # read but never committed: must come again
+    source.close()
+    writer.rotate()  # rotated while the reader is down
+    writer.write_xid(_event(5))
+    clock[0] += 10
+    source = _source(tmp_path, log, clock)
+    got += _read(source)
+    got += _read(source)  # the old files are drained and let go
+    writer.truncate()  # copytruncate after everything was read
+    writer.write_xid(_event(6))
+    got += _read(source)
+    assert got == [_expected(n) for n in range(7)]
+    writer.close()
+    source.close()
+
+
+def test_partial_line_waits_for_its_end(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    source = _source(tmp_path, log, [T0 / 1000])
+    line = "2025-11-29T14:00:04.211000+00:00 n kernel: NVRM: Xid (PCI:0000:3f:00): 46\n"
+    with log.open("a") as out:
+        out.write(line[:30])
+    assert _read(source) == []
+    with log.open("a") as out:
+        out.write(line[30:])
+    assert [xid for _, xid, _ in _read(source)] == [46]
+
+
+def test_lines_written_to_a_renamed_file_are_still_read(tmp_path: Path) -> None:
+    """rsyslog keeps writing to the old file until it reopens: rotate_wait covers that."""
+    log = tmp_path / "kern.log"
+    clock = [T0 / 1000]
+    source = _source(tmp_path, log, clock)
+    old = log.open("a")
+    old.write("NVRM: Xid (PCI:0000:3f:00): 46\n")
+    old.flush()
+    assert len(_read(source)) == 1
+    log.rename(tmp_path / "kern.log.1")
+    log.write_text("NVRM: Xid (PCI:0000:3f:00): 48\n")
+    old.write("NVRM: Xid (PCI:0000:3f:00): 13\n")  # after the rename, before the reopen
+    old.flush()
+    assert sorted(x for _, x, _ in _read(source)) == [13, 48]
+    old.write("NVRM: Xid (PCI:0000:3f:00): 31\n")
+    old.close()
+    clock[0] += 0.5
+    assert [x for _, x, _ in _read(source)] == [31]
+    clock[0] += 5
+    assert _read(source) == []
+    assert len(source._tracked) == 1  # the drained old file was let go
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("write"), st.integers(1, 3)),
+        st.just(("rotate", 0)),
+        st.just(("truncate", 0)),
+        st.just(("poll", 0)),
+        st.just(("peek", 0)),
+        st.just(("restart", 0)),
+    ),
+    max_size=14,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=OPS)
+def test_any_interleaving_reads_every_line_once(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int]]
+) -> None:
+    tmp = tmp_path_factory.mktemp("xid")
+    log = tmp / "kern.log"
+    clock = [T0 / 1000]
+    writer = KernelLogWriter(log, "gpu-node-1")
+    source = _source(tmp, log, clock)
+    assert _read(source) == []  # the first poll fixes where reading starts
+    written = 0
+    got: list[tuple[int, int, str]] = []
+    pending = False  # lines written since the last committed poll
+    for op, count in ops:
+        clock[0] += 0.4
+        if op == "write":
+            for _ in range(count):
+                writer.write_xid(_event(written))
+                written += 1
+            pending = True
+        elif op == "rotate":
+            writer.rotate()
+        elif op == "truncate" and not pending:  # copytruncate loses unread lines by design
+            writer.truncate()
+        elif op == "poll":
+            got += _read(source)
+            pending = False
+        elif op == "peek":
+            _read(source, commit=False)
+        elif op == "restart":
+            source.close()
+            source = _source(tmp, log, clock)
+    clock[0] += 10
+    got += _read(source)
+    got += _read(source)
+    assert got == [_expected(n) for n in range(written)]
+    assert os.listdir(tmp)  # the checkpoint and logs are where we think
+    writer.close()
+    source.close()
