@@ -228,6 +228,8 @@ class XidSource:
         self._uuids: dict[str, str] = dict(saved.uuids) if saved else {}
         if saved:
             self._reopen(saved.files)
+        # Every file we read was rotated away and deleted while we were stopped.
+        self._lost_track = bool(saved and saved.files) and not self._tracked
 
     # -- files ------------------------------------------------------------------------------
 
@@ -257,7 +259,11 @@ class XidSource:
         for tracked in self._tracked:
             tracked.rotated_at = tracked.rotated_at or now
         known = {tracked.inode for tracked in self._tracked}
-        missed = self._rotated_after(self._tracked[-1].inode) if self._tracked else []
+        if self._tracked:
+            missed = self._rotated_after(self._tracked[-1].inode)
+        else:
+            missed = self._rotated_after(None) if self._lost_track else []
+        self._lost_track = False
         for path in [*missed, self.path]:
             fd = os.open(path, os.O_RDONLY)
             inode = os.fstat(fd).st_ino
@@ -268,9 +274,10 @@ class XidSource:
                 _Tracked(fd, inode, 0, rotated_at=None if path == self.path else now)
             )
 
-    def _rotated_after(self, inode: int) -> list[Path]:
+    def _rotated_after(self, inode: int | None) -> list[Path]:
         """Files rotated away after the one with `inode` (kern.log.N … kern.log.1), oldest
-        first: with two rotations between polls (or while stopped) the middle file is there."""
+        first: with two rotations between polls (or while stopped) the middle file is there.
+        When that file is gone it was the oldest, deleted by rotation: all of them are newer."""
         numbered = []
         for path in self.path.parent.glob(f"{self.path.name}.*"):
             suffix = path.name[len(self.path.name) + 1 :]
@@ -281,9 +288,8 @@ class XidSource:
                     continue
         numbered.sort(reverse=True)
         inodes = [found for _, found, _ in numbered]
-        if inode not in inodes:
-            return []
-        return [path for _, _, path in numbered[inodes.index(inode) + 1 :]]
+        after = inodes.index(inode) + 1 if inode in inodes else 0
+        return [path for _, _, path in numbered[after:]]
 
     def _read(self, tracked: _Tracked, budget: int) -> tuple[list[str], int, int]:
         """Complete lines from the tracked offset, the offset after them, the bytes read."""
