@@ -234,6 +234,22 @@ class PolicySettings(Section, frozen=True):
     quota_near_frac: Fraction = 0.95  # quota usage at or above this is "near the limit"
 
 
+class WorkerSettings(Section, frozen=True):
+    """`fleetpulse worker`: the faust app in streams/ (agents, tables, acks, failover)."""
+
+    group_id: str = ""  # consumer group and faust app id; "" = "<topic_prefix>-worker"
+    store: str = "memory://"  # table store; memory replays the compacted changelog at start
+    datadir: str = ".cache/worker"  # faust's data directory (one folder per app id)
+    standby_replicas: Annotated[int, Meta(ge=0)] = 1  # warm copies of tables for failover
+    ack_batch: PositiveInt = 500  # records whose outputs are awaited together before acking
+    ack_interval_ms: PositiveInt = 50  # ... or this often, whichever comes first
+    commit_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # offset commits (replay window)
+    session_timeout_s: Annotated[float, Meta(ge=6)] = 10.0  # a dead worker's partitions move
+    heartbeat_interval_s: Annotated[float, Meta(gt=0)] = 2.0
+    send_give_up_s: Annotated[float, Meta(gt=0)] = 300.0  # outputs unsendable this long: exit
+    capacity_memory: PositiveInt = 64  # capacity events kept per zone for pools learnt later
+
+
 class Settings(Section, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     metrics: MetricsSettings = MetricsSettings()
@@ -244,6 +260,7 @@ class Settings(Section, frozen=True):
     detect: DetectSettings = DetectSettings()
     health: HealthSettings = HealthSettings()
     policy: PolicySettings = PolicySettings()
+    worker: WorkerSettings = WorkerSettings()
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -268,22 +285,6 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as handle:
-class WorkerSettings(Section, frozen=True):
-    """`fleetpulse worker`: the faust app in streams/ (agents, tables, acks, failover)."""
-
-    group_id: str = ""  # consumer group and faust app id; "" = "<topic_prefix>-worker"
-    store: str = "memory://"  # table store; memory replays the compacted changelog at start
-    datadir: str = ".cache/worker"  # faust's data directory (one folder per app id)
-    standby_replicas: Annotated[int, Meta(ge=0)] = 1  # warm copies of tables for failover
-    ack_batch: PositiveInt = 500  # records whose outputs are awaited together before acking
-    ack_interval_ms: PositiveInt = 50  # ... or this often, whichever comes first
-    commit_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # offset commits (replay window)
-    session_timeout_s: Annotated[float, Meta(ge=6)] = 10.0  # a dead worker's partitions move
-    heartbeat_interval_s: Annotated[float, Meta(gt=0)] = 2.0
-    send_give_up_s: Annotated[float, Meta(gt=0)] = 300.0  # outputs unsendable this long: exit
-    capacity_memory: PositiveInt = 64  # capacity events kept per zone for pools learnt later
-
-
             return tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
@@ -295,7 +296,6 @@ def _env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
     overrides = []
     for name, value in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or name == "FLEETPULSE_CONFIG":
-    worker: WorkerSettings = WorkerSettings()
             continue
         section, sep, key = name[len(ENV_PREFIX) :].lower().partition("__")
         if not sep or not key:

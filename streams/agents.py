@@ -1,0 +1,208 @@
+"""The agents: thin loops that decode a record, call the pure stage in pipeline/runtime/route.py,
+store the key's state and queue the outputs. Four stages, each keyed so its inputs meet:
+
+    telemetry  gpu + xid (key node), tpu + ici (key slice)  -> findings (key target),
+               table telemetry                                 utilization (key target)
+    health     findings + events.node + actions (key target) -> proposals, policy-input (key
+               table health                                    pool); node-state (key target);
+                                                               zone-input (key zone)
+    zone       events.capacity + zone-input (key zone)       -> policy-input (key pool)
+               table zones
+    policy     policy-input (key pool)                       -> actions (key target),
+               table policy                                    alerts (key fingerprint)
+
+A record handler is synchronous: it computes everything, writes the state, then queues the
+sends, so nothing else runs between reading a key's state and writing it back. Any record it
+cannot handle — undecodable, wrongly keyed, or one that makes a stage raise — becomes a dead
+letter, and the stream goes on. Agents run with concurrency 1 (faust #606 loses messages with
+more); throughput comes from partitions and workers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipeline import health, policy
+from pipeline.errors import DecodeError
+from pipeline.model import CapacityEvent, Event, NodeState, Proposal
+from pipeline.runtime import route
+from streams import zones
+from streams.context import POLICY_INPUT, ZONE_INPUT, Context, Futures
+from streams.records import Record, check_key, decode_value, unexpected_error
+
+log = logging.getLogger("fleetpulse.worker")
+Handler = Callable[[Context, Record], Futures]
+
+TELEMETRY_TOPICS = ("telemetry.gpu", "events.xid", "telemetry.tpu", "telemetry.ici")
+HEALTH_TOPICS = ("findings", "events.node", "actions")
+
+
+# --- telemetry ----------------------------------------------------------------------------
+
+
+def handle_telemetry(ctx: Context, record: Record) -> Futures:
+    event = decode_value(record, ctx.value_types[record.topic])
+    assert isinstance(event, route.Telemetry)  # the topic's value type guarantees it
+    key = route.telemetry_key(event)
+    check_key(record, key, "slice" if hasattr(event, "slice") else "node")
+    futures = tick(ctx, record.partition, ctx.clocks.observe(record.partition, event.ts))
+    raw_key = key.encode()
+    state = ctx.load("telemetry", raw_key, route.TelemetryState)
+    state, findings, rows = route.on_telemetry(state, event, ctx.settings)
+    futures.append(ctx.store("telemetry", record.partition, raw_key, state))
+    ctx.clocks.add_key(record.partition, raw_key)
+    futures += [ctx.send_finding(finding) for finding in findings]
+    futures += [ctx.send("utilization", row.slice or row.node, row) for row in rows]
+    return futures
+
+
+def tick(ctx: Context, partition: int, boundaries: list[int]) -> Futures:
+    """Event time crossed `boundaries` in `partition`: run the staleness checks of its keys."""
+    futures: Futures = []
+    for now_ms in boundaries:
+        for raw_key in ctx.clocks.keys_of(partition):
+            state = ctx.load("telemetry", raw_key, route.TelemetryState)
+            if state is None:
+                continue
+            try:
+                state, findings = route.on_time(state, now_ms, ctx.settings)
+            except Exception:  # no record is to blame: log it, count it, keep the old state
+                log.exception("staleness check of %r at %d failed", raw_key, now_ms)
+                ctx.metrics.errors.labels("telemetry-tick").inc()
+                continue
+            futures.append(ctx.store("telemetry", partition, raw_key, state))
+            futures += [ctx.send_finding(finding) for finding in findings]
+    return futures
+
+
+# --- health -------------------------------------------------------------------------------
+
+
+def handle_health(ctx: Context, record: Record) -> Futures:
+    signal = decode_value(record, ctx.value_types[record.topic])
+    assert isinstance(signal, route.HealthSignal)
+    key = route.health_key(signal)
+    check_key(record, key, "target name")
+    raw_key = key.encode()
+    state = ctx.load("health", raw_key, health.HealthState)
+    state, proposals, node_state = route.on_health(state, signal, ctx.settings)
+    futures = [ctx.store("health", record.partition, raw_key, state)]
+    for proposal in proposals:
+        pool = route.policy_key(proposal)
+        futures.append(ctx.send("proposals", pool, proposal))
+        # the policy reads proposals and node states from one topic, so it sees a target's
+        # proposal and state changes in the order the health machine made them
+        futures.append(ctx.send(POLICY_INPUT, pool, proposal))
+    if node_state is not None:
+        target = node_state.target
+        futures.append(ctx.send("node-state", target.name, node_state))
+        futures.append(ctx.send(POLICY_INPUT, target.pool, node_state))
+        futures.append(ctx.send(ZONE_INPUT, target.zone, node_state))
+    return futures
+
+
+# --- zone: capacity fan-out ---------------------------------------------------------------
+
+
+def handle_zone(ctx: Context, record: Record) -> Futures:
+    if record.topic == ctx.name(ZONE_INPUT):
+        node_state = decode_value(record, NodeState)
+        zone = node_state.target.zone
+        check_key(record, zone, "zone")
+        before = ctx.load("zones", zone.encode(), zones.ZoneState)
+        state, owed = zones.on_node_state(before, node_state)
+        if state is before:  # nothing learnt: no changelog write
+            return []
+        futures = [ctx.store("zones", record.partition, zone.encode(), state)]
+        pool = node_state.target.pool
+        return futures + [ctx.send(POLICY_INPUT, pool, event) for event in owed]
+    event = decode_value(record, CapacityEvent)
+    check_key(record, event.zone, "zone")
+    before = ctx.load("zones", event.zone.encode(), zones.ZoneState)
+    memory = ctx.settings.worker.capacity_memory
+    state, pools = zones.on_capacity(before, event, memory)
+    futures = [ctx.store("zones", record.partition, event.zone.encode(), state)]
+    return futures + [ctx.send(POLICY_INPUT, pool, event) for pool in pools]
+
+
+# --- policy -------------------------------------------------------------------------------
+
+
+def handle_policy(ctx: Context, record: Record) -> Futures:
+    signal: Event = decode_value(record, Event)
+    if not isinstance(signal, Proposal | NodeState | CapacityEvent):
+        raise DecodeError(
+            field="$.schema",
+            expected="'proposal/1', 'node_state/1' or 'capacity_event/1'",
+            got=repr(type(signal).__struct_config__.tag),
+        )
+    if isinstance(signal, CapacityEvent):
+        # fanned out by the zone stage: the key is the pool it was sent to
+        if record.key is None:
+            raise DecodeError(field="key", expected="the pool", got="no key")
+        pool = record.key.decode()
+    else:
+        pool = route.policy_key(signal)
+        check_key(record, pool, "pool")
+    raw_key = pool.encode()
+    state = ctx.load("policy", raw_key, policy.PolicyState)
+    state, actions, alerts = route.on_policy(state, signal, ctx.settings)
+    futures = [ctx.store("policy", record.partition, raw_key, state)]
+    futures += [ctx.send_action(action) for action in actions]
+    futures += [ctx.send_alert(alert) for alert in alerts]
+    return futures
+
+
+# --- the loop -----------------------------------------------------------------------------
+
+
+def handle_record(ctx: Context, agent: str, handler: Handler, record: Record) -> Futures:
+    """Run `handler`; a record it cannot handle becomes a dead letter, never a crash."""
+    ctx.metrics.records_in.labels(record.topic).inc()
+    ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
+    started = time.perf_counter()
+    try:
+        return handler(ctx, record)
+    except DecodeError as exc:
+        return [ctx.send_dead_letter(record, str(exc), "invalid")]
+    except Exception as exc:
+        log.exception("%s: record %s[%d]@%d", agent, record.topic, record.partition, record.offset)
+        ctx.metrics.errors.labels(agent).inc()
+        return [ctx.send_dead_letter(record, unexpected_error(agent, exc), "error")]
+    finally:
+        ctx.metrics.latency.labels(agent).observe(time.perf_counter() - started)
+
+
+def consume(ctx: Context, agent: str, handler: Handler) -> Callable[[Any], Any]:
+    async def run(stream: Any) -> None:  # a faust Stream
+        manual = stream.noack()
+        async for event in manual.events():
+            futures = handle_record(ctx, agent, handler, event.message)
+            if ctx.settler.add(functools.partial(manual.ack, event), futures):
+                await ctx.settler.settle()
+
+    run.__name__ = run.__qualname__ = agent  # faust names agents after their function
+    return run
+
+
+def register(ctx: Context) -> None:
+    t = ctx.topics
+    stages: list[tuple[str, list[Any], Handler]] = [
+        ("telemetry", [t[s] for s in TELEMETRY_TOPICS], handle_telemetry),
+        ("health", [t[s] for s in HEALTH_TOPICS], handle_health),
+        ("zone", [t["events.capacity"], t[ZONE_INPUT]], handle_zone),
+        ("policy", [t[POLICY_INPUT]], handle_policy),
+    ]
+    for name, topics, handler in stages:
+        channel = ctx.app.topic(
+            *[topic.get_topic_name() for topic in topics],
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+        ctx.app.agent(channel, name=name, concurrency=1)(consume(ctx, name, handler))

@@ -1,0 +1,153 @@
+"""The faust App, built from Settings: topics, tables, agents and the worker's timers.
+
+- Every topic is read and written as raw bytes; pipeline.codec decodes, so bad input is ours.
+- Tables are keyed by bytes and hold msgpack state (route.encode_state), one per stage:
+  telemetry (node or slice), health (target), zones (zone), policy (pool). Each is backed by a
+  compacted changelog topic `<app id>-<table>-changelog` with the source topics' partition
+  count, and `standby_replicas` warm copies on other workers.
+- at_least_once; no Kafka transactions (faust's exactly-once has open bugs). Offsets are
+  committed every `commit_interval_s`, and only past records whose outputs were acknowledged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, cast
+
+import faust
+
+from pipeline.config import Settings
+from streams import agents
+from streams.acks import Settler
+from streams.context import Context, declare_topics
+from streams.metrics import WorkerMetrics
+
+log = logging.getLogger("fleetpulse.worker")
+TABLES = ("telemetry", "health", "zones", "policy")
+LAG_INTERVAL_S = 2.0  # consumer lag gauge, and quiet partitions catching up with event time
+
+
+def app_id(settings: Settings) -> str:
+    return settings.worker.group_id or f"{settings.kafka.topic_prefix}-worker"
+
+
+def broker_urls(bootstrap: str) -> list[str]:
+    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
+
+
+def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Context:
+    w, k = settings.worker, settings.kafka
+    Path(w.datadir).mkdir(parents=True, exist_ok=True)  # faust makes only the last level
+    app = faust.App(
+        app_id(settings),
+        broker=broker_urls(k.bootstrap),
+        broker_client_id=f"{k.client_id}-worker",
+        store=w.store,
+        datadir=str(Path(w.datadir) / app_id(settings)),
+        topic_partitions=k.partitions,
+        topic_replication_factor=k.replication,
+        topic_disable_leader=True,
+        key_serializer="raw",
+        value_serializer="raw",
+        processing_guarantee="at_least_once",
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=w.commit_interval_s,
+        broker_session_timeout=w.session_timeout_s,
+        broker_heartbeat_interval=w.heartbeat_interval_s,
+        broker_rebalance_timeout=max(30.0, 3 * w.session_timeout_s),
+        producer_acks=-1,
+        producer_request_timeout=w.send_give_up_s,
+        producer_linger_ms=5,  # the settler waits for batches anyway: let them fill
+        table_standby_replicas=w.standby_replicas,
+        web_enabled=False,
+    )
+    # faust warns at every record once 100 sends wait in its buffer; the settler awaits each
+    # batch, which bounds the buffer at about ack_batch records' outputs anyway
+    app.producer.buffer.max_messages = max(1000, 4 * w.ack_batch)
+    metrics = metrics or WorkerMetrics()
+    settler = Settler(metrics, w.ack_batch)
+    ctx = Context(settings=settings, app=app, metrics=metrics, settler=settler)
+    ctx.topics, ctx.value_types = declare_topics(app, settings)
+    for name in TABLES:
+        ctx.tables[name] = app.Table(
+            name,
+            default=None,
+            schema=faust.Schema(
+                key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+            ),
+            partitions=k.partitions,
+            on_changelog_event=_recovered_key(ctx) if name == "telemetry" else None,
+            help=f"FleetPulse {name} state per key (msgpack)",
+        )
+    agents.register(ctx)
+    _add_timers(ctx)
+    return ctx
+
+
+def _recovered_key(ctx: Context) -> Any:
+    async def on_changelog_event(event: faust.EventT[Any]) -> None:
+        # the staleness clock must know the keys a worker recovers, not only those it sees
+        if event.message.value is not None and event.message.key is not None:
+            ctx.clocks.add_key(event.message.partition, event.message.key)
+
+    return on_changelog_event
+
+
+def _add_timers(ctx: Context) -> None:
+    app = ctx.app
+
+    async def settle() -> None:
+        await ctx.settler.settle()
+
+    async def lag() -> None:
+        backlog = await _backlog(ctx)
+        for (topic, partition), behind in backlog.items():
+            ctx.metrics.lag.labels(topic, str(partition)).set(behind)
+        _catch_up_quiet_partitions(ctx, backlog)
+
+    async def on_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
+        telemetry = {ctx.name(suffix) for suffix in agents.TELEMETRY_TOPICS}
+        ctx.clocks.forget({tp.partition for tp in revoked if tp.topic in telemetry})
+        for tp in revoked:
+            ctx.next_offset.pop((tp.topic, tp.partition), None)
+            with contextlib.suppress(KeyError):  # never measured here
+                ctx.metrics.lag.remove(tp.topic, str(tp.partition))
+
+    app.timer(ctx.settings.worker.ack_interval_ms / 1000, name="settle")(settle)
+    app.timer(LAG_INTERVAL_S, name="lag")(lag)
+    app.on_partitions_revoked.connect(cast(Any, on_revoked))
+
+
+async def _backlog(ctx: Context) -> dict[tuple[str, int], int]:
+    """Records not yet processed, per assigned source partition."""
+    consumer = ctx.app.consumer
+    sources = {topic.get_topic_name() for topic in ctx.topics.values()}
+    assigned = [tp for tp in consumer.assignment() if tp.topic in sources]
+    if not assigned:
+        return {}
+    ends = await consumer.highwaters(*assigned)
+    backlog = {}
+    for tp in assigned:
+        done = ctx.next_offset.get((tp.topic, tp.partition))
+        if done is None:
+            done = await consumer.position(tp)
+        if ends.get(tp) is not None and done is not None:
+            backlog[(tp.topic, tp.partition)] = max(0, ends[tp] - done)
+    return backlog
+
+
+def _catch_up_quiet_partitions(ctx: Context, backlog: dict[tuple[str, int], int]) -> None:
+    """A telemetry partition with nothing left to read follows the worker's newest event time,
+    so a node alone in its partition is still found stale when it stops reporting."""
+    names = {ctx.name(suffix) for suffix in agents.TELEMETRY_TOPICS}
+    busy: set[int] = set()
+    quiet: set[int] = set()
+    for (topic, partition), behind in backlog.items():
+        if topic in names:
+            (busy if behind else quiet).add(partition)
+    for partition in sorted(quiet - busy):
+        boundaries = ctx.clocks.catch_up(partition)
+        if boundaries:
+            ctx.settler.add(None, agents.tick(ctx, partition, boundaries))

@@ -1,0 +1,83 @@
+"""Self-metrics of the worker, served on /metrics (prometheus-client, own registry).
+
+One registry per app, so two apps in one process (tests) never collide. Labels are bounded:
+topic names, agent names, finding checks and action kinds — never node names.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger("fleetpulse.worker")
+
+
+def _registry() -> CollectorRegistry:
+    return CollectorRegistry(auto_describe=True)
+
+
+@dataclass
+class WorkerMetrics:
+    registry: CollectorRegistry = field(default_factory=_registry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.records_in = Counter(
+            "fleetpulse_worker_records_in", "Records consumed", ["topic"], registry=r
+        )
+        self.records_out = Counter(
+            "fleetpulse_worker_records_out", "Records produced", ["topic"], registry=r
+        )
+        self.dead_letters = Counter(
+            "fleetpulse_worker_dead_letters",
+            "Records sent to the dead-letter topic",
+            ["topic", "reason"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "fleetpulse_worker_errors",
+            "Unexpected exceptions while processing a record (the record is dead-lettered)",
+            ["agent"],
+            registry=r,
+        )
+        self.findings = Counter(
+            "fleetpulse_worker_findings", "Findings produced", ["check", "healthy"], registry=r
+        )
+        self.actions = Counter(
+            "fleetpulse_worker_actions", "Actions produced", ["kind", "dry_run"], registry=r
+        )
+        self.alerts = Counter("fleetpulse_worker_alerts", "Alerts produced", ["status"], registry=r)
+        self.state_resets = Counter(
+            "fleetpulse_worker_state_resets",
+            "Table values that could not be decoded and were started afresh",
+            ["table"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "fleetpulse_worker_consumer_lag",
+            "Records between the end of a partition and the next one to process",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "fleetpulse_worker_processing_seconds",
+            "Time to process one record (decode, pure functions, state, queue outputs)",
+            ["agent"],
+            buckets=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
+            registry=r,
+        )
+        self.settle = Histogram(
+            "fleetpulse_worker_settle_seconds",
+            "Time from queuing a batch of outputs to the broker acknowledging them all",
+            buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0),
+            registry=r,
+        )
+
+
+def serve(metrics: WorkerMetrics, port: int) -> int:
+    """Serve /metrics on `port` (0 = a free one) in a daemon thread; return the port."""
+    server, _thread = start_http_server(port, registry=metrics.registry)
+    bound: int = server.server_port
+    return bound

@@ -1,0 +1,95 @@
+"""Run the faust app as a long-lived worker: check topics, serve /metrics, run until SIGTERM.
+
+faust's Worker (mode) installs the SIGTERM/SIGINT handlers: the agents stop, the last acked
+offsets are committed, the producer is flushed and the consumer leaves its group, so another
+worker takes the partitions over without waiting for a session timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Any, TextIO, cast
+
+import faust
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from pipeline.config import Settings
+from pipeline.errors import FleetPulseError
+from pipeline.runtime.topics import TOPICS, topic_name
+from streams.agents import HEALTH_TOPICS, TELEMETRY_TOPICS
+from streams.app import app_id, create_app
+from streams.context import POLICY_INPUT, ZONE_INPUT
+from streams.metrics import WorkerMetrics, serve
+
+log = logging.getLogger("fleetpulse.worker")
+INPUTS = (*TELEMETRY_TOPICS, *HEALTH_TOPICS, "events.capacity")
+
+
+def prepare_topics(settings: Settings) -> list[str]:
+    """Fail early when a FleetPulse topic is missing or its partition count is not the
+    configured one (co-partitioned topics must agree); create the app's internal topics."""
+    k = settings.kafka
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=k.bootstrap, client_id=f"{k.client_id}-worker-admin"
+        )
+    except KafkaError as exc:
+        raise FleetPulseError(f"cannot reach Kafka at {k.bootstrap}: {exc}") from exc
+    try:
+        counts = {t["name"]: len(t["partitions"]) for t in admin.describe_topics()}
+        problems = []
+        for spec in TOPICS:
+            name = topic_name(k, spec.suffix)
+            if name not in counts:
+                problems.append(f"{name} does not exist")
+            elif counts[name] != k.partitions and spec.suffix in INPUTS:
+                problems.append(f"{name} has {counts[name]} partitions, config says {k.partitions}")
+        if problems:
+            raise FleetPulseError(
+                "topics not ready: " + "; ".join(problems) + " (run `fleetpulse topics create`)"
+            )
+        internal = [f"{app_id(settings)}-{name}" for name in (POLICY_INPUT, ZONE_INPUT)]
+        missing = [name for name in internal if name not in counts]
+        if missing:
+            # another worker of the group may have been first
+            with contextlib.suppress(TopicAlreadyExistsError):
+                admin.create_topics(
+                    [NewTopic(name, k.partitions, k.replication) for name in missing]
+                )
+        return internal
+    finally:
+        admin.close()
+
+
+def run(settings: Settings, loglevel: str = "warning", out: TextIO = sys.stdout) -> int:
+    internal = prepare_topics(settings)
+    metrics = WorkerMetrics()
+    port = serve(metrics, settings.metrics.port)
+    ctx = create_app(settings, metrics)
+    inputs = ", ".join(topic_name(settings.kafka, suffix) for suffix in INPUTS)
+    print(
+        f"fleetpulse worker: broker={settings.kafka.bootstrap} group={app_id(settings)} "
+        f"partitions={settings.kafka.partitions} store={settings.worker.store} "
+        f"metrics=http://0.0.0.0:{port}/metrics\n"
+        f"  inputs: {inputs}\n  internal: {', '.join(internal)}",
+        file=out,
+        flush=True,
+    )
+
+    async def on_assigned(app: faust.App, **kwargs: object) -> None:
+        assigned = sorted(f"{tp.topic}[{tp.partition}]" for tp in app.consumer.assignment())
+        print(f"fleetpulse worker: assigned {len(assigned)} partitions", file=out, flush=True)
+
+    ctx.app.on_rebalance_complete.connect(cast(Any, on_assigned))
+
+    worker = faust.Worker(ctx.app, loglevel=loglevel.upper(), quiet=True, stdout=out)
+    code = 0
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    print(f"fleetpulse worker: stopped (exit {code})", file=out, flush=True)
+    return code
