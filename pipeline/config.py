@@ -250,6 +250,40 @@ class WorkerSettings(Section, frozen=True):
     capacity_memory: PositiveInt = 64  # capacity events kept per zone for pools learnt later
 
 
+class SimSettings(Section, frozen=True):
+    """`fleetpulse simulate` and the in-process simulator (pipeline/sim): fleet, time, fault rates.
+
+    `intensity` multiplies fault rates so a short run holds enough faults to score (noise types
+    use `noise_intensity`; fleet-level episodes lasting days are not compressed); no type fires
+    more often than `max_rate_per_node_h` per node (or node-sized unit of exposure).
+    """
+
+    seed: Annotated[int, Meta(ge=0)] = 7
+    start_ms: Annotated[int, Meta(ge=1_000_000_000_000)] = 1_767_225_600_000  # 2026-01-01Z
+    duration_s: PositiveInt = 3600
+    gpu_nodes: Annotated[int, Meta(ge=0)] = 64
+    tpu_slices: Annotated[int, Meta(ge=0)] = 4
+    # accelerator type:topology, cycled over the slices
+    tpu_slice_types: tuple[str, ...] = (
+        "v5litepod-16:4x4",
+        "v6e-32:4x8",
+        "v5p-64:2x4x4",
+        "v5p-128:4x4x4",
+    )
+    clusters: PositiveInt = 2
+    nodes_per_rack: PositiveInt = 4
+    gpu_interval_s: PositiveInt = 10
+    tpu_interval_s: PositiveInt = 10
+    ici_interval_s: PositiveInt = 10
+    capacity_interval_s: PositiveInt = 300
+    fleet_multiplier: Annotated[float, Meta(ge=0)] = 1.0  # m_fleet: scales hardware rates
+    intensity: Annotated[float, Meta(ge=0)] = 1.0
+    noise_intensity: Annotated[float, Meta(ge=0)] = 1.0
+    max_rate_per_node_h: Annotated[float, Meta(gt=0)] = 0.05
+    random_faults: bool = True  # False: only faults passed in explicitly (tests, demos)
+    diurnal: bool = True
+
+
 class Settings(Section, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     metrics: MetricsSettings = MetricsSettings()
@@ -261,6 +295,7 @@ class Settings(Section, frozen=True):
     health: HealthSettings = HealthSettings()
     policy: PolicySettings = PolicySettings()
     worker: WorkerSettings = WorkerSettings()
+    sim: SimSettings = SimSettings()
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:

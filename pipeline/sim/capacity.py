@@ -1,0 +1,205 @@
+"""Background capacity signals: quota usage drifting towards limits, quota exceeded, stock-outs,
+reservation changes and TPU queued-resource lifecycles (reference/data-shapes.md §6).
+
+These are not faults: nothing in the fleet breaks. Quota usage follows the fleet's own
+allocation plus other teams' demand (a random walk that creeps up); the rest are Poisson
+arrivals per zone, written to the timeline before the run like every other event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.config import SimSettings
+from pipeline.model import CapacityEvent, QuotaInfo, Target
+from pipeline.sim.fleet import GPUS_PER_NODE, Fleet
+from pipeline.sim.inject import HOUR, MINUTE, Injector
+
+DAY = 24 * HOUR
+STOCKOUTS_PER_ZONE_DAY = 1.0  # [G]
+RESERVATION_CHANGES_PER_ZONE_DAY = 0.5  # [G]
+QUEUED_RESOURCES_PER_ZONE_DAY = 2.0  # [G], zones with TPU slices
+
+
+def background_boost(settings: SimSettings) -> float:
+    """Capacity chatter follows `intensity`, but at most a day's worth per hour."""
+    return max(1.0, min(settings.intensity, 24.0))
+
+
+@dataclass
+class _Quota:
+    zone: str
+    metric: str
+    display: str
+    nodes: list[int]  # GPU nodes counted against it (empty for TPU quotas)
+    chips: int  # TPU chips held by the fleet's slices in the zone
+    limit: float
+    external: float  # other teams' usage in the same quota
+
+
+class CapacitySignals:
+    """Per-tick QUOTA_USAGE / QUOTA_EXCEEDED / QUOTA_CHANGED, from the fleet's allocation."""
+
+    def __init__(self, fleet: Fleet, settings: SimSettings) -> None:
+        self.fleet = fleet
+        self.seed = settings.seed
+        self.rng = np.random.default_rng([settings.seed, 12])
+        self.quotas: list[_Quota] = []
+        by_key: dict[tuple[str, str], list[int]] = {}
+        for node in fleet.gpu_nodes:
+            by_key.setdefault((node.zone, node.model.gke_accelerator), []).append(node.index)
+        for (zone, accelerator), nodes in by_key.items():
+            gpus = GPUS_PER_NODE * len(nodes)
+            metric = accelerator.replace("-", "_") + "_gpus"
+            self._add(zone, f"compute.googleapis.com/{metric}", metric.upper(), nodes, 0, gpus)
+        for s in fleet.slices:
+            gen = s.shape.generation.generation
+            self._add(
+                s.zone,
+                f"tpu.googleapis.com/{gen}_chips",
+                f"TPU{gen.upper()}ChipsPerProjectPerZone",
+                [],
+                s.shape.chips,
+                s.shape.chips,
+            )
+
+    def _add(
+        self, zone: str, metric: str, display: str, nodes: list[int], chips: int, held: int
+    ) -> None:
+        for quota in self.quotas:
+            if (quota.zone, quota.metric) == (zone, metric):
+                quota.chips += chips
+                quota.limit += 8 * round(held * 1.3 / 8)
+                return
+        limit = float(max(8, 8 * round(held * 1.3 / 8)))
+        self.quotas.append(_Quota(zone, metric, display, nodes, chips, limit, 0.05 * limit))
+
+    def tick(self, t_ms: int, node_job: list[int], interval_s: float) -> list[CapacityEvent]:
+        events = []
+        for quota in self.quotas:
+            # Other teams' demand creeps up ~2 % of the limit per hour and sometimes drops.
+            step = self.rng.normal(0.02 * interval_s / 3600, 0.01) * quota.limit
+            if self.rng.random() < 0.01:
+                step -= self.rng.uniform(0.1, 0.3) * quota.limit
+            quota.external = max(0.0, quota.external + step)
+            own = float(
+                GPUS_PER_NODE * sum(1 for n in quota.nodes if node_job[n] >= 0) + quota.chips
+            )
+            wanted = own + quota.external
+            usage = float(round(min(quota.limit, wanted)))
+            events.append(self._event(t_ms, quota, "QUOTA_USAGE", "info", usage))
+            if wanted > quota.limit:
+                events.append(self._event(t_ms, quota, "QUOTA_EXCEEDED", "warning", usage))
+                if self.rng.random() < 0.2:  # someone files an increase and it is granted
+                    quota.limit = float(8 * round(quota.limit * 1.25 / 8))
+                    events.append(self._event(t_ms, quota, "QUOTA_CHANGED", "info", usage))
+        return events
+
+    def _event(
+        self, t_ms: int, quota: _Quota, kind: str, severity: str, usage: float
+    ) -> CapacityEvent:
+        region = quota.zone.rsplit("-", 1)[0]
+        message = {
+            "QUOTA_USAGE": f"{quota.metric}: {usage:.0f} of {quota.limit:.0f} in use",
+            "QUOTA_EXCEEDED": f"Quota '{quota.display}' exceeded. "
+            f"Limit: {quota.limit:.1f} in region {region}.",
+            "QUOTA_CHANGED": f"Quota '{quota.display}' raised to {quota.limit:.0f}",
+        }[kind]
+        from pipeline.ids import stable_id
+
+        return CapacityEvent(
+            event_id=stable_id("cap", self.seed, "quota", quota.zone, quota.metric, kind, t_ms),
+            ts=t_ms,
+            provider="gcp",
+            source="gcp.monitoring.quota",
+            kind=kind,  # type: ignore[arg-type]
+            severity=severity,  # type: ignore[arg-type]
+            region=region,
+            zone=quota.zone,
+            quota=QuotaInfo(metric=quota.metric, limit=quota.limit, usage=usage),
+            error_code="QUOTA_EXCEEDED" if kind == "QUOTA_EXCEEDED" else None,
+            message=message,
+        )
+
+
+def schedule_background(ctx: Injector) -> None:
+    """Stock-outs, reservation changes and queued-resource lifecycles, per zone."""
+    rng = np.random.default_rng([ctx.settings.seed, 13])
+    boost = background_boost(ctx.settings)
+    span_h = (ctx.end_ms - ctx.start_ms) / HOUR
+    tpu_zones = {s.zone: s for s in ctx.fleet.slices}
+    for zone in ctx.fleet.zones:
+        accelerators = [n.model.gke_accelerator for n in ctx.fleet.gpu_nodes if n.zone == zone]
+        accelerators += [s.accelerator_type for s in ctx.fleet.slices if s.zone == zone]
+        for ts in _arrivals(rng, STOCKOUTS_PER_ZONE_DAY * boost / 24, span_h, ctx.start_ms):
+            accelerator = str(rng.choice(accelerators))
+            ctx.capacity(
+                ts,
+                "STOCKOUT",
+                zone,
+                severity="warning",
+                source="gcp.compute.error",
+                accelerator_type=accelerator,
+                error_code="ZONE_RESOURCE_POOL_EXHAUSTED",
+                message=f"The zone 'projects/fleetpulse-sim/zones/{zone}' does not have enough "
+                "resources available to fulfill the request. Try a different zone, or try again "
+                "later.",
+            )
+        for ts in _arrivals(
+            rng, RESERVATION_CHANGES_PER_ZONE_DAY * boost / 24, span_h, ctx.start_ms
+        ):
+            old = int(rng.integers(1, 8)) * 8
+            new = max(8, old + int(rng.choice([-16, -8, 8, 16])))
+            ctx.capacity(
+                ts,
+                "RESERVATION_CHANGED",
+                zone,
+                source="gcp.compute.reservation",
+                accelerator_type=str(rng.choice(accelerators)),
+                state=f"count={new}",
+                previous_state=f"count={old}",
+                message=f"Reservation res-{zone} changed from {old} to {new} accelerators",
+            )
+        if zone in tpu_zones:
+            for ts in _arrivals(
+                rng, QUEUED_RESOURCES_PER_ZONE_DAY * boost / 24, span_h, ctx.start_ms
+            ):
+                _queued_resource(ctx, rng, ts, tpu_zones[zone].accelerator_type, zone)
+
+
+def _arrivals(rng: np.random.Generator, per_h: float, span_h: float, start_ms: int) -> list[int]:
+    count = int(rng.poisson(per_h * span_h))
+    return sorted(start_ms + int(x) for x in rng.uniform(0, span_h * HOUR, count))
+
+
+def _queued_resource(
+    ctx: Injector, rng: np.random.Generator, ts: int, accelerator: str, zone: str
+) -> None:
+    from pipeline.ids import stable_id
+
+    name = stable_id("qr", ctx.settings.seed, zone, ts)[:11]
+    target = Target(cluster="queued-resources", kind="slice", name=name, pool="queued", zone=zone)
+    steps = [("CREATING", 0), ("ACCEPTED", 30_000), ("WAITING_FOR_RESOURCES", MINUTE)]
+    if rng.random() < 0.2:  # no capacity before valid_until
+        steps.append(("FAILED", int(rng.uniform(30, 90) * MINUTE)))
+    else:
+        steps += [("PROVISIONING", int(rng.uniform(10, 60) * MINUTE)), ("ACTIVE", 5 * MINUTE)]
+    previous: str | None = None
+    for state, delay in steps:
+        ts += delay
+        ctx.capacity(
+            ts,
+            "QUEUED_RESOURCE_STATE",
+            zone,
+            severity="warning" if state == "FAILED" else "info",
+            source="gcp.tpu.queued_resource",
+            target=target,
+            accelerator_type=accelerator,
+            state=state,
+            previous_state=previous,
+            error_code="RESOURCE_EXHAUSTED" if state == "FAILED" else None,
+            message=f"queued resource {name}: {previous or 'new'} -> {state}",
+        )
+        previous = state

@@ -1,0 +1,131 @@
+"""Where a simulation goes: JSONL files (events + ground truth) or the Kafka topics.
+
+JSONL: one encoded event per line (pipeline.codec.encode), the ground truth beside it as
+`<stem>.truth.jsonl`, one InjectedFault per line. Kafka: each event to its topic from
+pipeline.runtime.topics, keyed as that topic's spec says (node, slice, zone or target).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import msgspec
+
+from pipeline import codec
+from pipeline.config import KafkaSettings
+from pipeline.errors import SinkError
+from pipeline.model import (
+    CapacityEvent,
+    Event,
+    GpuSample,
+    IciSample,
+    NodeEvent,
+    TpuSample,
+    XidEvent,
+)
+from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.sim.engine import Simulation
+from pipeline.sim.faults import InjectedFault
+
+Progress = Callable[[int, int], None]  # (ticks done, ticks in all)
+_TRUTH_ENCODER = msgspec.json.Encoder()
+
+
+def truth_path(events_path: Path) -> Path:
+    return events_path.with_name(events_path.name.removesuffix(".jsonl") + ".truth.jsonl")
+
+
+def write_truth(faults: Iterable[InjectedFault], path: Path) -> None:
+    with path.open("wb") as handle:
+        for fault in faults:
+            handle.write(_TRUTH_ENCODER.encode(fault) + b"\n")
+
+
+def read_truth(path: Path) -> list[InjectedFault]:
+    decoder = msgspec.json.Decoder(InjectedFault)
+    with path.open("rb") as handle:
+        return [decoder.decode(line) for line in handle if line.strip()]
+
+
+def write_jsonl(sim: Simulation, path: Path | str, progress: Progress | None = None) -> int:
+    """Write every event to `path` (one per line) and the ground truth beside it; returns the
+    number of events. The file is written under a temporary name and renamed when complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_truth(sim.ground_truth, truth_path(path))
+    partial = path.with_name(path.name + ".partial")
+    count = 0
+    with partial.open("wb", buffering=1 << 20) as handle:
+        for i, tick in enumerate(sim.ticks()):
+            if tick:
+                handle.write(b"\n".join(codec.encode(e) for e in tick) + b"\n")
+                count += len(tick)
+            if progress is not None:
+                progress(i + 1, sim.n_ticks)
+    partial.replace(path)
+    return count
+
+
+def record_key(event: Event) -> str:
+    """The Kafka key of an input event, per the topic specs: node, slice, zone or target."""
+    if isinstance(event, GpuSample | XidEvent):
+        return event.node
+    if isinstance(event, TpuSample | IciSample):
+        return event.slice
+    if isinstance(event, CapacityEvent):
+        return event.zone
+    if isinstance(event, NodeEvent):
+        return event.target
+    raise TypeError(f"the simulator does not emit {type(event).__name__}")
+
+
+def topic_for(settings: KafkaSettings, event: Event) -> str:
+    for spec in TOPICS:
+        if type(event) is spec.value:
+            return topic_name(settings, spec.suffix)
+    raise TypeError(f"no topic carries {type(event).__name__}")
+
+
+def produce_kafka(
+    sim: Simulation,
+    settings: KafkaSettings,
+    progress: Progress | None = None,
+    linger_ms: int = 20,
+) -> int:
+    """Send every event to its topic (acks=all, batched); returns the number sent. Raises
+    SinkError if the broker does not acknowledge them all."""
+    from kafka import KafkaProducer  # the Kafka client only when asked to produce
+
+    producer = KafkaProducer(
+        bootstrap_servers=settings.bootstrap,
+        client_id=f"{settings.client_id}-simulate",
+        acks="all",
+        linger_ms=linger_ms,
+        batch_size=512 * 1024,
+        max_request_size=8 * 1024 * 1024,
+        key_serializer=str.encode,
+    )
+    topics = {spec.value: topic_name(settings, spec.suffix) for spec in TOPICS}
+    sent = 0
+    failures: list[BaseException] = []
+    try:
+        for i, tick in enumerate(sim.ticks()):
+            for event in tick:
+                future = producer.send(
+                    topics[type(event)], key=record_key(event), value=codec.encode(event)
+                )
+                future.add_errback(failures.append)
+                sent += 1
+            if failures:
+                break
+            if progress is not None:
+                progress(i + 1, sim.n_ticks)
+        producer.flush()
+    finally:
+        producer.close()
+    if failures:
+        raise SinkError(
+            f"Kafka did not acknowledge {len(failures)} simulated events: {failures[0]}"
+        )
+    return sent
