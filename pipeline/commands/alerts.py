@@ -1,0 +1,239 @@
+"""`fleetpulse alerts`: fleet.alerts → Alertmanager and webhooks; offsets commit after 2xx.
+
+A batch of alert records is offered to every configured sink. The offsets are committed once
+each sink has either answered 2xx or refused the payload for good (4xx: the alerts go to
+fleet.dlq with the sink's answer). When a sink is unreachable or answers 5xx after its
+retries, nothing is committed: the consumer seeks back to the batch and tries again after a
+backoff, so an outage delays alerts but never drops them. Records that do not decode go to
+fleet.dlq. Repeats of the same alert within a batch are sent once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipeline.codec import decode, encode
+from pipeline.config import Settings
+from pipeline.errors import ConfigError, DecodeError
+from pipeline.model import Alert, DeadLetter
+from pipeline.runtime.topics import topic_name
+from pipeline.sinks.alertmanager import AlertmanagerSink
+from pipeline.sinks.webhook import Delivered, DeliveryError, JsonPoster, WebhookSink
+from pipeline.sources.base import Backoff
+
+log = logging.getLogger(__name__)
+
+
+class AlertSink(Protocol):
+    name: str
+
+    def deliver(self, alerts: Sequence[Alert]) -> Delivered: ...
+
+
+@dataclass
+class Outcome:
+    """What became of one batch once every sink answered for good."""
+
+    delivered: dict[str, int] = field(default_factory=dict)  # sink name -> alerts
+    refused: list[tuple[str, DeliveryError]] = field(default_factory=list)
+
+
+def unique_alerts(alerts: Sequence[Alert]) -> list[Alert]:
+    """Drop repeats (a replayed record), keeping the first of each in order."""
+    seen: set[tuple[str, str, str, str | None]] = set()
+    out = []
+    for alert in alerts:
+        key = (alert.fingerprint, alert.status, alert.startsAt, alert.endsAt)
+        if key not in seen:
+            seen.add(key)
+            out.append(alert)
+    return out
+
+
+def deliver_to_all(alerts: Sequence[Alert], sinks: Sequence[AlertSink]) -> Outcome:
+    """Offer the alerts to every sink; raises DeliveryError when one may still succeed later."""
+    outcome = Outcome()
+    if not alerts:
+        return outcome
+    for sink in sinks:
+        try:
+            sink.deliver(alerts)
+        except DeliveryError as exc:
+            if not exc.permanent:
+                raise
+            outcome.refused.append((sink.name, exc))
+        else:
+            outcome.delivered[sink.name] = len(alerts)
+    return outcome
+
+
+def build_sinks(settings: Settings) -> list[AlertSink]:
+    alerts = settings.alerts
+    poster = JsonPoster(
+        timeout_s=alerts.timeout_s,
+        max_attempts=alerts.max_attempts,
+        backoff_initial_s=alerts.backoff_initial_s,
+        backoff_max_s=alerts.backoff_max_s,
+    )
+    sinks: list[AlertSink] = [WebhookSink(url, poster) for url in alerts.webhook_urls]
+    if alerts.alertmanager_url:
+        sinks.append(AlertmanagerSink(alerts.alertmanager_url, poster))
+    if not sinks:
+        raise ConfigError("no alert sink: set alerts.alertmanager_url or alerts.webhook_urls")
+    return sinks
+
+
+@dataclass
+class RunStats:
+    batches: int = 0
+    alerts: int = 0
+    dead_letters: int = 0
+    retries: int = 0
+
+
+def run_alerts(
+    settings: Settings,
+    sinks: Sequence[AlertSink],
+    *,
+    stop: threading.Event | None = None,
+    idle_exit_s: float | None = None,
+    max_records: int = 500,
+    sleep: Callable[[float], Any] | None = None,
+) -> RunStats:
+    """Consume fleet.alerts until `stop` is set (or nothing arrived for `idle_exit_s`)."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    stop = stop or threading.Event()
+    wait = sleep or stop.wait
+    kafka = settings.kafka
+    topic = topic_name(kafka, "alerts")
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=kafka.bootstrap,
+        client_id=f"{kafka.client_id}-alerts",
+        group_id=settings.alerts.group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    backoff = Backoff(settings.alerts.backoff_initial_s, settings.alerts.backoff_max_s)
+    stats = RunStats()
+    idle_since = time.monotonic()
+    try:
+        while not stop.is_set():
+            polled = consumer.poll(timeout_ms=500, max_records=max_records)
+            records = [record for batch in polled.values() for record in batch]
+            if not records:
+                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    break
+                continue
+            idle_since = time.monotonic()
+            if _handle(records, sinks, producer, settings, stats):
+                consumer.commit()
+                backoff.reset()
+                stats.batches += 1
+            else:
+                for partition, offset in _first_offsets(records).items():
+                    consumer.seek(partition, offset)  # the whole batch comes again
+                stats.retries += 1
+                wait(backoff.next_delay())
+    finally:
+        consumer.close(autocommit=False)
+        producer.close(timeout=10)
+    return stats
+
+
+def _handle(
+    records: list[Any],
+    sinks: Sequence[AlertSink],
+    producer: Any,
+    settings: Settings,
+    stats: RunStats,
+) -> bool:
+    alerts: list[Alert] = []
+    dead: list[DeadLetter] = []
+    now_ms = int(time.time() * 1000)
+    for record in records:
+        try:
+            alerts.append(decode(record.value, Alert))
+        except DecodeError as exc:
+            dead.append(_dead_letter(record, str(exc), now_ms))
+    batch = unique_alerts(alerts)
+    try:
+        outcome = deliver_to_all(batch, sinks)
+    except DeliveryError as exc:
+        log.warning("alerts not delivered, will retry: %s", exc)
+        return False
+    for name, error in outcome.refused:
+        log.error("%s refused %d alerts: %s", name, len(batch), error)
+        dead += [_dead_letter(r, f"{name}: {error}", now_ms) for r in records if _is_alert(r)]
+    dlq = topic_name(settings.kafka, "dlq")
+    for letter in dead:
+        producer.send(dlq, value=encode(letter)).get(timeout=30)
+    stats.alerts += len(batch)
+    stats.dead_letters += len(dead)
+    return True
+
+
+def _is_alert(record: Any) -> bool:
+    try:
+        decode(record.value, Alert)
+    except DecodeError:
+        return False
+    return True
+
+
+def _dead_letter(record: Any, error: str, now_ms: int) -> DeadLetter:
+    key = record.key.decode("utf-8", errors="replace")[:256] if record.key else None
+    return DeadLetter(
+        ts=now_ms,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=key,
+        error=error[:4096],
+        raw_b64=base64.b64encode(record.value or b"").decode("ascii"),
+    )
+
+
+def _first_offsets(records: list[Any]) -> dict[Any, int]:
+    from kafka import TopicPartition
+
+    firsts: dict[Any, int] = {}
+    for record in records:
+        partition = TopicPartition(record.topic, record.partition)
+        firsts[partition] = min(firsts.get(partition, record.offset), record.offset)
+    return firsts
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "alerts",
+        help="deliver fleet.alerts to Alertmanager and webhooks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this long without a new alert (default: run until interrupted)",
+    )
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    sinks = build_sinks(settings)
+    stats = run_alerts(settings, sinks, idle_exit_s=args.idle_exit)
+    print(
+        f"alerts: {stats.alerts} delivered in {stats.batches} batches, "
+        f"{stats.dead_letters} dead letters, {stats.retries} retried batches"
+    )
+    return 0
