@@ -54,6 +54,8 @@ class LakeSettings(Section, frozen=True):
     flush_seconds: PositiveInt = 60
     compression_level: Annotated[int, Meta(ge=1, le=22)] = 3  # zstd
     group_id: str = "fleetpulse-lake"
+    # how long a crashed sink keeps its partitions before the group hands them to another
+    session_timeout_s: Annotated[int, Meta(ge=6, le=300)] = 45
     # Compaction merges a partition's files once it holds this many, into files of at most
     # compact_rows rows; temporary files older than stale_tmp_s are left-overs of a crash.
     compact_min_files: Annotated[int, Meta(ge=2)] = 4

@@ -111,14 +111,14 @@ def state(at: int, name: str, value: str, episode: str | None, kind: str = "node
 
 NODE_STATES = [
     state(T0, "g1", "healthy", None),
-    state(T0 + HOUR, "g1", "degraded", "e1"),
-    state(T0 + HOUR + 5 * MINUTE, "g1", "cordoned", "e1"),
-    state(T0 + HOUR + 10 * MINUTE, "g1", "repairing", "e1"),
-    state(T0 + 2 * HOUR, "g1", "probation", "e1"),
+    state(T0 + HOUR, "g1", "degraded", "episode-e1"),
+    state(T0 + HOUR + 5 * MINUTE, "g1", "cordoned", "episode-e1"),
+    state(T0 + HOUR + 10 * MINUTE, "g1", "repairing", "episode-e1"),
+    state(T0 + 2 * HOUR, "g1", "probation", "episode-e1"),
     state(T0 + 2 * HOUR + 30 * MINUTE, "g1", "healthy", None),
-    state(T0 + 3 * HOUR, "g1", "degraded", "e2"),
+    state(T0 + 3 * HOUR, "g1", "degraded", "episode-e2"),
     state(T0, "s1", "healthy", None, "slice"),
-    state(T0 + HOUR, "s1", "cordoned", "s-e1", "slice"),
+    state(T0 + HOUR, "s1", "cordoned", "episode-s1", "slice"),
     state(T0 + HOUR + 30 * MINUTE, "s1", "healthy", None, "slice"),
 ]
 S1_OUT_HOURS = 0.5
@@ -128,7 +128,7 @@ G1_FAILURE_GAP_HOURS = 2.0
 def action(at: int, name: str, kind: str, dry_run: bool = False, node_kind: str = "node") -> Action:
     return Action(action_id=f"a-{name}-{kind}-{at}", ts=at, kind=kind,  # type: ignore[arg-type]
                   target=target(name, node_kind),
-                  reason=Reason(checks=["xid"], finding_ids=["f-1"], summary=f"{kind} {name}"),
+                  reason=Reason(checks=["xid"], finding_ids=["f-000001"], summary=f"{kind} {name}"),
                   dry_run=dry_run, proposal_id=f"p-{name}-{at}")
 
 

@@ -53,6 +53,7 @@ class LakeSink:
             topic_name(settings.kafka, spec.topic_suffix): spec for spec in TABLES.values()
         }
         self._positions: Positions = {}
+        self.last_activity = time.monotonic()
         self._consumer: KafkaConsumer | None = None
         self._producer: KafkaProducer | None = None
 
@@ -65,9 +66,12 @@ class LakeSink:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=10_000,
+            session_timeout_ms=self.settings.lake.session_timeout_s * 1000,
+            heartbeat_interval_ms=min(3000, self.settings.lake.session_timeout_s * 1000 // 3),
         )
-        self._producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all",
-                                       client_id=f"{kafka.client_id}-lake-dlq")
+        self._producer = KafkaProducer(
+            bootstrap_servers=kafka.bootstrap, acks="all", client_id=f"{kafka.client_id}-lake-dlq"
+        )
         self._consumer.subscribe(sorted(self._tables), listener=_FlushOnRevoke(self))
         try:
             self._loop(idle_exit_s)
@@ -80,19 +84,22 @@ class LakeSink:
     def _loop(self, idle_exit_s: float | None) -> None:
         assert self._consumer is not None
         lake = self.settings.lake
-        last_commit = last_record = time.monotonic()
+        last_commit = self.last_activity = time.monotonic()
         while not self.stop.is_set():
             batches = self._consumer.poll(timeout_ms=200)
             now = time.monotonic()
             for records in batches.values():
                 for record in records:
                     self._handle(record)
-                last_record = now
+                self.last_activity = now
             due = self._positions and now - last_commit >= lake.flush_seconds
             if self.writer.pending_rows >= lake.flush_rows or due:
                 self.commit()
                 last_commit = time.monotonic()
-            if idle_exit_s is not None and now - last_record >= idle_exit_s:
+            # idle only counts while we hold partitions: joining a group can take a session
+            # timeout when a crashed member still holds them
+            holding = bool(self._consumer.assignment())
+            if idle_exit_s is not None and holding and now - self.last_activity >= idle_exit_s:
                 return
 
     def _handle(self, record: Any) -> None:
@@ -114,14 +121,22 @@ class LakeSink:
         # the broker's timestamp; a record without a sane one gets the time we saw it
         stamp = record.timestamp or 0
         ts = stamp if stamp >= 10**12 else int(time.time() * 1000)
-        letter = DeadLetter(ts=ts, topic=record.topic, partition=record.partition,
-                            offset=record.offset, key=key, error=error,
-                            raw_b64=base64.b64encode(record.value or b"").decode())
-        self._producer.send(topic_name(self.settings.kafka, "dlq"), value=encode(letter),
-                            key=record.key)
+        letter = DeadLetter(
+            ts=ts,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=key,
+            error=error,
+            raw_b64=base64.b64encode(record.value or b"").decode(),
+        )
+        self._producer.send(
+            topic_name(self.settings.kafka, "dlq"), value=encode(letter), key=record.key
+        )
         self.stats.dead_letters += 1
-        log.warning("dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset,
-                    error)
+        log.warning(
+            "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, error
+        )
 
     def commit(self) -> None:
         """Files renamed, dead letters acknowledged, then offsets committed, then marked."""
@@ -131,10 +146,12 @@ class LakeSink:
         self.writer.flush()
         self._producer.flush()
         positions, self._positions = self._positions, {}
-        self._consumer.commit({
-            TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
-            for (topic, partition), offset in positions.items()
-        })
+        self._consumer.commit(
+            {
+                TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
+                for (topic, partition), offset in positions.items()
+            }
+        )
         self.writer.mark_committed(positions)
         self.stats.commits += 1
         self.stats.rows, self.stats.files = self.writer.rows_written, self.writer.files_written
@@ -151,11 +168,13 @@ class _FlushOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         self.sink.commit()
 
     def on_partitions_assigned(self, assigned: Any) -> None:
+        self.sink.last_activity = time.monotonic()
         log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
 
-def run_until_signalled(settings: Settings, root: Path | str,
-                        idle_exit_s: float | None = None) -> SinkStats:
+def run_until_signalled(
+    settings: Settings, root: Path | str, idle_exit_s: float | None = None
+) -> SinkStats:
     """Run a LakeSink; SIGTERM/SIGINT stop it after a last flush and commit."""
     sink = LakeSink(settings, root)
 

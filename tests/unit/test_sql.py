@@ -235,3 +235,11 @@ def test_defaults_cover_the_last_day_of_data_and_durations_parse(lake: Lake) -> 
     assert parse_time("2026-01-01T02:00:00+02:00") == datetime(2026, 1, 1)
     with pytest.raises(QueryError, match="15m, 24h"):
         parse_duration("soon")
+
+
+def test_fixture_events_are_valid_contract_values() -> None:
+    from pipeline.codec import decode, encode
+
+    for make in fx.EVERYTHING.values():
+        for event in make()[:50]:
+            assert decode(encode(event), type(event)) == event
