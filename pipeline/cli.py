@@ -23,6 +23,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.sink",
     "pipeline.commands.lake",
     "pipeline.commands.sql",
+    "pipeline.commands.ingest",
+    "pipeline.commands.alerts",
+    "pipeline.commands.serve",
 )
 
 
