@@ -1,6 +1,6 @@
 """Cloud TPU chip metrics from Cloud Monitoring → TpuSample, one per TPU host per timestamp.
 
-Reads the four `tpu.googleapis.com/accelerator/*` metrics on `tpu_worker` with the real
+Reads the five `tpu.googleapis.com/accelerator/*` metrics on `tpu_worker` with the real
 `MetricServiceClient.list_time_series` (the pager follows `next_page_token`), one request per
 metric type because a filter names exactly one. Points of one worker at one end time make one
 TpuSample; `accelerator_id` = `<worker_id>-<device ordinal>` picks the chip, and the worker
@@ -42,6 +42,11 @@ DOUBLE, INT64 = 3, 2  # google.api.MetricDescriptor.ValueType
 TPU_METRICS: dict[str, tuple[str, int, str]] = {
     "tpu.googleapis.com/accelerator/duty_cycle": ("duty_cycle_pct", DOUBLE, "%"),
     "tpu.googleapis.com/accelerator/tensorcore_utilization": ("tensorcore_util", DOUBLE, "%"),
+    "tpu.googleapis.com/accelerator/memory_bandwidth_utilization": (
+        "memory_bandwidth_util",
+        DOUBLE,
+        "%",
+    ),
     "tpu.googleapis.com/accelerator/memory_used": ("hbm_used_bytes", INT64, "By"),
     "tpu.googleapis.com/accelerator/memory_total": ("hbm_total_bytes", INT64, "By"),
 }

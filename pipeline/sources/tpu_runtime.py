@@ -38,11 +38,12 @@ from pipeline.sources.base import (
 from pipeline.sources.libtpu_proto import runtime_protocol
 from pipeline.sources.tpu_hosts import TpuHost, host_chips
 
-# libtpu metric name → TpuChipReading metric (the first three as tpu-info reads them)
+# libtpu metric name → TpuChipReading metric (as tpu-info reads them, §3.3)
 CHIP_METRICS: dict[str, str] = {
     "tpu.runtime.tensorcore.dutycycle.percent": "duty_cycle_pct",
     "tpu.runtime.hbm.memory.usage.bytes": "hbm_used_bytes",
     "tpu.runtime.hbm.memory.total.bytes": "hbm_total_bytes",
+    "tpu.runtime.hbm.utilization.percent": "memory_bandwidth_util",  # HBM bandwidth
     "tpu.runtime.tensorcore.utilization.percent": "tensorcore_util",  # [I]
 }
 # Chip metrics the simulator has beyond those travel under this prefix (stand-in only).

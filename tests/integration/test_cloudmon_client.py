@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import msgspec
 import pytest
 from google.api_core import exceptions
 from google.cloud import monitoring_v3
@@ -20,9 +21,10 @@ from google.cloud.monitoring_v3.services.metric_service.transports import (
     MetricServiceGrpcTransport,
 )
 
-from pipeline.config import SourcesSettings
+from pipeline.config import SimSettings, SourcesSettings
 from pipeline.model import TpuChipReading, TpuSample
 from pipeline.sim.endpoints.cloud_monitoring import CloudMonitoringStandIn
+from pipeline.sim.engine import Simulation
 from pipeline.sources.cloudmon import CloudMonitoringSource
 from pipeline.sources.tpu_hosts import host_chips
 
@@ -198,3 +200,45 @@ def test_bad_requests_are_grpc_errors(
 ) -> None:
     with pytest.raises(error):
         _list(client, **request_fields)
+
+
+def _without_jobs(sample: TpuSample) -> TpuSample:
+    # Cloud Monitoring's tpu_worker metrics do not say which job runs on a chip
+    chips = [msgspec.structs.replace(chip, job=None) for chip in sample.chips]
+    return msgspec.structs.replace(sample, chips=chips)
+
+
+def test_simulated_slice_reads_back_through_the_client(tmp_path: Path) -> None:
+    settings = SimSettings(
+        seed=5,
+        duration_s=40,
+        gpu_nodes=0,
+        tpu_slices=2,
+        clusters=1,
+        tpu_slice_types=("v5p-16:2x2x2", "v5litepod-16:4x4"),
+        random_faults=False,
+    )
+    sim = Simulation(settings)
+    samples = [e for e in sim.events() if isinstance(e, TpuSample)]
+    assert {len(s.chips) for s in samples} == {4, 8}  # v5p: 4 chips per host, v5e: 8
+    with CloudMonitoringStandIn(project=PROJECT) as server:
+        for sample in samples:
+            server.record(sample)
+        config = SourcesSettings(
+            cloudmon_endpoint=server.address,
+            cloudmon_project=PROJECT,
+            cloudmon_lag_s=0.0,
+            cloudmon_page_size=50,
+            state_dir=str(tmp_path),
+        )
+        inventory = {(w.zone, w.instance_id): w for w in server.workers()}
+        end_s = max(s.ts for s in samples) / 1000
+        source = CloudMonitoringSource(config, inventory=inventory, clock=lambda: end_s + 1)
+        batch = source.poll()
+        source.close()
+    assert batch.bad == []
+    assert sorted(batch.events, key=_order) == sorted(map(_without_jobs, samples), key=_order)
+
+
+def _order(event: Any) -> tuple[int, str]:
+    return event.ts, event.node

@@ -1,4 +1,5 @@
-"""dcgm-exporter stand-in → a real Prometheus server → prometheus-api-client → GpuSamples.
+"""Simulated GPU nodes → dcgm-exporter stand-ins → a real Prometheus → prometheus-api-client →
+the prometheus source → GpuSamples equal to what the simulator produced.
 
 The Prometheus process is started by this module from deploy/prometheus/prometheus.sh on a
 free port with a 1 s scrape interval; it fails (never skips) when the binary is missing.
@@ -7,8 +8,8 @@ free port with a 1 s scrape interval; it fails (never skips) when the binary is 
 from __future__ import annotations
 
 import json
+import math
 import os
-import random
 import socket
 import subprocess
 import time
@@ -18,9 +19,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.config import SourcesSettings
-from pipeline.model import GpuReading, GpuSample
+from pipeline.config import SimSettings, SourcesSettings
+from pipeline.model import GpuSample
 from pipeline.sim.endpoints.dcgm_exporter import DcgmExporter
+from pipeline.sim.endpoints.fleet import SimEndpoints
+from pipeline.sim.engine import Simulation
 from pipeline.sources.prometheus import PrometheusSource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,34 +38,38 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def exporters() -> Iterator[list[DcgmExporter]]:
-    started = [DcgmExporter().start(), DcgmExporter().start()]
-    yield started
-    for exporter in started:
-        exporter.stop()
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Simulation, SimEndpoints]]:
+    """Two simulated GPU nodes whose event time is the wall clock, behind their exporters."""
+    now_ms = int(time.time() * 1000)
+    settings = SimSettings(
+        seed=11,
+        start_ms=now_ms - now_ms % 1000,
+        duration_s=6,
+        gpu_nodes=2,
+        tpu_slices=0,
+        clusters=1,
+        gpu_interval_s=2,
+        tpu_interval_s=2,
+        ici_interval_s=2,
+        random_faults=False,
+    )
+    sim = Simulation(settings)
+    with SimEndpoints(sim.fleet, tmp_path_factory.mktemp("sim")) as endpoints:
+        yield sim, endpoints
 
 
 @pytest.fixture(scope="module")
 def prometheus_url(
-    exporters: list[DcgmExporter], tmp_path_factory: pytest.TempPathFactory
+    fleet: tuple[Simulation, SimEndpoints], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    workdir = tmp_path_factory.mktemp("prometheus")
-    targets = workdir / "targets.json"
-    groups = [
-        {
-            "targets": [exporter.address],
-            "labels": {"cluster": "c-test", "pool": f"pool-{i}", "zone": "zone-a"},
-        }
-        for i, exporter in enumerate(exporters)
-    ]
-    targets.write_text(json.dumps(groups))
+    _, endpoints = fleet
     port = _free_port()
     env = {
         **os.environ,
         "PROMETHEUS_PORT": str(port),
         "PROMETHEUS_SCRAPE_INTERVAL": "1s",
-        "PROMETHEUS_TARGETS": str(targets),
-        "PROMETHEUS_CACHE_DIR": str(workdir / "cache"),
+        "PROMETHEUS_TARGETS": str(endpoints.out / "prometheus-targets.json"),
+        "PROMETHEUS_CACHE_DIR": str(tmp_path_factory.mktemp("prometheus")),
     }
     subprocess.run(["bash", str(SCRIPT), "start"], env=env, check=True, timeout=90)
     try:
@@ -71,47 +78,18 @@ def prometheus_url(
         subprocess.run(["bash", str(SCRIPT), "stop"], env=env, check=True, timeout=60)
 
 
-def _sample(node: str, ts: int, rng: random.Random, *, gpus: int = 2) -> GpuSample:
-    readings = [
-        GpuReading(
-            index=i,
-            uuid=f"GPU-{rng.getrandbits(32):08x}-f531-14ce-0530-1ac21e4b68e{i}",
-            pci_bus_id=f"00000000:{0x53 + 0x11 * i:02X}:00.0",
-            model="NVIDIA H100 80GB HBM3",
-            job="llm-pretrain-4821" if i == 0 else None,
-            metrics={
-                "DCGM_FI_DEV_GPU_TEMP": float(rng.randint(30, 85)),
-                "DCGM_FI_DEV_POWER_USAGE": round(rng.uniform(80, 700), 3),
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": float(rng.randint(10**9, 10**12)),
-                "DCGM_FI_DEV_GPU_UTIL": float(rng.randint(0, 100)),
-                "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(rng.random(), 6),
-                "DCGM_FI_DEV_XID_ERRORS": 0.0,
-            },
-        )
-        for i in range(gpus)
-    ]
-    return GpuSample(
-        ts=ts,
-        cluster="c-test",
-        node=node,
-        pool="",
-        zone="zone-a",
-        driver="580.105.08",
-        gpus=readings,
-    )
-
-
-def _serve_and_wait(updates: list[tuple[DcgmExporter, GpuSample]], timeout: float = 15.0) -> None:
-    """Update, then wait until a scrape that began after the update has been answered."""
-    wanted = []
-    for exporter, sample in updates:
-        exporter.update(sample)
-        wanted.append((exporter, exporter.scrapes_started + 1))
+def _wait_for_scrapes(exporters: list[DcgmExporter], timeout: float = 15.0) -> None:
+    """Wait until every exporter answered a scrape that began after now."""
+    wanted = [(exporter, exporter.scrapes_started + 1) for exporter in exporters]
     deadline = time.monotonic() + timeout
     for exporter, count in wanted:
         while exporter.scrapes_served < count:
             assert time.monotonic() < deadline, "Prometheus did not scrape the stand-in exporter"
             time.sleep(0.05)
+
+
+def _near(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
 
 
 def _close(a: GpuSample, b: GpuSample) -> bool:
@@ -123,24 +101,24 @@ def _close(a: GpuSample, b: GpuSample) -> bool:
             return False
         if left.metrics.keys() != right.metrics.keys():
             return False
-        if any(abs(left.metrics[k] - right.metrics[k]) > 1e-6 for k in left.metrics):
+        if any(not _near(left.metrics[k], right.metrics[k]) for k in left.metrics):
             return False
     return True
 
 
 def test_scraped_samples_come_back_as_served(
-    exporters: list[DcgmExporter], prometheus_url: str, tmp_path: Path
+    fleet: tuple[Simulation, SimEndpoints], prometheus_url: str, tmp_path: Path
 ) -> None:
-    rng = random.Random(7)
-    nodes = ["gke-a3-pool-0-k2x9", "gke-a3-pool-1-m4q1"]
+    sim, endpoints = fleet
+    exporters = list(endpoints.exporters.values())
     served: list[GpuSample] = []
-    for _ in range(3):
-        ts = int(time.time() * 1000)
-        step = [_sample(node, ts + i, rng) for i, node in enumerate(nodes)]
-        served += [msgspec.structs.replace(s, pool=f"pool-{i}") for i, s in enumerate(step)]
-        _serve_and_wait(list(zip(exporters, step, strict=True)))
-    # one more scrape each, so the last one is committed in the TSDB before we read
-    _serve_and_wait([(exporter, exporter.latest()[0]) for exporter in exporters])
+    for tick in sim.ticks():
+        for event in tick:
+            endpoints.dispatch(event)
+        served += [e for e in tick if isinstance(e, GpuSample)]
+        _wait_for_scrapes(exporters)
+    _wait_for_scrapes(exporters)  # the scrape after the last one: that one is in the TSDB now
+    assert len(served) == 6
 
     settings = SourcesSettings(
         prometheus_url=prometheus_url,
@@ -151,7 +129,8 @@ def test_scraped_samples_come_back_as_served(
         zone="default-zone",
         state_dir=str(tmp_path),
     )
-    source = PrometheusSource(settings)
+    last_ms = max(s.ts for s in served)
+    source = PrometheusSource(settings, clock=lambda: last_ms / 1000 + 0.5)
     batch = source.poll()
     assert batch.bad == []
     got = {(e.node, e.ts): e for e in batch.events if isinstance(e, GpuSample)}
@@ -162,6 +141,6 @@ def test_scraped_samples_come_back_as_served(
 
     # the position is committed atomically and the next poll reads nothing twice
     source.commit(batch.position)
-    assert json.loads((tmp_path / "prometheus.json").read_text())["last_ts_ms"] >= max(want)[1]
-    again = PrometheusSource(settings).poll()
-    assert [e for e in again.events if (e.node, e.ts) in want] == []  # type: ignore[attr-defined]
+    assert json.loads((tmp_path / "prometheus.json").read_text())["last_ts_ms"] >= last_ms
+    again = PrometheusSource(settings, clock=lambda: last_ms / 1000 + 5).poll()
+    assert again.events == [] and again.bad == []

@@ -11,9 +11,10 @@ import msgspec
 import pytest
 
 from pipeline.catalog import ici_neighbours, slice_shape
-from pipeline.config import SourcesSettings
+from pipeline.config import SimSettings, SourcesSettings
 from pipeline.model import IciLink, IciSample, TpuChipReading, TpuSample
 from pipeline.sim.endpoints.tpu_runtime import TpuRuntimeStandIn
+from pipeline.sim.engine import Simulation
 from pipeline.sources.libtpu_proto import runtime_protocol
 from pipeline.sources.tpu_hosts import TpuHost, host_chips
 from pipeline.sources.tpu_runtime import TpuRuntimeSource
@@ -175,3 +176,49 @@ def test_source_reports_an_unreachable_endpoint(tmp_path: Path) -> None:
             source.poll()
     finally:
         source.close()
+
+
+def test_simulated_hosts_read_back_through_grpc(tmp_path: Path) -> None:
+    settings = SimSettings(
+        seed=5,
+        duration_s=20,
+        gpu_nodes=0,
+        tpu_slices=1,
+        clusters=1,
+        tpu_slice_types=("v5p-16:2x2x2",),
+        random_faults=False,
+    )
+    sim = Simulation(settings)
+    [tpu_slice] = sim.fleet.slices
+    for tick in sim.ticks():
+        for tpu_host in tpu_slice.hosts:
+            chips = next(e for e in tick if isinstance(e, TpuSample) and e.node == tpu_host.node)
+            links = next(e for e in tick if isinstance(e, IciSample) and e.node == tpu_host.node)
+            host = TpuHost(
+                cluster=tpu_slice.cluster,
+                node=tpu_host.node,
+                pool=tpu_slice.pool,
+                zone=tpu_slice.zone,
+                slice=tpu_slice.name,
+                accelerator_type=tpu_slice.accelerator_type,
+                topology=tpu_slice.topology,
+                worker_id=tpu_host.worker_id,
+            )
+            with TpuRuntimeStandIn() as server:
+                server.update_chips(chips)
+                server.update_links(links)
+                config = SourcesSettings(
+                    tpu_runtime_endpoint=server.address, state_dir=str(tmp_path)
+                )
+                source = TpuRuntimeSource(
+                    config, host=host, checkpoint=tmp_path / f"{host.node}.json"
+                )
+                batch = source.poll()
+                source.close()
+            assert batch.bad == []
+            # libtpu does not know jobs
+            unjobbed = [msgspec.structs.replace(c, job=None) for c in chips.chips]
+            assert sorted(batch.events, key=lambda e: type(e).__name__) == [
+                links,
+                msgspec.structs.replace(chips, chips=unjobbed),
+            ]

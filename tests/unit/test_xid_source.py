@@ -5,14 +5,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import SourcesSettings
+from pipeline.codec import normalize_pci
+from pipeline.config import SimSettings, SourcesSettings
 from pipeline.errors import DecodeError
-from pipeline.model import XidEvent
+from pipeline.model import Event, XidEvent
 from pipeline.sim.endpoints.kernel_log import KernelLogWriter, format_xid_message
+from pipeline.sim.engine import Simulation
+from pipeline.sim.faults import parse_forced
+from pipeline.sim.fleet import build_fleet
 from pipeline.sources.xid import GpuInfo, Identity, XidSource, parse_line, parse_lines
 
 ID = Identity(cluster="c1", node="gpu-node-1", pool="a3", zone="us-central1-a")
@@ -332,3 +337,49 @@ def test_any_interleaving_reads_every_line_once(
     assert os.listdir(tmp)  # the checkpoint and logs are where we think
     writer.close()
     source.close()
+
+
+def test_simulated_xids_read_back_across_a_rotation(tmp_path: Path) -> None:
+    config = SimSettings(
+        seed=3, duration_s=600, gpu_nodes=2, tpu_slices=0, clusters=1, random_faults=False
+    )
+    target = build_fleet(config).gpu_nodes[0].name
+    faults = [parse_forced(f"{code}@{at}:{target}") for code, at in (("G1", 100), ("G7", 300))]
+    sim = Simulation(config, faults)
+    node = sim.fleet.gpu_nodes[0]
+    xids = [e for e in sim.events() if isinstance(e, XidEvent) and e.node == node.name]
+    assert {e.xid for e in xids} >= {79, 119, 154}
+    known = {
+        normalize_pci(pci): GpuInfo(index, uuid)
+        for index, (pci, uuid) in enumerate(zip(node.pci_bus_ids, node.uuids, strict=True))
+    }
+    log = tmp_path / "kern.log"
+    settings = SourcesSettings(
+        cluster=node.cluster,
+        node=node.name,
+        pool=node.pool,
+        zone=node.zone,
+        state_dir=str(tmp_path),
+    )
+    source = XidSource(settings, path=log, gpus=known, clock=lambda: T0 / 1000)
+    got: list[Event] = []
+    with KernelLogWriter(log, node.name) as writer:
+        for n, event in enumerate(xids):
+            writer.write_xid(event)
+            if n == len(xids) // 2:
+                batch = source.poll()
+                source.commit(batch.position)
+                got += batch.events
+                writer.rotate()
+    got += source.poll().events
+    source.close()
+    expected = [
+        msgspec.structs.replace(
+            e,
+            source="kernel_log",
+            job=None,  # a kernel log does not name jobs
+            pci_bus_id=normalize_pci(node.pci_bus_ids[e.gpu_index or 0]),
+        )
+        for e in xids
+    ]
+    assert got == expected

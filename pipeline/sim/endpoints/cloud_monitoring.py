@@ -7,7 +7,8 @@ The real `google.cloud.monitoring_v3.MetricServiceClient` talks to it over a pla
         channel=grpc.insecure_channel("127.0.0.1:PORT")))
 
 What it serves, from simulated TpuSamples: the Cloud TPU VM metrics (§3.1)
-`tpu.googleapis.com/accelerator/{duty_cycle, tensorcore_utilization}` (GAUGE DOUBLE, %) and
+`tpu.googleapis.com/accelerator/{duty_cycle, tensorcore_utilization,
+memory_bandwidth_utilization}` (GAUGE DOUBLE, %) and
 `…/{memory_used, memory_total}` (GAUGE INT64, bytes) on the monitored resource `tpu_worker`
 (labels `resource_container` = project, `location` = zone, `worker_id`), one series per chip
 told apart by the metric label `accelerator_id` = `<worker_id>-<device ordinal>`. `tpu_worker`

@@ -32,6 +32,7 @@ _DESCRIPTIONS = {
     "tpu.runtime.tensorcore.dutycycle.percent": "Percent of time the TensorCores were busy.",
     "tpu.runtime.hbm.memory.usage.bytes": "HBM in use, bytes.",
     "tpu.runtime.hbm.memory.total.bytes": "HBM capacity, bytes.",
+    "tpu.runtime.hbm.utilization.percent": "HBM bandwidth utilization, percent.",
     "tpu.runtime.tensorcore.utilization.percent": "TensorCore utilization, percent.",
     "tpu.runtime.ici.link.health": "ICI link health: 0 healthy, higher worse, 10 down.",
     "tpu.runtime.ici.flits.tx.count": "Flits sent on the ICI link.",
