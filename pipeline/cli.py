@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.sink",
     "pipeline.commands.lake",
     "pipeline.commands.sql",
+    "pipeline.commands.report",
     "pipeline.commands.ingest",
     "pipeline.commands.alerts",
     "pipeline.commands.serve",

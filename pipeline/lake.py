@@ -195,6 +195,15 @@ class Lake:
         latest = result.rows[0][0] if result.rows else None
         return latest if isinstance(latest, datetime) else None
 
+    def earliest(self) -> datetime | None:
+        """Start of the oldest utilization window or event in the lake."""
+        result = self.sql(
+            "SELECT min(t) FROM (SELECT min(window_start) AS t FROM utilization "
+            "UNION ALL SELECT min(ts) FROM findings UNION ALL SELECT min(ts) FROM node_state)"
+        )
+        earliest = result.rows[0][0] if result.rows else None
+        return earliest if isinstance(earliest, datetime) else None
+
     def tables(self) -> dict[str, int]:
         """Visible files per table."""
         return {name: len(visible_files(self.root, name)) for name in TABLES}

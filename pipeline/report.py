@@ -1,0 +1,268 @@
+"""`fleetpulse report`: one self-contained HTML file about the fleet over a period.
+
+Charts (inline SVG, pipeline/report_charts.py): fleet utilization over time per pool, health
+changes and actions over time, XIDs by node × time, capacity headroom, cost of idle. Tables: top
+offenders, open actions, quota headroom, the prices used. Everything comes from the canned
+analyses in sql/analyses, so the report and `fleetpulse sql --query …` never disagree.
+
+The page runs one small inline script that checks each chart drew something and counts script
+errors, and writes the result into the DOM (`<body data-charts-rendered=… data-errors=…>`, and
+`data-rendered` on each figure) so a headless browser test can read it with --dump-dom.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import LakeSettings
+from pipeline.lake import Lake, Result
+from pipeline.report_charts import (
+    PALETTE,
+    Marker,
+    Part,
+    Series,
+    bar_chart,
+    heatmap,
+    line_chart,
+    timeline_chart,
+)
+
+CHARTS = ("utilization", "health", "xid", "capacity", "cost")
+HEATMAP_ROWS = 25
+ACTION_COLORS = {"cordon": "#e15759", "drain": "#b07aa1", "uncordon": "#59a14f"}
+_BUCKETS = [timedelta(minutes=m) for m in (5, 15, 30, 60, 180, 360, 720, 1440)]
+
+
+def pick_bucket(since: datetime, until: datetime) -> timedelta:
+    """The smallest bucket that keeps a timeline at or under ~48 bars."""
+    span = until - since
+    return next((b for b in _BUCKETS if span / b <= 48), _BUCKETS[-1])
+
+
+def write_report(root: Path | str, out: Path | str, settings: LakeSettings | None = None,
+                 since: datetime | None = None, until: datetime | None = None,
+                 pool: str | None = None) -> Path:
+    """Render the report for the lake at `root` into `out`; returns the path written."""
+    out = Path(out)
+    with Lake(root, settings) as lake:
+        html = build_report(lake, since, until, pool)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def build_report(lake: Lake, since: datetime | None = None, until: datetime | None = None,
+                 pool: str | None = None) -> str:
+    until = until or lake.latest() or datetime(1970, 1, 2)
+    if since is None:
+        # the last day, or less when the lake holds less: no empty half-chart
+        first = lake.earliest()
+        since = until - timedelta(hours=24)
+        if first is not None and first > since:
+            since = first - (first - datetime(1970, 1, 1)) % timedelta(hours=1)
+    bucket = pick_bucket(since, until)
+    params: dict[str, Any] = {"since": since, "until": until, "pool": pool, "bucket": bucket}
+
+    def run(name: str) -> Result:
+        query_params = {k: v for k, v in params.items() if k in _params_of(name)}
+        return lake.run(name, **query_params)
+
+    sections = [
+        _summary(run("fleet_summary"), since, until, pool),
+        _figure("utilization", "Fleet utilization over time, per pool",
+                _utilization(run("utilization_by_pool"), since, until)),
+        _figure("health", "Health changes (bars, by state entered) and actions (triangles)",
+                _health(run("health_timeline"), run("actions_timeline"), bucket, since, until)),
+        _figure("xid", f"XID errors by node × {_human(bucket)} (top {HEATMAP_ROWS} nodes)",
+                _xid(run("xid_heatmap"), since, until, bucket)),
+        _figure("capacity", "Capacity headroom now, per zone and accelerator (devices)",
+                _capacity(run("capacity_headroom"))),
+        _figure("cost", "Cost of idle at list price, per pool and accelerator (USD)",
+                _cost(run("cost_of_idle"))),
+        _table("Top offenders", run("top_offenders")),
+        _table("Open actions", run("open_actions"), hide=("action_id",)),
+        _table("Quota headroom", run("quota_headroom")),
+        _table("Prices used (on-demand list prices per accelerator-hour)",
+               lake.sql("SELECT accelerator, usd_per_hour, source, as_of FROM prices "
+                        "ORDER BY priority")),
+    ]
+    return _page(f"FleetPulse report {since:%Y-%m-%d %H:%M} – {until:%Y-%m-%d %H:%M} UTC",
+                 sections)
+
+
+def _params_of(name: str) -> tuple[str, ...]:
+    from pipeline.lake import canned_queries
+
+    return canned_queries()[name].params
+
+
+def _human(bucket: timedelta) -> str:
+    minutes = int(bucket.total_seconds() // 60)
+    return f"{minutes // 60} h" if minutes % 60 == 0 else f"{minutes} min"
+
+
+def _utilization(result: Result, since: datetime, until: datetime) -> str:
+    by_pool: dict[str, list[tuple[datetime, float]]] = {}
+    for row in result.records():
+        by_pool.setdefault(row["pool"], []).append((row["bucket"], row["util_mean_pct"] or 0.0))
+    series = [Series(pool, points) for pool, points in sorted(by_pool.items())]
+    return line_chart("utilization", "Mean utilization per pool", series, since, until)
+
+
+def _health(states: Result, actions: Result, bucket: timedelta, since: datetime,
+            until: datetime) -> str:
+    rows = states.records()
+    buckets = sorted({r["bucket"] for r in rows})
+    names = [s for s in ("healthy", "suspect", "degraded", "cordoned", "draining", "repairing",
+                         "probation") if any(r["state"] == s for r in rows)]
+    index = {b: i for i, b in enumerate(buckets)}
+    stacks = {name: [0.0] * len(buckets) for name in names}
+    for r in rows:
+        stacks.setdefault(r["state"], [0.0] * len(buckets))[index[r["bucket"]]] += r["transitions"]
+    markers = [
+        Marker(a["ts"], f"{a['ts']:%Y-%m-%d %H:%M} {a['kind']} {a['target_name']}"
+               f"{' (dry run)' if a['dry_run'] else ''}: {a['reason_summary'] or ''}",
+               "#999999" if a["dry_run"] else ACTION_COLORS.get(a["kind"], "#4e79a7"))
+        for a in actions.records()
+    ]
+    return timeline_chart("health", "Health and actions", buckets, bucket, stacks, markers,
+                          since, until)
+
+
+def _xid(result: Result, since: datetime, until: datetime, bucket: timedelta) -> str:
+    rows = result.records()
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[r["node"]] = totals.get(r["node"], 0) + r["events"]
+    nodes = sorted(totals, key=lambda n: (-totals[n], n))[:HEATMAP_ROWS]
+    columns, at = [], since - (since - datetime(1970, 1, 1)) % bucket
+    while at < until:
+        columns.append(at)
+        at += bucket
+    values = {(r["node"], r["bucket"]): float(r["events"]) for r in rows if r["node"] in nodes}
+    labels = {(r["node"], r["bucket"]): f"XID {r['codes']}" for r in rows}
+    return heatmap("xid", "XID events by node and time", nodes, columns, values, labels)
+
+
+def _capacity(result: Result) -> str:
+    rows = result.records()
+    labels = [f"{r['zone']} · {r['accelerator']}" for r in rows]
+    parts = [Part("out of service", "#e15759", [r["out_of_service"] for r in rows]),
+             Part("allocated", "#4e79a7", [r["allocated"] for r in rows]),
+             Part("free", "#59a14f", [r["free"] for r in rows])]
+    return bar_chart("capacity", "Devices per zone and accelerator", labels, parts)
+
+
+def _cost(result: Result) -> str:
+    rows = [r for r in result.records() if r["usd_per_hour"] is not None]
+    labels = [f"{r['pool']} · {r['accelerator']}" for r in rows]
+    parts = [
+        Part("idle while allocated", PALETTE[1], [r["idle_allocated_cost_usd"] for r in rows]),
+        Part("idle, unallocated", PALETTE[9],
+             [r["idle_cost_usd"] - r["idle_allocated_cost_usd"] for r in rows]),
+    ]
+    return bar_chart("cost", "Cost of idle", labels, parts, "$")
+
+
+def _summary(result: Result, since: datetime, until: datetime, pool: str | None) -> str:
+    row = result.records()[0] if result.rows else {}
+    cards = "".join(
+        f'<div class="card"><div class="value">{escape(_cell(row.get(key)))}</div>'
+        f'<div class="label">{escape(label)}</div></div>'
+        for key, label in (("devices", "devices"), ("device_hours", "device-hours"),
+                           ("util_mean_pct", "mean utilization %"),
+                           ("allocated_pct", "allocated %"),
+                           ("idle_allocated_hours", "idle allocated hours"),
+                           ("findings", "unhealthy findings"), ("actions", "actions"),
+                           ("xid_events", "XID events"), ("alerts_fired", "alerts fired"))
+    )
+    scope = f"pool {escape(pool)}" if pool else "all pools"
+    return (f"<p class=\"period\">{since:%Y-%m-%d %H:%M} to {until:%Y-%m-%d %H:%M} UTC, {scope}"
+            f"</p><div class=\"cards\">{cards}</div>")
+
+
+def _figure(name: str, caption: str, svg: str) -> str:
+    return (f'<figure data-chart="{name}" data-rendered="no"><figcaption>{escape(caption)}'
+            f"</figcaption>{svg}</figure>")
+
+
+def _table(title: str, result: Result, hide: tuple[str, ...] = ()) -> str:
+    shown = [i for i, c in enumerate(result.columns) if c not in hide]
+    head = "".join(f"<th>{escape(result.columns[i])}</th>" for i in shown)
+    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(row[i]))}</td>" for i in shown) + "</tr>"
+                   for row in result.rows)
+    if not result.rows:
+        body = f'<tr><td colspan="{len(shown)}" class="none">none</td></tr>'
+    name = title.split(" (")[0].lower().replace(" ", "-")
+    return (f'<section data-table="{escape(name)}"><h2>{escape(title)}</h2>'
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M")
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    return str(value)
+
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px}.period{color:#555}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0 8px}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:110px}
+.card .value{font-size:20px;font-weight:600}.card .label{font-size:12px;color:#666}
+figure{margin:24px 0}figcaption{font-weight:600;margin-bottom:6px}
+table{border-collapse:collapse;font-size:12px}th,td{border:1px solid #ddd;padding:3px 6px;
+text-align:left;white-space:nowrap}th{background:#f4f4f4}td.none{color:#888}
+"""
+
+# Counts errors from the first moment, then marks each chart that drew marks (or says it has
+# no data) once the document is ready; a test reads the result from the DOM.
+_SCRIPT = """
+(function () {
+  var errors = 0;
+  window.addEventListener('error', function () {
+    errors += 1;
+    if (document.body) { document.body.setAttribute('data-errors', String(errors)); }
+  });
+  function check() {
+    var figures = document.querySelectorAll('figure[data-chart]'), rendered = 0;
+    for (var i = 0; i < figures.length; i++) {
+      var svg = figures[i].querySelector('svg.chart');
+      var box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+      var marks = svg ? svg.querySelectorAll('.mark').length : 0;
+      var empty = svg ? svg.querySelectorAll('.empty').length : 0;
+      var ok = box.width > 0 && box.height > 0 && (marks > 0 || empty > 0);
+      figures[i].setAttribute('data-rendered', ok ? (marks > 0 ? 'yes' : 'empty') : 'no');
+      figures[i].setAttribute('data-marks', String(marks));
+      if (ok) { rendered += 1; }
+    }
+    document.body.setAttribute('data-charts-rendered', String(rendered));
+    document.body.setAttribute('data-charts', String(figures.length));
+    document.body.setAttribute('data-errors', String(errors));
+    window.fleetpulseReport = {charts: figures.length, rendered: rendered, errors: errors};
+  }
+  if (document.readyState === 'loading') {
+    document.addEventListener('DOMContentLoaded', check);
+  } else { check(); }
+})();
+"""
+
+
+def _page(title: str, sections: list[str]) -> str:
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{escape(title)}</title><style>{_STYLE}</style>"
+        f"<script>{_SCRIPT}</script></head>"
+        f'<body data-errors="0" data-charts-rendered="0"><h1>{escape(title)}</h1>'
+        + "".join(sections)
+        + "</body></html>\n"
+    )
