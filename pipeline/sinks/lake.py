@@ -246,6 +246,7 @@ class LakeWriter:
         self.rows_written += arrow.num_rows
         self.files_written += 1
 
+
 def write_parquet(path: Path, arrow: pa.Table, settings: LakeSettings) -> None:
     pq.write_table(
         arrow,
