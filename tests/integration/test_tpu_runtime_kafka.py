@@ -1,0 +1,89 @@
+"""`fleetpulse ingest tpu-runtime --once` against the libtpu stand-in, into a real Kafka.
+
+Proves the command wiring and the Kafka publisher: TPU chip and ICI samples land on their
+topics keyed by slice, acknowledged before the position is committed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+import pytest
+from kafka import KafkaConsumer
+
+from pipeline import cli
+from pipeline.codec import decode
+from pipeline.config import Settings, SimSettings
+from pipeline.model import IciSample, TpuSample
+from pipeline.runtime.kafka_admin import create_topics
+from pipeline.runtime.topics import topic_name
+from pipeline.sim.endpoints.tpu_runtime import TpuRuntimeStandIn
+from pipeline.sim.engine import Simulation
+
+pytestmark = pytest.mark.kafka
+
+
+def _read(settings: Settings, suffix: str) -> list[tuple[bytes, bytes]]:
+    consumer = KafkaConsumer(
+        topic_name(settings.kafka, suffix),
+        bootstrap_servers=settings.kafka.bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=4000,
+    )
+    try:
+        return [(record.key, record.value) for record in consumer]
+    finally:
+        consumer.close()
+
+
+def test_ingest_command_publishes_to_kafka(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_topics(settings.kafka)
+    sim = Simulation(
+        SimSettings(
+            seed=2,
+            duration_s=10,
+            gpu_nodes=0,
+            tpu_slices=1,
+            clusters=1,
+            tpu_slice_types=("v6e-16:4x4",),
+            random_faults=False,
+        )
+    )
+    [tpu_slice] = sim.fleet.slices
+    host = tpu_slice.hosts[1]
+    [tick] = list(sim.ticks())
+    chips = next(e for e in tick if isinstance(e, TpuSample) and e.node == host.node)
+    links = next(e for e in tick if isinstance(e, IciSample) and e.node == host.node)
+    with TpuRuntimeStandIn() as server:
+        server.update_chips(chips)
+        server.update_links(links)
+        env = {
+            "FLEETPULSE_KAFKA__BOOTSTRAP": settings.kafka.bootstrap,
+            "FLEETPULSE_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,
+            "FLEETPULSE_SOURCES__STATE_DIR": str(tmp_path),
+            "FLEETPULSE_SOURCES__TPU_RUNTIME_ENDPOINT": server.address,
+            "FLEETPULSE_SOURCES__CLUSTER": tpu_slice.cluster,
+            "FLEETPULSE_SOURCES__POOL": tpu_slice.pool,
+            "FLEETPULSE_SOURCES__ZONE": tpu_slice.zone,
+            "FLEETPULSE_SOURCES__NODE": host.node,
+            "FLEETPULSE_SOURCES__TPU_SLICE": tpu_slice.name,
+            "FLEETPULSE_SOURCES__TPU_ACCELERATOR_TYPE": tpu_slice.accelerator_type,
+            "FLEETPULSE_SOURCES__TPU_TOPOLOGY": tpu_slice.topology,
+            "FLEETPULSE_SOURCES__TPU_WORKER_ID": str(host.worker_id),
+        }
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.chdir(tmp_path)  # no fleetpulse.toml from the repo
+        assert cli.main(["ingest", "tpu-runtime", "--once"]) == 0
+    [(tpu_key, tpu_value)] = _read(settings, "telemetry.tpu")
+    [(ici_key, ici_value)] = _read(settings, "telemetry.ici")
+    assert tpu_key == ici_key == tpu_slice.name.encode()
+    assert decode(ici_value, IciSample) == links
+    unjobbed = [msgspec.structs.replace(chip, job=None) for chip in chips.chips]
+    assert decode(tpu_value, TpuSample) == msgspec.structs.replace(chips, chips=unjobbed)
+    assert (tmp_path / "tpu_runtime.json").exists(), "position committed after the acks"
+    assert os.path.getsize(tmp_path / "tpu_runtime.json") > 0
