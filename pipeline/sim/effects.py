@@ -21,7 +21,9 @@ from pipeline.model import Event
 #   speed        compute speed factor (the job waits on the slowest GPU); no clock signature
 #   clock        SM clock factor; also slows compute and lowers power
 #   power        power factor (power brake)
-#   temp         degrees added to the temperature
+#   temp         degrees added to the temperature (warmer inlet air)
+#   thermal_r    factor on the thermal resistance (a failing thermal interface): the GPU runs
+#                hotter and, past its throttle temperature, the driver lowers its clocks
 #   pcie_bw / nvlink_bw   factor on PCIe / NVLink traffic
 #   throttle     CLOCK_THROTTLE_REASONS bits OR-ed in
 #   link_gen / link_width  PCIe link generation / width capped at value
@@ -42,6 +44,7 @@ EffectKind = Literal[
     "clock",
     "power",
     "temp",
+    "thermal_r",
     "pcie_bw",
     "nvlink_bw",
     "throttle",

@@ -327,15 +327,22 @@ def _resolve_unit(sim: Simulation, ftype: FaultType, spec: ForcedFault, ts: int)
             if (kind != "spot_node" or n.pool_kind == "serve")
             and (kind not in ("busy_gpu",) or workload.job_at(n.index, ts) >= 0)
         ]
-        with_job = [n for n in eligible if workload.job_at(n.index, ts) >= 0]
         if not eligible:
             raise ValueError(f"forced {ftype.key}: the fleet has no eligible GPU node")
-        node = (with_job or eligible)[0]
+        # Prefer a node of a multi-node training job, where a fault shows its full effect.
+        node = min(eligible, key=lambda n: _placement_preference(workload, n.index, ts))
     if kind == "rack":
         return UnitRef(node.rack)
     if kind in ("gpu", "busy_gpu"):
         return UnitRef(node.index, device if device is not None else 0)
     return UnitRef(node.index, device if device is not None else -1)
+
+
+def _placement_preference(workload: Workload, node: int, ts: int) -> int:
+    job = workload.job_at(node, ts)
+    if job < 0:
+        return 2
+    return 0 if workload.jobs[job].multi_node else 1
 
 
 def _resolve_job(sim: Simulation, ftype: FaultType, name: str | None, ts: int) -> int:
@@ -358,7 +365,7 @@ def _resolve_job(sim: Simulation, ftype: FaultType, name: str | None, ts: int) -
         )
     if not eligible:
         raise ValueError(f"forced {ftype.key}: the fleet runs no eligible training job")
-    return eligible[0].index
+    return min(eligible, key=lambda j: (not j.multi_node, j.index)).index
 
 
 def _occupy(sim: Simulation, ctx: Injector, placement: Placement, until: int) -> None:

@@ -167,6 +167,7 @@ class GpuTelemetry:
         self.fb_reserved = column([x.model.fb_reserved_mib for x in nodes])
         self.pcie_gen = column([float(x.model.pcie_gen) for x in nodes])
         self.temp_per_w = column([x.model.temp_per_w for x in nodes])
+        self.throttle_c = column([x.model.throttle_c for x in nodes])
         self.hour_offset = [float(LOCAL_HOUR_OFFSET.get(x.region, 0)) for x in nodes]
         self.temp_offset = self.rng.normal(0.0, 1.5, (n, GPUS_PER_NODE))
         self.power_eff = self.rng.normal(1.0, 0.02, (n, GPUS_PER_NODE))
@@ -197,6 +198,8 @@ class GpuTelemetry:
         )
         self.gauges: dict[str, Array] = {name: np.zeros(shape) for name in GAUGES}
         self.temp: Array | None = None
+        # clock factor the driver applies to hold a hot GPU at its throttle temperature
+        self.thermal_cf = np.ones(shape)
         self.node_job = np.full(n, -1, dtype=np.int64)
         self.job_state = np.full(len(self.workload.jobs), RUN, dtype=np.int64)
 
@@ -257,6 +260,7 @@ class GpuTelemetry:
             "clock": np.ones(shape),
             "power": np.ones(shape),
             "temp": np.zeros(shape),
+            "thermal_r": np.ones(shape),
             "pcie_bw": np.ones(shape),
             "nvlink_bw": np.ones(shape),
             "throttle": np.zeros(shape, dtype=np.int64),
@@ -312,7 +316,7 @@ class GpuTelemetry:
         hung = has_job & (state == HANG)
 
         # Synchronous jobs run at the pace of their slowest GPU; the others wait.
-        clock = mods["clock"]
+        clock = mods["clock"] * self.thermal_cf
         capacity = mods["speed"] * clock / mods["work"].reshape(n, 1)
         node_capacity = capacity.min(axis=1)
         job_speed = np.full(max(1, len(self.job_kind)), np.inf)
@@ -365,7 +369,9 @@ class GpuTelemetry:
             0.8 * self.idle_w,
             self.tdp,
         )
-        target = INLET_C + self.temp_offset + self.temp_per_w * power + mods["temp"] + 130 * dip
+        resistance = self.temp_per_w * mods["thermal_r"]
+        target = INLET_C + self.temp_offset + resistance * power + mods["temp"] + 130 * dip
+        throttled = self._thermal_control(target)
         if self.temp is None:
             self.temp = target.copy()
         alpha = 1 - math.exp(-dt / THERMAL_TAU_S)
@@ -378,7 +384,11 @@ class GpuTelemetry:
         sm_clock = np.minimum(ceiling * (1 - dip) * (1 - 0.03 * capped) + 8 * noise[5], ceiling)
         sm_clock = np.where(active, np.floor(sm_clock / 15) * 15, self.idle_sm)
         throttle = (
-            mods["throttle"] | np.where(active, 0, GPU_IDLE) | np.where(capped, SW_POWER_CAP, 0)
+            mods["throttle"]
+            | np.where(active, 0, GPU_IDLE)
+            | np.where(capped, SW_POWER_CAP, 0)
+            | np.where(throttled, SW_THERMAL, 0)
+            | np.where(self.thermal_cf < 0.9, HW_THERMAL, 0)
         )
 
         gen_bw = 2.0 ** (mods["link_gen"] - 1) * 1.0e9 * mods["link_width"] / 16 * 4
@@ -390,6 +400,7 @@ class GpuTelemetry:
         counters = self.counters
         counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += np.floor(power * dt * 1000)
         counters["DCGM_FI_DEV_POWER_VIOLATION"] += np.where(capped, dt * 1e9 * 0.2, 0.0)
+        counters["DCGM_FI_DEV_THERMAL_VIOLATION"] += np.where(throttled, dt * 1e9, 0.0)
         for name, rate in BACKGROUND_RATES.items():
             counters[name] += self.rng.poisson(rate * dt, shape)
 
@@ -440,6 +451,19 @@ class GpuTelemetry:
             "DCGM_FI_PROF_NVLINK_RX_BYTES": nvlink,
             "DCGM_FI_DEV_GPU_RECOVERY_ACTION": gauges["DCGM_FI_DEV_GPU_RECOVERY_ACTION"],
         }
+
+    def _thermal_control(self, target: Array) -> Array:
+        """The driver's thermal slowdown: past the throttle temperature the clock factor for
+        the next tick drops in proportion to the excess, and creeps back once cool. Returns
+        which GPUs are throttled now."""
+        over = target - self.throttle_c
+        throttled = self.thermal_cf < 0.999
+        self.thermal_cf = np.where(
+            over > 0,
+            np.clip(self.thermal_cf * (1 - 0.02 * over), 0.5, 1.0),
+            np.minimum(1.0, self.thermal_cf + 0.005 * np.maximum(-over, 0.0)),
+        )
+        return throttled | (over > 0)
 
     def _samples(
         self, t_ms: int, metrics: dict[str, Array], offline: Array, missing: Array

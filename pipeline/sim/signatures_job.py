@@ -113,8 +113,8 @@ def s3_compute(ctx: Injector, p: Placement) -> int:
 
 def s4_workload(ctx: Injector, p: Placement) -> int:
     job = ctx.workload.jobs[p.unit.a]
-    if job.straggler is None:
-        return p.onset_ms
+    if job.straggler is None:  # forced on a job drawn without one: its last node then
+        job.straggler = job.members[-1]
     extra = float(ctx.rng.uniform(1.1, 1.35))  # the last pipeline stage does more work
     ctx.effect(Effect("work", p.onset_ms, ctx.end_ms, job.straggler, -1, extra))
     for node in job.members:
@@ -189,7 +189,7 @@ def h5_hot(ctx: Injector, p: Placement) -> int:
     ctx.windows.append(Window(p.onset_ms, end, zone, None, HOT_FACTOR))
     for node in ctx.fleet.gpu_nodes:
         if node.zone == zone:
-            ctx.effect(Effect("temp", p.onset_ms, end, node.index, -1, 5.0, HOUR))
+            ctx.effect(Effect("temp", p.onset_ms, end, node.index, -1, 5.0, 20 * MINUTE))
             ctx.record(p, node.target(), end, description=f"{p.ftype.title} ({zone})")
     return end
 

@@ -146,7 +146,7 @@ def t4_sdc(ctx: Injector, p: Placement) -> int:
 def n3_cloud_slice(ctx: Injector, p: Placement) -> int:
     s = ctx.fleet.slices[p.node]
     target = s.target()
-    notice = int(ctx.rng.uniform(15, 240) * MINUTE)
+    notice = int(ctx.rng.uniform(15, 240) * 60) * SECOND  # whole seconds, as notice_s
     start = p.onset_ms + notice
     done = start + ctx.duration(p, 20 * MINUTE, 90 * MINUTE)
     window = MaintenanceWindow(start=start, end=done, notice_s=notice // 1000)

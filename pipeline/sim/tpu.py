@@ -38,6 +38,7 @@ class _SliceState:
             owner[list(host.chips)] = host.worker_id
         self.link_host = owner[self.link_chip] if links else np.zeros(0, dtype=np.int64)
         self.host_links = [np.flatnonzero(self.link_host == h.worker_id).tolist() for h in s.hosts]
+        self.host_link_ends = [[(i, *s.links[i]) for i in links] for links in self.host_links]
         self.hbm_frac = rng.uniform(0.75, 0.92)
         self.base_util = rng.uniform(40.0, 60.0)
         # filled per tick
@@ -218,15 +219,15 @@ class TpuTelemetry:
                     continue
                 links = [
                     IciLink(
-                        chip_id=s.links[i][0],
-                        port=s.links[i][1],
-                        peer_chip_id=s.links[i][2],
+                        chip_id=chip,
+                        port=port,
+                        peer_chip_id=peer,
                         health=health[i],
                         flits_tx=tx[i],
                         flits_rx=rx[i],
                         errors=errors[i],
                     )
-                    for i in state.host_links[host.worker_id]
+                    for i, chip, port, peer in state.host_link_ends[host.worker_id]
                 ]
                 samples.append(
                     IciSample(
