@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.ingest",
     "pipeline.commands.alerts",
     "pipeline.commands.serve",
+    "pipeline.commands.backtest",
 )
 
 

@@ -146,6 +146,8 @@ class DetectSettings(Section, frozen=True):
     temp_drift_min_c: Annotated[float, Meta(ge=0)] = 3.0  # CUSUM drift must be at least this
     clock_drop_frac: Fraction = 0.05  # SM clock below peers (or own baseline) by this fraction
     clock_alone_frac: Fraction = 0.15  # below peers by this, whatever its history
+    clock_own_frac: Fraction = 0.10  # below its own same-job baseline, no hardware evidence:
+    slow_escalate_s: PositiveInt = 1200  # watch first; cordon once it lasted this long
     power_drop_frac: Fraction = 0.15  # power below same-job peers: straggler candidate
     violation_frac: Fraction = 0.05  # share of time throttled (thermal) that counts as evidence
     straggler_min_jobs: PositiveInt = 2  # uncorroborated slowness must follow the GPU across jobs
@@ -153,7 +155,10 @@ class DetectSettings(Section, frozen=True):
     clear_persist_samples: PositiveInt = 6  # consecutive normal samples before it clears
     # counters (rates derived here; a drop is a reset and counts from zero)
     counter_persist_samples: PositiveInt = 2  # scrapes over a rate limit before a finding
-    pcie_replay_per_min: Annotated[float, Meta(gt=0)] = 8.0  # DCGM's PCIe replay-rate limit
+    pcie_replays: Annotated[float, Meta(gt=0)] = 10.0  # PCIe replays within the window ...
+    pcie_window_s: PositiveInt = 300  # ... (DCGM alerts at 8/min; a degrading link ramps up)
+    pcie_traffic_frac: Fraction = 0.1  # a GPU moving this share of its peers' PCIe bytes ...
+    pcie_traffic_min_bps: Annotated[float, Meta(ge=0)] = 5e5  # ... while they move this much
     nvlink_error_scrapes: PositiveInt = 3  # scrapes with NVLink errors within the window
     nvlink_window_s: PositiveInt = 300  # a single correctable burst is noise, not a finding
     sbe_watch_per_hour: Annotated[float, Meta(gt=0)] = 5000.0  # SBE noise: watch only
@@ -174,6 +179,7 @@ class DetectSettings(Section, frozen=True):
     tpu_persist_s: PositiveInt = 30  # a chip/link condition must hold this long
     tpu_clear_s: PositiveInt = 120  # ... and be gone this long to clear
     ici_down_health: Annotated[int, Meta(ge=1, le=10)] = 10  # health at or above: link down
+    ici_link_persist_s: Annotated[int, Meta(ge=0)] = 5  # both ends down: confirm once (OCS)
     ici_one_sided_s: PositiveInt = 120  # down at one end only, the other end healthy
     ici_flit_drop_frac: Fraction = 0.5  # link flit rate below its usual share: degraded
     ici_errors_per_s: Annotated[float, Meta(gt=0)] = 1.0  # link error rate: degraded

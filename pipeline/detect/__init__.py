@@ -10,10 +10,14 @@ Every check is an episode: one unhealthy finding when it opens and one `healthy=
 with the same check when it clears; ids are stable_id(target, device, check, episode start),
 so replays and bursts give the same id. Each reporting target also gets a `heartbeat` finding
 at most once per `heartbeat_s` of event time: the health machine's clock.
+Optionally, `note_event(state, NodeEvent | CapacityEvent)` tells a GPU/TPU state that its target
+was deleted, drained by a person or is in scheduled maintenance: its silence is then reported
+as `watch`, not as a failure.
 Duplicate and out-of-order records (ts not after the last one of the same node / host /
 episode) are dropped and counted in `state.dropped`.
 """
 
+from pipeline.detect.announce import note_event
 from pipeline.detect.gpu import GpuDevice, GpuNodeState, check_stale_gpu, detect_gpu
 from pipeline.detect.ici import IciSliceState, LinkEnd, detect_ici
 from pipeline.detect.series import SeriesFlag, SeriesParams, SeriesState, series_step
@@ -39,5 +43,6 @@ __all__ = [
     "detect_tpu",
     "detect_xid",
     "expire_xid",
+    "note_event",
     "series_step",
 ]

@@ -22,6 +22,15 @@ from pipeline.model import (
 )
 
 HEARTBEAT = "heartbeat"
+FOREVER = 2**62
+
+
+class Announcement(msgspec.Struct, kw_only=True, gc=False):
+    """Someone said the target would be away (deleted, drained, in maintenance) in this span."""
+
+    reason: str
+    start_ts: int
+    end_ts: int = FOREVER
 
 
 class OpenCheck(msgspec.Struct, kw_only=True, gc=False):
@@ -44,6 +53,7 @@ class Book(msgspec.Struct, kw_only=True):
     zone: str
     open: dict[str, OpenCheck] = {}
     last_heartbeat: int = 0
+    announced: list[Announcement] = []  # see pipeline.detect.announce
 
 
 def episode_key(check: str, device: str | None) -> str:

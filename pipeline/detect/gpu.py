@@ -4,12 +4,17 @@ Checks (entity gpu unless noted; see gpu_rules for the thresholds):
   gpu.ecc.dbe            new uncorrectable ECC errors           critical, fatal, reset_gpu
   gpu.row_remap.failure  no spare rows left                     critical, fatal, replace
   gpu.row_remap.pending  remap waits for a reset                warning, reset_gpu
-  gpu.pcie.replay_rate   replays above DCGM's limit, sustained  warning, cordon
+  gpu.recovery_action    the driver asks for a reset / reboot   critical, fatal, per action
+  gpu.pcie.replay_rate   replays piling up within a window      warning, cordon
   gpu.pcie.link_downgrade link width/gen below its best         warning, cordon
+  gpu.pcie.traffic       PCIe bytes collapsed against peers     warning, cordon (NIC path)
   gpu.nvlink.crc_rate    NVLink errors in several scrapes       warning, cordon
   gpu.ecc.sbe_rate       single-bit error storm                 info, watch (never cordons)
   gpu.temp.peer          hotter than same-job peers, sustained  warning, cordon
-  gpu.clock.throttle     SM clock below peers / own history     warning, cordon
+  gpu.clock.throttle     SM clock below peers, or below its own warning, cordon
+                         history with heat evidence, or hardware slowdown reasons
+  gpu.clock.slow         below its own same-job history, no     warning, watch (escalates to
+                         evidence (transient slowdowns do this) gpu.clock.throttle if it lasts)
   gpu.power.peer         straggler with hardware-like evidence  warning, cordon
   gpu.missing            a known GPU absent from the scrape     critical, fatal, reboot
   node.stale (node)      the node stopped reporting             critical, reboot
@@ -20,8 +25,11 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import DetectSettings
+from pipeline.detect.announce import announced
 from pipeline.detect.findings import Book, clear_check, evidence, heartbeat, open_check, refresh
-from pipeline.detect.gpu_rules import Ctx, Peers, View, counter_rules, gauge_rules
+from pipeline.detect.gpu_context import Ctx, Peers, View
+from pipeline.detect.gpu_counters import counter_rules
+from pipeline.detect.gpu_gauges import gauge_rules
 from pipeline.detect.stats import Baseline, alpha_for, median, median_mad
 from pipeline.model import Finding, GpuSample
 
@@ -37,15 +45,21 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     absent: int = 0  # consecutive scrapes of the node without this GPU
     temp_offset: Baseline = msgspec.field(default_factory=Baseline)  # temp - peer median
     clock_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
-    clock_own: Baseline = msgspec.field(default_factory=Baseline)  # own SM clock when busy
+    clock_own: Baseline = msgspec.field(default_factory=Baseline)  # own SM clock, this job
+    clock_job: str | None = None  # the job clock_own was learned on
+    slow_since: int = 0  # start of a run of clock drops without hardware evidence
     power_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
     raw: tuple[float | None, ...] = ()  # last counter and flag fields (gpu_metrics.RAW_FIELDS)
     at_rest: bool = False  # no counter check open or counting: unchanged fields need no work
     was_busy: bool = False
-    hardware_reasons: bool = False  # last throttle-reasons field had a hardware bit
+    thermal_reasons: bool = False  # last throttle reasons: thermal or hardware slowdown
+    slowdown_reasons: bool = False  # ... hardware slowdown (HW thermal, power brake)
     streaks: dict[str, int] = {}  # per check: consecutive bad (> 0) or good (< 0) scrapes
     nvlink_hits: list[int] = []  # ts of recent scrapes with new NVLink errors
-    sbe_hour: float = 0.0  # SBE count decaying with a one-hour half-life
+    pcie_hits: list[tuple[int, float]] = []  # (ts, replays) of recent scrapes with replays
+    sbe_hour: float = 0.0  # SBE count decaying with a one-hour half-life ...
+    sbe_ts: int = 0  # ... as of this time
+    wake_ts: int = 0  # when a counter window or quiet period ends (0: none pending)
     last_dbe_ts: int = 0
     last_rows_ts: int = 0
     best_gen: float = 0.0
@@ -104,8 +118,8 @@ def detect_gpu(
         dev = _device(state, view, ctx)
         dt_ms = sample.ts - dev.last_ts if dev.last_ts else 0
         dev.last_ts = sample.ts
-        hardware, pcie_bad = counter_rules(ctx, dev, view, dt_ms)
-        gauge_rules(ctx, dev, view, peers.get(view.group), hardware, pcie_bad)
+        signs = counter_rules(ctx, dev, view, dt_ms)
+        gauge_rules(ctx, dev, view, peers.get(view.group), signs)
     _absent(state, seen, ctx)
     ctx.emit(heartbeat(book, sample.ts, settings.heartbeat_s))
     return state, ctx.out
@@ -125,15 +139,17 @@ def check_stale_gpu(
     silent_ms = now_ms - state.last_ts
     if silent_ms <= limit_ms:
         return state, []
+    start_ts = state.last_ts + limit_ms
+    note = announced(state.book, start_ts)  # deleted, drained or maintained on purpose?
     finding = open_check(
         state.book,
         now_ms,
         check=NODE_STALE,
         device=None,
         kind="node",
-        severity="critical",
-        action="reboot",
-        start_ts=state.last_ts + limit_ms,
+        severity="info" if note else "critical",
+        action="watch" if note else "reboot",
+        start_ts=start_ts,
         evidence=evidence(
             "seconds_since_last_scrape",
             silent_ms / 1000,
@@ -141,7 +157,8 @@ def check_stale_gpu(
             None,
             limit_ms / 1000,
         ),
-        message=f"node {state.book.name} has not reported for {silent_ms / 1000:.0f} s",
+        message=f"node {state.book.name} has not reported for {silent_ms / 1000:.0f} s"
+        + (f", as announced ({note.reason})" if note else ""),
     )
     return state, [finding] if finding is not None else []
 
@@ -244,5 +261,8 @@ def _peer_groups(views: list[View], peer_min: int) -> dict[str, Peers]:
             peers.clock = median(clocks)
         if powers:
             peers.power = median(powers)
+        traffic = [v.pcie for v in group if v.pcie is not None]
+        if traffic:
+            peers.pcie = median(traffic)
         groups[name] = peers
     return groups

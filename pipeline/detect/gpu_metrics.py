@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pipeline.model import RecommendedAction
+
 TEMP = "DCGM_FI_DEV_GPU_TEMP"
 SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 POWER = "DCGM_FI_DEV_POWER_USAGE"
@@ -17,6 +19,9 @@ PCIE_GEN = "DCGM_FI_DEV_PCIE_LINK_GEN"
 PCIE_WIDTH = "DCGM_FI_DEV_PCIE_LINK_WIDTH"
 THERMAL_VIOLATION = "DCGM_FI_DEV_THERMAL_VIOLATION"  # ns spent thermally throttled
 THROTTLE_REASONS = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+RECOVERY_ACTION = "DCGM_FI_DEV_GPU_RECOVERY_ACTION"  # what the driver says the GPU needs
+PCIE_TX = "DCGM_FI_PROF_PCIE_TX_BYTES"  # bytes/s
+PCIE_RX = "DCGM_FI_PROF_PCIE_RX_BYTES"
 NVLINK_ERRORS = (
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
     "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
@@ -36,16 +41,34 @@ RAW_FIELDS = (
     REMAP_PENDING,
     THROTTLE_REASONS,
     PCIE_GEN,
-    PCIE_WIDTH,  # gauges and flags
+    PCIE_WIDTH,
+    RECOVERY_ACTION,  # gauges and flags
 )
 I_DBE, I_ROWS, I_PCIE, I_NVLINK, I_SBE, I_THERMAL = 0, 1, 2, 3, 7, 8
 N_COUNTERS = 9
-I_FAILURE, I_PENDING, I_REASONS, I_GEN, I_WIDTH = 9, 10, 11, 12, 13
+I_FAILURE, I_PENDING, I_REASONS, I_GEN, I_WIDTH, I_RECOVERY = 9, 10, 11, 12, 13, 14
 NO_RAW: tuple[float | None, ...] = (None,) * len(RAW_FIELDS)
 
-# Throttle reasons that mean hardware trouble: HW_SLOWDOWN 0x8, SW_THERMAL 0x20,
-# HW_THERMAL 0x40, HW_POWER_BRAKE 0x80 (power cap 0x4 and idle 0x1 are normal operation).
-HARDWARE_THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80
+# Throttle reasons: HW_SLOWDOWN 0x8, HW_THERMAL 0x40 and HW_POWER_BRAKE 0x80 are hardware
+# trouble on their own; SW_THERMAL 0x20 (the GPU at its thermal target) is evidence that a slow
+# clock is heat, not workload; power cap 0x4 and idle 0x1 are normal operation.
+HARDWARE_SLOWDOWN_MASK = 0x8 | 0x40 | 0x80
+THERMAL_EVIDENCE_MASK = HARDWARE_SLOWDOWN_MASK | 0x20
+# NVML recovery actions (XID 154 payload, field 1523) and what FleetPulse recommends for each.
+RECOVERY_ACTIONS: dict[int, tuple[str, RecommendedAction]] = {
+    1: ("GPU_RESET", "reset_gpu"),
+    2: ("NODE_REBOOT", "reboot"),
+    3: ("DRAIN_P2P", "drain"),
+    4: ("DRAIN_AND_RESET", "reset_gpu"),
+    5: ("RECOVER_IMEX_DOMAIN", "reboot"),
+    6: ("BUS_RESET", "reset_gpu"),
+    7: ("SYSTEM_REBOOT", "reboot"),
+}
+
+
+def recovery(code: int) -> tuple[str, RecommendedAction]:
+    """Name and recommended action of an NVML recovery action (unknown codes: reboot)."""
+    return RECOVERY_ACTIONS.get(code, (f"ACTION_{code}", "reboot"))
 
 
 def raw_fields(metrics: dict[str, float]) -> tuple[float | None, ...]:
@@ -67,6 +90,7 @@ def raw_fields(metrics: dict[str, float]) -> tuple[float | None, ...]:
         get(THROTTLE_REASONS),
         get(PCIE_GEN),
         get(PCIE_WIDTH),
+        get(RECOVERY_ACTION),
     )
 
 

@@ -2,10 +2,13 @@
 
 Every ICI link is seen from both ends (chip a port p -> chip b, and chip b -> chip a), usually
 by two different hosts. Faults are localised from the ends together:
+  ici.host.down (node)       every link into one host's chips is down, as the neighbours
+                             report it (a dead host reports nothing)   critical, repair_slice
   ici.chip.down (tpu_chip)   every link of one chip is down: the chip, not the cables
                              critical, repair_slice
-  ici.link.down (ici_link)   both ends report the link down (or one end, for
-                             `ici_one_sided_s`, while the other stays silent or healthy)
+  ici.link.down (ici_link)   both ends report the link down, confirmed once after
+                             `ici_link_persist_s` (so an OCS pattern can form first), or one
+                             end for `ici_one_sided_s` while the other stays silent or healthy
                              critical, repair_slice
   ici.ocs.degraded (slice)   `ici_ocs_min_links` links down in one torus dimension at once:
                              an optical circuit switch; ICI resiliency routes around it
@@ -38,6 +41,7 @@ from pipeline.model import EntityKind, Finding, IciLink, IciSample, RecommendedA
 LINK_DOWN = "ici.link.down"
 LINK_DEGRADED = "ici.link.degraded"
 CHIP_DOWN = "ici.chip.down"
+HOST_DOWN = "ici.host.down"
 OCS = "ici.ocs.degraded"
 RATIO_FLOOR = 0.02
 
@@ -64,6 +68,7 @@ class IciSliceState(msgspec.Struct, kw_only=True):
     ends: dict[str, LinkEnd] = {}  # by "chip>peer"
     hosts: dict[str, int] = {}  # last ts per reporting host
     peers_of: dict[int, list[int]] = {}  # chip -> every chip it has a link with
+    chip_host: dict[int, str] = {}  # chip -> the host that reports its links
     unhealthy: list[str] = []  # ends that are down or degraded
     runs: dict[str, Run] = {}  # by verdict key
     dropped: int = 0
@@ -122,6 +127,7 @@ def _update_ends(state: IciSliceState, sample: IciSample, settings: DetectSettin
         if dt_s > 0 and end.tx is not None:
             rates.append((end, flits / dt_s))
         end.ts, end.health, end.host = sample.ts, link.health, sample.node
+        state.chip_host[link.chip_id] = sample.node
         end.tx, end.rx, end.errors = link.flits_tx, link.flits_rx, link.errors
         end.down = link.health >= settings.ici_down_health
         end.degraded = "ici_link_health" if 0 < link.health < settings.ici_down_health else ""
@@ -211,8 +217,25 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
     fresh_after = ts - 2 * settings.node_stale_s * 1000
     ends = [state.ends[k] for k in state.unhealthy if state.ends[k].ts > fresh_after]
     down = [end for end in ends if end.down]
-    dead_chips = _dead_chips(state, down)
     verdicts: dict[str, Verdict] = {}
+    dead_hosts = _dead_hosts(state, down, fresh_after)
+    for host, count in dead_hosts.items():
+        verdicts[f"{HOST_DOWN}|{host}"] = Verdict(
+            check=HOST_DOWN,
+            device=host,
+            kind="node",
+            severity="critical",
+            action="repair_slice",
+            persist_ms=settings.ici_link_persist_s * 1000,
+            metric="ici_links_down",
+            value=count,
+            message=f"all {count} ICI links into host {host} are down, as its neighbours see "
+            "them: the host (machine) failed",
+        )
+    if dead_hosts:  # their links are explained; what is left is judged on its own
+        down = [e for e in down if state.chip_host.get(e.peer) not in dead_hosts]
+        down = [e for e in down if e.host not in dead_hosts]
+    dead_chips = _dead_chips(state, down)
     for chip in dead_chips:
         verdicts[f"{CHIP_DOWN}|{chip}"] = Verdict(
             check=CHIP_DOWN,
@@ -264,6 +287,25 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
     return verdicts
 
 
+def _dead_hosts(state: IciSliceState, down: list[LinkEnd], fresh_after: int) -> dict[str, int]:
+    """Hosts every fresh link into which, reported by the chips outside them, is down (a host
+    that died reports nothing itself; its neighbours see the links go dark)."""
+    suspects = {state.chip_host.get(end.peer) for end in down} - {None}
+    if not suspects:
+        return {}
+    into: dict[str, list[bool]] = {}
+    for end in state.ends.values():
+        target = state.chip_host.get(end.peer)
+        if (
+            target is not None
+            and target in suspects
+            and target != end.host
+            and end.ts > fresh_after
+        ):
+            into.setdefault(target, []).append(end.down)
+    return {host: len(states) for host, states in into.items() if len(states) >= 2 and all(states)}
+
+
 def _dead_chips(state: IciSliceState, down: list[LinkEnd]) -> set[int]:
     """Chips all of whose links are down, as seen from either end."""
     cut: dict[int, set[int]] = {}
@@ -302,7 +344,7 @@ def _down_links(
             kind="ici_link",
             severity="critical",
             action="repair_slice",
-            persist_ms=0 if both else settings.ici_one_sided_s * 1000,
+            persist_ms=(settings.ici_link_persist_s if both else settings.ici_one_sided_s) * 1000,
             metric="ici_link_health",
             value=end.health,
             message=f"ICI link chip {low} <-> chip {high} down "

@@ -85,6 +85,8 @@ def series_step(
     warm = base.n >= params.warmup
     z = zscore(base, value, floor) if warm else 0.0
     drift = cusum(base, z, params.cusum_k, params.cusum_cap) if warm else 0.0
+    # Capped sums: a long excursion keeps its episode open but ends soon after it does.
+    base.hi, base.lo = min(base.hi, 2 * params.cusum_h), min(base.lo, 2 * params.cusum_h)
     anomalous = z >= params.z_open or z <= -params.z_open
     state.streak = advance(state.streak, anomalous)
     flag = _transition(state, ts, value, z, drift, params)
@@ -105,7 +107,7 @@ def _transition(
         else:
             return None
         state.open_check, state.open_ts = check, ts
-        base.hi = base.lo = 0.0  # the episode must keep drifting afresh to stay open
+        state.streak = 0  # calm samples count from the opening
         return SeriesFlag(
             ts=ts,
             check=check,

@@ -6,7 +6,8 @@ the entity says which chip or host. Checks:
                            critical, repair_slice
   tpu.chip.tensorcore_util chip slower than its peers (fail-slow)          warning, watch
   tpu.chip.missing         a known chip absent from its host's scrape      critical, repair_slice
-  tpu.host.stale (node)    a host of the slice stopped reporting           critical, repair_slice
+  tpu.host.stale (node)    a host went silent, the rest of the slice not   critical, repair_slice
+  tpu.slice.stale (slice)  every host silent: taken down or maintained     warning, watch
 
 Peers of a chip are the chips on the same job on the *other* hosts of the slice (a whole host
 going dark must not drag its own baseline down); a one-host slice compares its own chips.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import DetectSettings
+from pipeline.detect.announce import announced
 from pipeline.detect.findings import (
     CLEAR,
     OPEN,
@@ -36,6 +38,7 @@ DUTY = "tpu.chip.duty_cycle"
 UTIL = "tpu.chip.tensorcore_util"
 CHIP_MISSING = "tpu.chip.missing"
 HOST_STALE = "tpu.host.stale"
+SLICE_STALE = "tpu.slice.stale"
 DUTY_METRIC = "duty_cycle_pct"
 UTIL_METRIC = "tensorcore_util"
 # Above this many chips, slice-wide medians are cached for a few seconds instead of being
@@ -105,6 +108,10 @@ def detect_tpu(
                 book, sample.ts, HOST_STALE, sample.node, f"host {sample.node} reporting again"
             ),
         )
+        _emit(
+            out,
+            clear_check(book, sample.ts, SLICE_STALE, None, f"slice {book.name} reporting again"),
+        )
     reporting = [r for r in sample.chips if _reports(r)]
     for reading in reporting:
         _update_chip(state, sample, reading, settings, out)
@@ -119,37 +126,68 @@ def detect_tpu(
 def check_stale_tpu(
     state: TpuSliceState, now_ms: int, settings: DetectSettings
 ) -> tuple[TpuSliceState, list[Finding]]:
-    """Called as event time advances: a host of the slice that went silent is stale."""
+    """Called as event time advances: a host that went silent while the rest of its slice
+    kept reporting is stale (its machine failed). A slice whose hosts all went silent is being
+    taken down or maintained as a whole (GKE recreates slices atomically): one watch finding,
+    not a repair."""
     out: list[Finding] = []
+    newest = max((host.last_ts for host in state.hosts.values()), default=0)
+    limits = {node: _limit_ms(host, settings) for node, host in state.hosts.items()}
     for node, host in state.hosts.items():
-        limit_ms = int(
-            max(settings.node_stale_s * 1000, settings.stale_intervals * host.interval_ms)
+        became_stale = host.last_ts + limits[node]
+        if not host.last_ts or now_ms <= became_stale:
+            continue
+        if newest > became_stale:  # another host reported after this one fell silent
+            _emit(out, _host_stale(state, node, host, now_ms, limits[node]))
+    if newest and now_ms - newest > max(limits.values()) and len(state.hosts) > 1:
+        silent_s = (now_ms - newest) / 1000
+        _emit(
+            out,
+            open_check(
+                state.book,
+                now_ms,
+                check=SLICE_STALE,
+                device=None,
+                kind="slice",
+                severity="warning",
+                action="watch",
+                start_ts=newest + max(limits.values()),
+                evidence=evidence("seconds_since_last_scrape", silent_s, None, None, silent_s),
+                message=f"every host of slice {state.book.name} silent for {silent_s:.0f} s: "
+                "the slice is down or in maintenance as a whole",
+            ),
         )
-        silent_ms = now_ms - host.last_ts
-        if host.last_ts and silent_ms > limit_ms:
-            _emit(
-                out,
-                open_check(
-                    state.book,
-                    now_ms,
-                    check=HOST_STALE,
-                    device=node,
-                    kind="node",
-                    severity="critical",
-                    action="repair_slice",
-                    start_ts=host.last_ts + limit_ms,
-                    evidence=evidence(
-                        "seconds_since_last_scrape",
-                        silent_ms / 1000,
-                        host.interval_ms / 1000,
-                        None,
-                        limit_ms / 1000,
-                    ),
-                    message=f"host {node} (worker {host.worker_id}) of slice {state.book.name} "
-                    f"silent for {silent_ms / 1000:.0f} s",
-                ),
-            )
     return state, out
+
+
+def _limit_ms(host: TpuHost, settings: DetectSettings) -> int:
+    return int(max(settings.node_stale_s * 1000, settings.stale_intervals * host.interval_ms))
+
+
+def _host_stale(
+    state: TpuSliceState, node: str, host: TpuHost, now_ms: int, limit_ms: int
+) -> Finding | None:
+    silent_ms = now_ms - host.last_ts
+    note = announced(state.book, host.last_ts + limit_ms)
+    return open_check(
+        state.book,
+        now_ms,
+        check=HOST_STALE,
+        device=node,
+        kind="node",
+        severity="info" if note else "critical",
+        action="watch" if note else "repair_slice",
+        start_ts=host.last_ts + limit_ms,
+        evidence=evidence(
+            "seconds_since_last_scrape",
+            silent_ms / 1000,
+            host.interval_ms / 1000,
+            None,
+            limit_ms / 1000,
+        ),
+        message=f"host {node} (worker {host.worker_id}) of slice {state.book.name} silent for "
+        f"{silent_ms / 1000:.0f} s while its other hosts report",
+    )
 
 
 def _emit(out: list[Finding], finding: Finding | None) -> None:

@@ -8,6 +8,8 @@
   is hit in `app_xid_min_jobs` distinct jobs within `app_xid_window_s`
   (`xid.app_recurrence`, reset_gpu). A job that hits several GPUs of the node with the same
   XID is its own bug (it moves with the job) and does not count against any of them.
+- XID 154 opens a fatal finding with the action the driver asks for (its new recovery
+  action: reset, reboot, drain); a change back to 0 clears it.
 - Other catalogued XIDs open a finding with the catalog's severity and action when the
   catalog asks for one (unknown codes: warning, watch).
 - A finding clears after `xid_clear_s` without a repeat; the runtime calls `expire_xid` as
@@ -17,15 +19,21 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from pipeline.catalog import xid_info
 from pipeline.catalog.xid import Action, XidEntry
 from pipeline.config import DetectSettings
 from pipeline.detect.findings import Book, clear_check, evidence, open_check, refresh
+from pipeline.detect.gpu_metrics import recovery
 from pipeline.model import Finding, RecommendedAction, XidEvent
 
 APP_RECURRENCE = "xid.app_recurrence"
+RECOVERY_XID = 154
+# "GPU recovery action changed from 0x0 (None) to 0x1 (Reset Required)"
+_RECOVERY_TO = re.compile(r"\bto 0x([0-9a-fA-F]+)")
 # FleetPulse actions on a node; restarting the application is the job owner's business.
 _ACTIONS: dict[Action, RecommendedAction] = {
     "none": "none",
@@ -92,7 +100,9 @@ def detect_xid(
         device=device, code=event.xid, start_ts=event.ts, last_ts=event.ts
     )
     entry = xid_info(event.xid)
-    if entry.application:
+    if event.xid == RECOVERY_XID:
+        finding = _recovery_changed(state, event, device)
+    elif entry.application:
         finding = _application(state, event, device, settings)
     else:
         finding = _catalogued(state, event, device, entry)
@@ -134,6 +144,31 @@ def expire_xid(
                 if finding is not None:
                     out.append(finding)
     return state, out
+
+
+def _recovery_changed(state: XidState, event: XidEvent, device: str) -> Finding | None:
+    """XID 154 carries the driver's new recovery action: a reset or reboot it asks for is a
+    hard verdict on the GPU (no application bug makes the driver ask for a reset)."""
+    match = _RECOVERY_TO.search(event.message)
+    if match is None:
+        return None
+    code = int(match.group(1), 16)
+    check = f"xid.{RECOVERY_XID}"
+    if code == 0:
+        return clear_check(state.book, event.ts, check, device, f"GPU {device}: recovered")
+    name, action = recovery(code)
+    return open_check(
+        state.book,
+        event.ts,
+        check=check,
+        device=device,
+        kind="gpu",
+        severity="critical",
+        action=action,
+        fatal=True,
+        evidence=evidence("recovery_action", code, 0, None, 0),
+        message=f"XID 154 on GPU {device} ({event.pci_bus_id}): the driver asks for {name}",
+    )
 
 
 def _catalogued(state: XidState, event: XidEvent, device: str, entry: XidEntry) -> Finding | None:

@@ -1,0 +1,148 @@
+"""What the per-GPU rules share: the scrape context, a GPU's view of the scrape, its peers,
+and consecutive-sample episode tracking."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.detect import gpu_metrics as gm
+from pipeline.detect.findings import CLEAR, OPEN, clear_check, evidence, open_check
+from pipeline.detect.stats import advance
+from pipeline.model import Finding, RecommendedAction, Severity
+
+if TYPE_CHECKING:
+    from pipeline.config import DetectSettings
+    from pipeline.detect.findings import Book
+    from pipeline.detect.gpu import GpuDevice
+
+
+class Ctx:
+    """What every rule of one scrape needs (one per detect_gpu call)."""
+
+    __slots__ = ("alpha", "book", "interval_s", "out", "settings", "ts")
+
+    def __init__(
+        self, book: Book, ts: int, settings: DetectSettings, alpha: float, interval_s: float
+    ) -> None:
+        self.book, self.ts, self.settings = book, ts, settings
+        self.alpha, self.interval_s = alpha, interval_s
+        self.out: list[Finding] = []
+
+    def emit(self, finding: Finding | None) -> None:
+        if finding is not None:
+            self.out.append(finding)
+
+
+class Peers:
+    """Medians (and the temperature MAD) of a peer group's gauges at one instant."""
+
+    __slots__ = ("clock", "n", "n_busy", "pcie", "power", "temp", "temp_mad")
+
+    def __init__(self) -> None:
+        self.n = self.n_busy = 0
+        self.temp = self.temp_mad = self.clock = self.power = self.pcie = 0.0
+
+
+class View:
+    """One GPU's reading in one scrape, with the gauges already extracted."""
+
+    __slots__ = (
+        "busy",
+        "clock",
+        "device",
+        "group",
+        "job",
+        "metrics",
+        "pcie",
+        "power",
+        "temp",
+        "uuid",
+    )
+
+    def __init__(
+        self, device: str, uuid: str, job: str | None, metrics: dict[str, float], busy_pct: float
+    ) -> None:
+        self.device, self.uuid, self.job, self.metrics = device, uuid, job, metrics
+        # Readings are finite by contract (GpuReading rejects NaN/inf); absent is None.
+        self.temp = metrics.get(gm.TEMP)
+        self.clock = metrics.get(gm.SM_CLOCK)
+        self.power = metrics.get(gm.POWER)
+        tx, rx = metrics.get(gm.PCIE_TX), metrics.get(gm.PCIE_RX)
+        self.pcie = None if tx is None and rx is None else (tx or 0.0) + (rx or 0.0)
+        util = metrics.get(gm.UTIL)
+        if util is None:
+            util = gm.utilisation(metrics)
+        self.busy = util is not None and util >= busy_pct
+        # Peers are the GPUs on the same job; without a job label, the ones equally busy.
+        self.group = job or ("busy" if self.busy else "idle")
+
+    @property
+    def reporting(self) -> bool:
+        """A GPU listed with none of its core gauges is as good as gone (NVML returns blanks)."""
+        return self.temp is not None or self.clock is not None or self.power is not None
+
+
+def step(ctx: Ctx, dev: GpuDevice, check: str, bad: bool, persist: int) -> int:
+    """Count consecutive bad / good samples of a check on a device.
+
+    Returns OPEN when the bad run reaches `persist`, CLEAR when the good run reaches the clear
+    limit, else 0; the caller builds the finding only then (messages cost time).
+    """
+    streak = dev.streaks.get(check, 0)
+    if not bad and streak <= -ctx.settings.clear_persist_samples:
+        return 0  # the common case: healthy for a while already
+    streak = advance(streak, bad)
+    dev.streaks[check] = streak
+    if streak == persist:
+        return OPEN
+    if streak == -ctx.settings.clear_persist_samples:
+        return CLEAR
+    return 0
+
+
+def edge(
+    ctx: Ctx,
+    transition: int,
+    device: str,
+    check: str,
+    persist: int,
+    *,
+    severity: Severity,
+    action: RecommendedAction,
+    metric: str,
+    value: float | None,
+    baseline: float | None,
+    score: float | None,
+    message: str,
+    fatal: bool = False,
+) -> None:
+    """Emit the finding of an OPEN or CLEAR transition returned by `step`."""
+    proof = evidence(metric, value, baseline, score, persist * ctx.interval_s)
+    if transition == OPEN:
+        ctx.emit(
+            open_check(
+                ctx.book,
+                ctx.ts,
+                check=check,
+                device=device,
+                kind="gpu",
+                severity=severity,
+                action=action,
+                fatal=fatal,
+                message=f"GPU {device}: {message}",
+                evidence=proof,
+            )
+        )
+    elif transition == CLEAR:
+        ctx.emit(
+            clear_check(
+                ctx.book, ctx.ts, check, device, f"GPU {device}: {check} back to normal", proof
+            )
+        )
+
+
+def unjudged(ctx: Ctx, dev: GpuDevice, device: str, check: str) -> None:
+    # Nothing to judge (idle, no peers, no value) counts towards clearing, so a repaired GPU
+    # that sits idle on a cordoned node does not keep its old finding open forever.
+    if step(ctx, dev, check, False, 1) == CLEAR:
+        ctx.emit(clear_check(ctx.book, ctx.ts, check, device, f"GPU {device}: {check} cleared"))

@@ -1,0 +1,347 @@
+"""Per-GPU counter rules: ECC, row remap, PCIe replays and link, NVLink errors, SBE noise,
+the driver's recovery action, and thermal throttling as evidence for the gauge rules.
+
+Counters stay raw in the samples; rates are derived here from deltas between scrapes, and a
+counter that drops was reset (driver reload, GPU reset): it counts from zero again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from pipeline.detect import gpu_metrics as gm
+from pipeline.detect.findings import clear_check, evidence, is_open, open_check
+from pipeline.detect.gpu_context import Ctx, View, edge, step
+from pipeline.detect.stats import counter_delta
+
+if TYPE_CHECKING:
+    from pipeline.detect.gpu import GpuDevice
+
+HOUR_MS = 3_600_000
+DBE = "gpu.ecc.dbe"
+SBE = "gpu.ecc.sbe_rate"
+REMAP_FAILURE = "gpu.row_remap.failure"
+REMAP_PENDING = "gpu.row_remap.pending"
+PCIE_REPLAY = "gpu.pcie.replay_rate"
+PCIE_DOWNGRADE = "gpu.pcie.link_downgrade"
+NVLINK = "gpu.nvlink.crc_rate"
+RECOVERY = "gpu.recovery_action"
+STEPPED_CHECKS = (REMAP_FAILURE, REMAP_PENDING, PCIE_DOWNGRADE, RECOVERY)
+
+
+class Signs:
+    """What the counters say about the GPU, for the gauge rules."""
+
+    __slots__ = ("pcie", "slowdown", "thermal")
+
+    def __init__(self, thermal: bool, slowdown: bool, pcie: bool) -> None:
+        self.thermal = thermal  # throttled by heat (violation counter or thermal reasons)
+        self.slowdown = slowdown  # hardware slowdown reasons (HW thermal, power brake)
+        self.pcie = pcie  # PCIe replays or a downgraded link
+
+
+def counter_rules(ctx: Ctx, dev: GpuDevice, view: View, dt_ms: int) -> Signs:
+    """Run every counter rule of one GPU for one scrape."""
+    raw = gm.raw_fields(view.metrics)
+    if (
+        raw == dev.raw
+        and dev.at_rest
+        and view.busy == dev.was_busy
+        and (not dev.wake_ts or ctx.ts < dev.wake_ts)
+    ):
+        return Signs(dev.thermal_reasons, dev.slowdown_reasons, False)  # nothing to do
+    prev = dev.raw or gm.NO_RAW
+    deltas = [0.0] * gm.N_COUNTERS
+    for i in range(gm.N_COUNTERS):
+        value = raw[i]
+        if value is not None and value != prev[i]:
+            deltas[i] = counter_delta(prev[i], value)
+    # An absent field keeps its last value, so the next delta spans the gap.
+    if None in raw:
+        raw = tuple(p if v is None else v for v, p in zip(raw, prev, strict=True))
+    dev.raw = raw
+    device = view.device
+    _dbe(ctx, dev, device, deltas[gm.I_DBE])
+    _row_remap(ctx, dev, device, raw[gm.I_FAILURE], raw[gm.I_PENDING], deltas[gm.I_ROWS])
+    pcie_bad = _pcie(ctx, dev, view, deltas[gm.I_PCIE], raw[gm.I_GEN], raw[gm.I_WIDTH])
+    _nvlink(ctx, dev, device, sum(deltas[gm.I_NVLINK : gm.I_NVLINK + 4]))
+    _sbe(ctx, dev, device, deltas[gm.I_SBE])
+    _recovery(ctx, dev, device, raw[gm.I_RECOVERY])
+    field = raw[gm.I_REASONS]
+    reasons = 0 if field is None else int(field)
+    dev.thermal_reasons = reasons & gm.THERMAL_EVIDENCE_MASK != 0
+    dev.slowdown_reasons = reasons & gm.HARDWARE_SLOWDOWN_MASK != 0
+    dev.was_busy = view.busy
+    _settle(ctx, dev)
+    fraction = deltas[gm.I_THERMAL] / (dt_ms * 1e6) if dt_ms > 0 else 0.0
+    thermal = fraction >= ctx.settings.violation_frac or dev.thermal_reasons
+    return Signs(thermal, dev.slowdown_reasons, pcie_bad)
+
+
+def _settle(ctx: Ctx, dev: GpuDevice) -> None:
+    """Decide whether the next scrape with unchanged fields can skip the counter rules: no
+    stepped check may be counting towards a transition, and `wake_ts` is the first time a
+    window or quiet period ends (something then changes with no new data)."""
+    s = ctx.settings
+    clear = s.clear_persist_samples
+    streaks = dev.streaks
+    persist = {PCIE_DOWNGRADE: s.counter_persist_samples}
+    dev.at_rest = all(
+        not -clear < streaks.get(check, -clear) < persist.get(check, 1) for check in STEPPED_CHECKS
+    )
+    wakes = []
+    if dev.nvlink_hits:
+        wakes.append(dev.nvlink_hits[0] + s.nvlink_window_s * 1000)
+    if dev.pcie_hits:
+        wakes.append(dev.pcie_hits[0][0] + s.pcie_window_s * 1000)
+    for last in (dev.last_dbe_ts, dev.last_rows_ts):
+        if last:
+            wakes.append(last + s.counter_quiet_s * 1000)
+    if dev.sbe_hour >= s.sbe_watch_per_hour / 2:
+        halvings = math.log2(dev.sbe_hour / (s.sbe_watch_per_hour / 2))
+        wakes.append(dev.sbe_ts + int(halvings * HOUR_MS) + 1)
+    dev.wake_ts = min(wakes) + 1 if wakes else 0
+
+
+def _dbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
+    # Uncorrectable ECC is a hard fault at the first count; it clears after a quiet spell
+    # (the volatile counter also resets with the GPU reset that repairs it).
+    if new > 0:
+        dev.last_dbe_ts = ctx.ts
+        if not is_open(ctx.book, DBE, device):
+            ctx.emit(
+                open_check(
+                    ctx.book,
+                    ctx.ts,
+                    check=DBE,
+                    device=device,
+                    kind="gpu",
+                    severity="critical",
+                    action="reset_gpu",
+                    fatal=True,
+                    evidence=evidence(gm.DBE, new, 0.0, None, 0),
+                    message=f"GPU {device}: {new:g} new double-bit (uncorrectable) ECC errors",
+                )
+            )
+    elif dev.last_dbe_ts and ctx.ts - dev.last_dbe_ts >= ctx.settings.counter_quiet_s * 1000:
+        dev.last_dbe_ts = 0
+        ctx.emit(clear_check(ctx.book, ctx.ts, DBE, device, f"GPU {device}: no new DBE"))
+
+
+def _row_remap(
+    ctx: Ctx,
+    dev: GpuDevice,
+    device: str,
+    failure: float | None,
+    flag: float | None,
+    new_rows: float,
+) -> None:
+    s = ctx.settings
+    if failure is not None:
+        transition = step(ctx, dev, REMAP_FAILURE, failure >= 1, 1)
+        if transition:
+            edge(
+                ctx,
+                transition,
+                device,
+                REMAP_FAILURE,
+                1,
+                severity="critical",
+                action="replace",
+                fatal=True,
+                metric=gm.REMAP_FAILURE,
+                value=failure,
+                baseline=0.0,
+                score=None,
+                message="row remapping failed: no spare rows left (RMA candidate)",
+            )
+    if new_rows > 0:
+        dev.last_rows_ts = ctx.ts
+    quiet_ms = s.counter_quiet_s * 1000
+    if flag is not None:
+        pending = flag >= 1 or new_rows > 0
+    else:  # without the pending field, a new uncorrectable remap means a reset is due
+        pending = dev.last_rows_ts > 0 and ctx.ts - dev.last_rows_ts < quiet_ms
+    if not pending and dev.last_rows_ts and ctx.ts - dev.last_rows_ts >= quiet_ms:
+        dev.last_rows_ts = 0
+    transition = step(ctx, dev, REMAP_PENDING, pending, 1)
+    if transition:
+        edge(
+            ctx,
+            transition,
+            device,
+            REMAP_PENDING,
+            1,
+            severity="warning",
+            action="reset_gpu",
+            metric=gm.REMAP_PENDING,
+            value=flag,
+            baseline=0.0,
+            score=new_rows,
+            message="row remap pending: a GPU reset applies it",
+        )
+
+
+def _pcie(
+    ctx: Ctx,
+    dev: GpuDevice,
+    view: View,
+    replays: float,
+    gen: float | None,
+    width: float | None,
+) -> bool:
+    """Replays counted over a window (a degrading link ramps up; one retry is nothing), and
+    a link that trained down in width (or in generation while busy)."""
+    s = ctx.settings
+    hits = dev.pcie_hits
+    if replays > 0:
+        hits.append((ctx.ts, replays))
+    if hits:
+        window_ms = s.pcie_window_s * 1000
+        while hits and hits[0][0] <= ctx.ts - window_ms:
+            hits.pop(0)
+    total = sum(count for _, count in hits)
+    replaying = total >= s.pcie_replays
+    if replaying and not is_open(ctx.book, PCIE_REPLAY, view.device):
+        ctx.emit(
+            open_check(
+                ctx.book,
+                ctx.ts,
+                check=PCIE_REPLAY,
+                device=view.device,
+                kind="gpu",
+                severity="warning",
+                action="cordon",
+                evidence=evidence(
+                    gm.PCIE_REPLAY, total, s.pcie_replays, total / s.pcie_replays, s.pcie_window_s
+                ),
+                message=f"GPU {view.device}: {total:g} PCIe replays in {s.pcie_window_s} s",
+            )
+        )
+    elif not hits:
+        ctx.emit(
+            clear_check(
+                ctx.book,
+                ctx.ts,
+                PCIE_REPLAY,
+                view.device,
+                f"GPU {view.device}: no PCIe replays for {s.pcie_window_s} s",
+            )
+        )
+    if gen is None and width is None:
+        return replaying
+    # Links train down in gen when idle (power saving), never in width: judge gen only busy.
+    downgraded = width is not None and width < dev.best_width
+    downgraded |= view.busy and gen is not None and gen < dev.best_gen
+    if width is not None and width > dev.best_width:
+        dev.best_width = width
+    if view.busy and gen is not None and gen > dev.best_gen:
+        dev.best_gen = gen
+    persist = s.counter_persist_samples
+    transition = step(ctx, dev, PCIE_DOWNGRADE, downgraded, persist)
+    if transition:
+        edge(
+            ctx,
+            transition,
+            view.device,
+            PCIE_DOWNGRADE,
+            persist,
+            severity="warning",
+            action="cordon",
+            metric=gm.PCIE_WIDTH,
+            value=width,
+            baseline=dev.best_width,
+            score=gen,
+            message=f"PCIe link below its best (gen {gen}, width {width})",
+        )
+    return replaying or downgraded
+
+
+def _recovery(ctx: Ctx, dev: GpuDevice, device: str, code: float | None) -> None:
+    """The driver's own verdict (NVML recovery action, XID 154's payload): act on it."""
+    if code is None:
+        return
+    transition = step(ctx, dev, RECOVERY, code >= 1, 1)
+    if transition:
+        name, action = gm.recovery(int(code))
+        edge(
+            ctx,
+            transition,
+            device,
+            RECOVERY,
+            1,
+            severity="critical",
+            action=action,
+            fatal=True,
+            metric=gm.RECOVERY_ACTION,
+            value=code,
+            baseline=0.0,
+            score=None,
+            message=f"the driver asks for {name} (recovery action {int(code)})",
+        )
+
+
+def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
+    # A correctable burst (one scrape) is retried by the link and is noise; errors in several
+    # scrapes within the window are a link going bad.
+    hits = dev.nvlink_hits
+    if errors > 0:
+        hits.append(ctx.ts)
+    if not hits:
+        return
+    window_ms = ctx.settings.nvlink_window_s * 1000
+    while hits and hits[0] <= ctx.ts - window_ms:
+        hits.pop(0)
+    if len(hits) >= ctx.settings.nvlink_error_scrapes:
+        if not is_open(ctx.book, NVLINK, device):
+            ctx.emit(
+                open_check(
+                    ctx.book,
+                    ctx.ts,
+                    check=NVLINK,
+                    device=device,
+                    kind="gpu",
+                    severity="warning",
+                    action="cordon",
+                    evidence=evidence(
+                        "DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL",
+                        errors,
+                        0.0,
+                        len(hits),
+                        ctx.settings.nvlink_window_s,
+                    ),
+                    message=f"GPU {device}: NVLink errors in {len(hits)} scrapes within "
+                    f"{ctx.settings.nvlink_window_s} s",
+                )
+            )
+    elif not hits:
+        ctx.emit(clear_check(ctx.book, ctx.ts, NVLINK, device, f"GPU {device}: NVLink quiet"))
+
+
+def _sbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
+    # Single-bit errors come in huge harmless bursts on a few GPUs: at most a watch finding
+    # (lemon-node scoring), never a cordon. A count that halves every hour ~ per-hour rate.
+    if new <= 0 and dev.sbe_hour <= 0:
+        return
+    dev.sbe_hour = dev.sbe_hour * 0.5 ** ((ctx.ts - dev.sbe_ts) / HOUR_MS) + new
+    dev.sbe_ts = ctx.ts
+    limit = ctx.settings.sbe_watch_per_hour
+    if dev.sbe_hour >= limit and not is_open(ctx.book, SBE, device):
+        ctx.emit(
+            open_check(
+                ctx.book,
+                ctx.ts,
+                check=SBE,
+                device=device,
+                kind="gpu",
+                severity="info",
+                action="watch",
+                evidence=evidence(gm.SBE, dev.sbe_hour, limit, None, 3600),
+                message=f"GPU {device}: ~{dev.sbe_hour:.0f} single-bit ECC errors in the last hour",
+            )
+        )
+    elif dev.sbe_hour < limit / 2:
+        if dev.sbe_hour < 1:
+            dev.sbe_hour = 0.0
+        ctx.emit(clear_check(ctx.book, ctx.ts, SBE, device, f"GPU {device}: SBE rate low"))

@@ -1,0 +1,301 @@
+"""Per-GPU gauge rules: temperature, SM clock, power and PCIe traffic against peers and history.
+
+Peer comparison is what cancels fleet-wide effects (diurnal temperature, a hot afternoon): a
+GPU is compared with the other GPUs of its node on the same job at the same instant, and the
+difference is then compared with that GPU's *usual* difference, so a GPU that always runs a few
+degrees warmer because of where it sits in the chassis is not a fault. A whole node slowing
+down together has no slower peer; it is judged against its own history on the same job.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.detect import gpu_metrics as gm
+from pipeline.detect.gpu_context import Ctx, Peers, View, edge, step, unjudged
+from pipeline.detect.gpu_counters import Signs
+from pipeline.detect.stats import MAD_TO_SIGMA, Baseline, cusum, learn, scale_of
+
+if TYPE_CHECKING:
+    from pipeline.detect.gpu import GpuDevice
+
+# Scale floors: below these a difference is sensor quantisation, not signal.
+TEMP_FLOOR_C = 0.5
+CLOCK_FLOOR = 0.005
+POWER_FLOOR = 0.02
+CUSUM_CAP = 4.0
+
+TEMP = "gpu.temp.peer"
+CLOCK = "gpu.clock.throttle"
+SLOW = "gpu.clock.slow"
+POWER = "gpu.power.peer"
+PCIE_TRAFFIC = "gpu.pcie.traffic"
+
+
+def gauge_rules(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Signs) -> None:
+    hot = _temperature(ctx, dev, view, peers)
+    slow = _clock(ctx, dev, view, peers, signs)
+    starved = _pcie_traffic(ctx, dev, view, peers)
+    _power(ctx, dev, view, peers, hot or slow or signs.thermal or signs.pcie or starved)
+
+
+def _temperature(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> bool:
+    s = ctx.settings
+    persist = s.gray_persist_samples
+    temp = view.temp
+    if temp is None or peers is None or peers.n < s.peer_min:
+        unjudged(ctx, dev, view.device, TEMP)
+        return False
+    offset = temp - peers.temp
+    base = dev.temp_offset
+    alone = offset >= max(s.temp_alone_delta_c, s.peer_mad_k * MAD_TO_SIGMA * peers.temp_mad)
+    z = 0.0
+    hot = creeping = False
+    if base.n >= s.warmup_samples:
+        resid = offset - base.mean
+        scale = scale_of(base, TEMP_FLOOR_C)
+        z = resid / scale
+        drift = cusum(base, z, s.cusum_k, CUSUM_CAP)
+        hot = resid >= max(s.temp_peer_delta_c, s.peer_mad_k * scale)
+        creeping = drift >= s.cusum_h and resid >= s.temp_drift_min_c
+    bad = alone or hot or creeping
+    learn(
+        base,
+        offset,
+        ctx.alpha,
+        s.warmup_samples,
+        s.clip_z,
+        TEMP_FLOOR_C,
+        s.anomaly_adapt if bad else 1.0,
+    )
+    transition = step(ctx, dev, TEMP, bad, persist)
+    if transition:
+        edge(
+            ctx,
+            transition,
+            view.device,
+            TEMP,
+            persist,
+            severity="warning",
+            action="cordon",
+            metric=gm.TEMP,
+            value=temp,
+            baseline=peers.temp + base.mean,
+            score=z or offset,
+            message=f"{temp:.0f} C, {offset:+.1f} C against its peers (usually {base.mean:+.1f})",
+        )
+    return bad
+
+
+def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Signs) -> bool:
+    """Throttling: SM clock below busy peers, or below its own history with heat as evidence,
+    or hardware slowdown reasons on their own. A node slower than its history with no
+    evidence at all (`gpu.clock.slow`) is only watched: a transient compute slowdown looks the
+    same, so it becomes a throttle finding only once it has lasted `slow_escalate_s`."""
+    s = ctx.settings
+    persist = s.gray_persist_samples
+    clock = view.clock
+    if clock is None or not view.busy:
+        # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
+        unjudged(ctx, dev, view.device, SLOW)
+        dev.slow_since = 0
+        if not signs.slowdown:
+            unjudged(ctx, dev, view.device, CLOCK)
+            return False
+        transition = step(ctx, dev, CLOCK, True, persist)
+        if transition:
+            edge(
+                ctx,
+                transition,
+                view.device,
+                CLOCK,
+                persist,
+                severity="warning",
+                action="cordon",
+                metric=gm.THROTTLE_REASONS,
+                value=view.metrics.get(gm.THROTTLE_REASONS),
+                baseline=0.0,
+                score=None,
+                message="hardware slowdown reasons (HW thermal / power brake) while idle",
+            )
+        return True
+    gap, slow_peer = _peer_gap(ctx, dev, peers, clock)
+    drop = _own_drop(ctx, dev, view, clock, slow_peer)
+    slow_heat = signs.thermal and drop >= s.clock_drop_frac
+    explained = slow_peer or signs.thermal or signs.slowdown
+    plain = not explained and drop >= s.clock_own_frac
+    if plain:
+        dev.slow_since = dev.slow_since or ctx.ts
+    else:
+        dev.slow_since = 0
+    lasting = plain and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
+    bad = slow_peer or slow_heat or signs.slowdown or lasting
+    transition = step(ctx, dev, CLOCK, bad, persist)
+    if transition:
+        own = dev.clock_own.mean
+        reference = peers.clock if slow_peer and peers is not None else own
+        why = "hardware slowdown reasons" if signs.slowdown else "thermal throttling"
+        edge(
+            ctx,
+            transition,
+            view.device,
+            CLOCK,
+            persist,
+            severity="warning",
+            action="cordon",
+            metric=gm.SM_CLOCK,
+            value=clock,
+            baseline=reference,
+            score=gap if slow_peer else drop,
+            message=f"SM clock {clock:.0f} MHz against {reference:.0f} MHz"
+            + (f" with {why}" if signs.thermal or signs.slowdown else ""),
+        )
+    transition = step(ctx, dev, SLOW, plain, persist)
+    if transition:
+        edge(
+            ctx,
+            transition,
+            view.device,
+            SLOW,
+            persist,
+            severity="warning",
+            action="watch",
+            metric=gm.SM_CLOCK,
+            value=clock,
+            baseline=dev.clock_own.mean,
+            score=drop,
+            message=f"SM clock {clock:.0f} MHz, {100 * drop:.0f} % below its usual "
+            f"{dev.clock_own.mean:.0f} MHz on this job, no hardware evidence yet",
+        )
+    return bad
+
+
+def _peer_gap(ctx: Ctx, dev: GpuDevice, peers: Peers | None, clock: float) -> tuple[float, bool]:
+    """Relative SM-clock deficit to the busy peers, and whether it is beyond the GPU's usual."""
+    s = ctx.settings
+    if peers is None or peers.n_busy < s.peer_min or peers.clock <= 0:
+        return 0.0, False
+    gap = (peers.clock - clock) / peers.clock
+    base = dev.clock_gap
+    slow = gap >= s.clock_alone_frac
+    if base.n >= s.warmup_samples:
+        slow |= gap - base.mean >= max(
+            s.clock_drop_frac, s.peer_mad_k * scale_of(base, CLOCK_FLOOR)
+        )
+    learn(
+        base,
+        gap,
+        ctx.alpha,
+        s.warmup_samples,
+        s.clip_z,
+        CLOCK_FLOOR,
+        s.anomaly_adapt if slow else 1.0,
+    )
+    return gap, slow
+
+
+def _own_drop(ctx: Ctx, dev: GpuDevice, view: View, clock: float, slow_peer: bool) -> float:
+    """Relative drop of the SM clock below its own baseline on the current job.
+
+    Jobs set clocks (power-capped kernels run slower), so the baseline starts again with
+    each job and says nothing until it has warmed up."""
+    s = ctx.settings
+    if view.job != dev.clock_job:
+        dev.clock_job, dev.clock_own, dev.slow_since = view.job, Baseline(), 0
+    own = dev.clock_own
+    drop = (own.mean - clock) / own.mean if own.n >= s.warmup_samples and own.mean > 0 else 0.0
+    slowing = slow_peer or drop >= s.clock_drop_frac
+    learn(
+        own, clock, ctx.alpha, s.warmup_samples, s.clip_z, 1.0, s.anomaly_adapt if slowing else 1.0
+    )
+    return drop
+
+
+def _pcie_traffic(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> bool:
+    """A GPU whose PCIe traffic collapsed while its same-job peers keep moving data: the NIC
+    or PCIe switch behind it (GPUDirect RDMA goes through PCIe)."""
+    s = ctx.settings
+    persist = s.counter_persist_samples
+    traffic = view.pcie
+    if traffic is None or peers is None or peers.n < s.peer_min:
+        unjudged(ctx, dev, view.device, PCIE_TRAFFIC)
+        return False
+    starved = peers.pcie >= s.pcie_traffic_min_bps and traffic <= s.pcie_traffic_frac * peers.pcie
+    transition = step(ctx, dev, PCIE_TRAFFIC, starved, persist)
+    if transition:
+        edge(
+            ctx,
+            transition,
+            view.device,
+            PCIE_TRAFFIC,
+            persist,
+            severity="warning",
+            action="cordon",
+            metric="DCGM_FI_PROF_PCIE_TX_BYTES+RX_BYTES",
+            value=traffic,
+            baseline=peers.pcie,
+            score=traffic / peers.pcie if peers.pcie else None,
+            message=f"PCIe traffic {traffic:.3g} B/s against {peers.pcie:.3g} B/s on its "
+            "peers: NIC or PCIe path",
+        )
+    return starved
+
+
+def _power(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, corroborated: bool) -> None:
+    """Straggler: busy but drawing clearly less power than same-job peers.
+
+    A workload straggler (a rank with more work or a slow data loader) looks the same, so
+    this opens only with hardware-like evidence or when the GPU stays slow across jobs.
+    """
+    s = ctx.settings
+    persist = s.gray_persist_samples
+    power = view.power
+    if power is None or not view.busy or peers is None or peers.n_busy < s.peer_min:
+        unjudged(ctx, dev, view.device, POWER)
+        return
+    if peers.power <= 0:
+        unjudged(ctx, dev, view.device, POWER)
+        return
+    gap = (peers.power - power) / peers.power
+    base = dev.power_gap
+    low = False
+    if base.n >= s.warmup_samples:
+        low = gap - base.mean >= max(s.power_drop_frac, s.peer_mad_k * scale_of(base, POWER_FLOOR))
+    learn(
+        base,
+        gap,
+        ctx.alpha,
+        s.warmup_samples,
+        s.clip_z,
+        POWER_FLOOR,
+        s.anomaly_adapt if low else 1.0,
+    )
+    jobs = dev.slow_jobs
+    if low:
+        dev.normal_busy = 0
+        job = view.job or ""
+        if job not in jobs:
+            jobs.append(job)
+            del jobs[:-8]
+    elif jobs:
+        dev.normal_busy += 1
+        if dev.normal_busy >= s.clear_persist_samples:
+            jobs.clear()
+    bad = low and (corroborated or len(jobs) >= s.straggler_min_jobs)
+    transition = step(ctx, dev, POWER, bad, persist)
+    if transition:
+        edge(
+            ctx,
+            transition,
+            view.device,
+            POWER,
+            persist,
+            severity="warning",
+            action="cordon",
+            metric=gm.POWER,
+            value=power,
+            baseline=peers.power,
+            score=gap,
+            message=f"straggler: {power:.0f} W against {peers.power:.0f} W on its peers "
+            f"(jobs {', '.join(j or '?' for j in jobs)})",
+        )
