@@ -181,7 +181,9 @@ class LakeWriter:
         """Buffer one event; `source` is (topic, partition, offset) of the record it came from."""
         spec = _spec(table, event)
         topic, partition, offset = source
-        if not _TOPIC.match(topic) or partition < 0 or offset < 0:
+        position = (topic, partition)
+        seen = self._positions.get(position)
+        if offset < 0 or (seen is None and (partition < 0 or not _TOPIC.match(topic))):
             raise SinkError(
                 f"lake: bad source {source!r}: expected (topic, partition >= 0, offset >= 0)"
             )
@@ -191,10 +193,13 @@ class LakeWriter:
             self._buffers[key] = _Buffer(offset, offset, [event])
         else:
             buffer.events.append(event)
-            buffer.last = max(buffer.last, offset)
-            buffer.first = min(buffer.first, offset)
-        position = (topic, partition)
-        self._positions[position] = max(self._positions.get(position, 0), offset + 1)
+            # offsets rise within a partition; min/max keep a file's range right if they don't
+            if offset > buffer.last:
+                buffer.last = offset
+            elif offset < buffer.first:
+                buffer.first = offset
+        if seen is None or offset >= seen:
+            self._positions[position] = offset + 1
         self.pending_rows += 1
 
     def flush(self) -> Positions:

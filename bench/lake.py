@@ -1,0 +1,244 @@
+"""Lake benchmarks: rows per second into Parquet, and the latency of every canned query over one
+day of one-minute rows for 10,000 devices (14.4 M utilization rows).
+
+    python -m bench.lake            # full size; writes bench/results/lake.json
+    python -m bench.lake --quick    # 1/10 of the devices, fewer rows: a smoke run
+
+Speeds are medians of several repetitions and are also given as ratios to a baseline measured in
+the same run: pyarrow writing the same Arrow table straight to one file (writes), and a DuckDB
+scan of one utilization column over the same files (queries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from bench.common import median_seconds, write_result
+from pipeline.config import LakeSettings
+from pipeline.lake import Lake, canned_queries
+from pipeline.model import (
+    Action,
+    Entity,
+    Evidence,
+    Finding,
+    NodeState,
+    Reason,
+    Target,
+    Utilization,
+    XidEvent,
+)
+from pipeline.sinks.lake import LakeWriter, compacted_file_name, partition_dir, write_parquet
+from pipeline.sinks.lake_tables import UTILIZATION
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+MINUTE, HOUR = 60_000, 3_600_000
+GPUS_PER_NODE = 8
+MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H200")
+SETTINGS = LakeSettings()
+
+
+def utilization_rows(count: int, devices: int) -> list[Utilization]:
+    """`count` one-minute rows, device-major within each minute, like the aggregator emits."""
+    rng = np.random.default_rng(7)
+    utils = rng.uniform(0, 100, count).round(1)
+    rows = []
+    for i in range(count):
+        device = i % devices
+        node = device // GPUS_PER_NODE
+        rows.append(Utilization(
+            window_start=T0 + (i // devices) * MINUTE, window_s=60, cluster="c1",
+            pool=f"pool-{node % 10}", zone=f"zone-{node % 5}", node=f"node-{node:05d}",
+            device=str(device % GPUS_PER_NODE), accelerator=MODELS[node % 3],
+            job=f"job-{node % 300}" if node % 10 < 7 else None, allocated=node % 10 < 7,
+            util_mean=float(utils[i]), util_max=min(float(utils[i]) + 5, 100.0),
+            mem_used_frac=0.5, power_w_mean=350.0, samples=4))
+    return rows
+
+
+def bench_writes(quick: bool) -> dict[str, Any]:
+    count = 200_000 if quick else 1_000_000
+    repeat = 3
+    rows = utilization_rows(count, devices=10_000)
+    table = UTILIZATION.to_arrow(rows)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-lake-"))
+
+    def raw_pyarrow() -> None:
+        write_parquet(scratch / "raw.parquet", table, SETTINGS)
+
+    def to_arrow() -> None:
+        UTILIZATION.to_arrow(rows)
+
+    def lake_writer() -> None:
+        root = scratch / "lake"
+        shutil.rmtree(root, ignore_errors=True)
+        writer = LakeWriter(root, SETTINGS)
+        for offset, row in enumerate(rows):
+            writer.add("utilization", row, ("fleet.utilization", offset % 6, offset))
+        writer.flush()
+
+    try:
+        raw_s, _ = median_seconds(raw_pyarrow, repeat)
+        arrow_s, _ = median_seconds(to_arrow, repeat)
+        writer_s, runs = median_seconds(lake_writer, repeat)
+        size = sum(p.stat().st_size for p in (scratch / "lake").rglob("*.parquet"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "rows": count,
+        "raw_pyarrow_rows_per_s": round(count / raw_s),
+        "to_arrow_rows_per_s": round(count / arrow_s),
+        "lake_writer_rows_per_s": round(count / writer_s),
+        "lake_writer_vs_raw_pyarrow": round(raw_s / writer_s, 3),
+        "lake_writer_runs_s": [round(t, 3) for t in runs],
+        "bytes_per_row": round(size / count, 1),
+    }
+
+
+def build_day(root: Path, devices: int) -> int:
+    """One day of one-minute utilization rows for `devices` GPUs (as compacted hourly files),
+    and events for the other tables in proportion; returns the utilization row count."""
+    nodes = devices // GPUS_PER_NODE
+    device = np.arange(devices)
+    node = device // GPUS_PER_NODE
+    rng = np.random.default_rng(11)
+    names = pa.array([f"node-{n:05d}" for n in range(nodes)])
+    for hour in range(24):
+        minutes = np.repeat(np.arange(60), devices)
+        ids = np.tile(node, 60)
+        util = rng.beta(2, 2, len(minutes)) * 100
+        allocated = (ids % 10) < 7
+        columns = {
+            "window_start": pa.array(T0 + hour * HOUR + minutes * MINUTE, pa.int64()).cast(
+                pa.timestamp("ms")),
+            "window_s": pa.array(np.full(len(ids), 60), pa.int32()),
+            "cluster": pa.array(["c1"] * len(ids)),
+            "pool": pa.array(np.char.add("pool-", (ids % 10).astype(str))),
+            "zone": pa.array(np.char.add("zone-", (ids % 5).astype(str))),
+            "node": names.take(pa.array(ids)),
+            "slice": pa.nulls(len(ids), pa.string()),
+            "device": pa.array(np.tile(device % GPUS_PER_NODE, 60).astype(str)),
+            "accelerator": pa.array(np.array(MODELS)[ids % 3]),
+            "job": pa.array(np.where(allocated, np.char.add("job-", (ids % 300).astype(str)),
+                                     None)),
+            "allocated": pa.array(allocated),
+            "util_mean": pa.array(util.round(1)),
+            "util_max": pa.array(np.minimum(util + 5, 100).round(1)),
+            "mem_used_frac": pa.array(rng.uniform(0, 1, len(ids))),
+            "power_w_mean": pa.array(rng.uniform(80, 700, len(ids))),
+            "samples": pa.array(np.full(len(ids), 4), pa.int32()),
+            "schema": pa.array(["utilization/1"] * len(ids)),
+        }
+        table = pa.table(columns, schema=UTILIZATION.schema)
+        directory = partition_dir(root, "utilization", (T0 + hour * HOUR) // HOUR)
+        directory.mkdir(parents=True, exist_ok=True)
+        first = hour * len(ids)
+        name = compacted_file_name("fleet.utilization", 0, first, first + len(ids) - 1)
+        write_parquet(directory / name, table, SETTINGS)
+    _events(root, nodes)
+    return 24 * 60 * devices
+
+
+def _events(root: Path, nodes: int) -> None:
+    rng = np.random.default_rng(5)
+    writer = LakeWriter(root, SETTINGS)
+    states = ("healthy", "suspect", "degraded", "cordoned", "repairing", "probation")
+    for i in range(nodes * 4):  # findings, node-state changes, XIDs: a few per node per day
+        n = int(rng.integers(nodes))
+        at = T0 + int(rng.integers(24 * HOUR))
+        target = Target(cluster="c1", kind="node", name=f"node-{n:05d}", pool=f"pool-{n % 10}",
+                        zone=f"zone-{n % 5}")
+        writer.add("findings", Finding(
+            finding_id=f"finding-{i:08d}", ts=at, entity=Entity(kind="gpu", target=target,
+                                                                device="0"),
+            check="xid", severity="warning", healthy=False, recommended_action="watch",
+            evidence=Evidence(metric="xid", value=79.0, baseline=None, score=None, window_s=60),
+        ), ("fleet.findings", 0, i))
+        writer.add("node_state", NodeState(
+            ts=at, target=target, state=states[i % len(states)],  # type: ignore[arg-type]
+            since=at, episode=f"episode-{n:05d}-{i % 3}"), ("fleet.node-state", 0, i))
+        writer.add("xid", XidEvent(
+            ts=at, cluster="c1", node=target.name, pool=target.pool, zone=target.zone,
+            pci_bus_id="0000:53:00", xid=int(rng.choice([13, 31, 48, 79, 94])),
+            message="NVRM: Xid", source="simulator"), ("fleet.events.xid", 0, i))
+        if i % 10 == 0:
+            writer.add("actions", Action(
+                action_id=f"action-{i:08d}", ts=at, kind="cordon", target=target,
+                reason=Reason(checks=["xid"], finding_ids=[f"finding-{i:08d}"], summary="xid"),
+                dry_run=False, proposal_id=f"proposal-{i:08d}"), ("fleet.actions", 0, i))
+    writer.checkpoint()
+
+
+def bench_queries(quick: bool) -> dict[str, Any]:
+    devices = 1_000 if quick else 10_000
+    repeat = 3
+    scratch = Path(tempfile.mkdtemp(prefix="bench-lake-q-"))
+    try:
+        started = time.perf_counter()
+        rows = build_day(scratch, devices)
+        built_s = time.perf_counter() - started
+        open_s, _ = median_seconds(lambda: Lake(scratch).close(), repeat)
+        with Lake(scratch) as lake:
+            since = datetime(2026, 1, 1)
+            params = {"since": since, "until": since + timedelta(days=1)}
+            scan_s, _ = median_seconds(
+                lambda: lake.sql("SELECT sum(util_mean) FROM utilization"), repeat)
+            latencies = {}
+            for name, query in canned_queries().items():
+                given = {k: v for k, v in params.items() if k in query.params}
+                lake.run(name, **given)  # warm: file metadata cached like a repeat user's
+                seconds, _ = median_seconds(lambda n=name, g=given: lake.run(n, **g), repeat)
+                latencies[name] = round(seconds, 4)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "devices": devices,
+        "utilization_rows": rows,
+        "build_s": round(built_s, 1),
+        "lake_open_s": round(open_s, 4),
+        "baseline_scan_s": round(scan_s, 4),
+        "query_s": latencies,
+        "query_vs_scan": {n: round(s / scan_s, 2) for n, s in latencies.items()},
+        "slowest": max(latencies, key=lambda n: latencies[n]),
+        "under_1s": sum(s < 1.0 for s in latencies.values()),
+        "queries": len(latencies),
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    figures = {"writes": bench_writes(quick), "queries": bench_queries(quick)}
+    settings = {"quick": quick, "row_group_rows": SETTINGS.row_group_rows,
+                "compression": f"zstd level {SETTINGS.compression_level}",
+                "load_average": os.getloadavg()}
+    path = write_result("lake" + ("-quick" if quick else ""), figures, settings)
+    return {"figures": figures, "settings": settings, "path": str(path)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    result = run(parser.parse_args().quick)
+    writes, queries = result["figures"]["writes"], result["figures"]["queries"]
+    print(f"writes: {writes['lake_writer_rows_per_s']:,} rows/s through LakeWriter "
+          f"({writes['lake_writer_vs_raw_pyarrow']}x raw pyarrow at "
+          f"{writes['raw_pyarrow_rows_per_s']:,} rows/s), {writes['bytes_per_row']} B/row")
+    print(f"queries over {queries['utilization_rows']:,} utilization rows "
+          f"({queries['devices']:,} devices x 1 day): lake open {queries['lake_open_s']} s, "
+          f"one-column scan {queries['baseline_scan_s']} s")
+    for name, seconds in sorted(queries["query_s"].items(), key=lambda item: -item[1]):
+        print(f"  {name:28} {seconds:8.3f} s  ({queries['query_vs_scan'][name]}x scan)")
+    print(f"{queries['under_1s']}/{queries['queries']} under 1 s; results in {result['path']}")
+
+
+if __name__ == "__main__":
+    main()
