@@ -219,9 +219,14 @@ def test_alerts_command_commits_only_after_delivery(
         topic_name(settings.kafka, "dlq"),
         bootstrap_servers=settings.kafka.bootstrap,
         auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
     )
-    letters = [decode(record.value, DeadLetter) for record in dlq]
+    letters: list[DeadLetter] = []
+    deadline = time.monotonic() + 20
+    while not letters and time.monotonic() < deadline:
+        for records in dlq.poll(timeout_ms=500).values():
+            letters += [decode(record.value, DeadLetter) for record in records]
+    for records in dlq.poll(timeout_ms=1000).values():  # and nothing more after it
+        letters += [decode(record.value, DeadLetter) for record in records]
     dlq.close()
     assert [(letter.topic, letter.key) for letter in letters] == [(topic, "junk")]
     assert "expected" in letters[0].error and "got" in letters[0].error

@@ -7,7 +7,9 @@ topics keyed by slice, acknowledged before the position is committed.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -25,17 +27,22 @@ from pipeline.sim.engine import Simulation
 pytestmark = pytest.mark.kafka
 
 
-def _read(settings: Settings, suffix: str) -> list[tuple[bytes, bytes]]:
+def _read(settings: Settings, suffixes: list[str], count: int) -> dict[str, list[Any]]:
+    """The first `count` records of the topics, by topic suffix (waits at most 20 s)."""
+    topics = {topic_name(settings.kafka, suffix): suffix for suffix in suffixes}
     consumer = KafkaConsumer(
-        topic_name(settings.kafka, suffix),
-        bootstrap_servers=settings.kafka.bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=4000,
+        *topics, bootstrap_servers=settings.kafka.bootstrap, auto_offset_reset="earliest"
     )
+    found: dict[str, list[Any]] = {suffix: [] for suffix in suffixes}
+    deadline = time.monotonic() + 20
     try:
-        return [(record.key, record.value) for record in consumer]
+        while sum(map(len, found.values())) < count and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    found[topics[record.topic]].append((record.key, record.value))
     finally:
         consumer.close()
+    return found
 
 
 def test_ingest_command_publishes_to_kafka(
@@ -79,8 +86,9 @@ def test_ingest_command_publishes_to_kafka(
             monkeypatch.setenv(key, value)
         monkeypatch.chdir(tmp_path)  # no fleetpulse.toml from the repo
         assert cli.main(["ingest", "tpu-runtime", "--once"]) == 0
-    [(tpu_key, tpu_value)] = _read(settings, "telemetry.tpu")
-    [(ici_key, ici_value)] = _read(settings, "telemetry.ici")
+    found = _read(settings, ["telemetry.tpu", "telemetry.ici"], count=2)
+    [(tpu_key, tpu_value)] = found["telemetry.tpu"]
+    [(ici_key, ici_value)] = found["telemetry.ici"]
     assert tpu_key == ici_key == tpu_slice.name.encode()
     assert decode(ici_value, IciSample) == links
     unjobbed = [msgspec.structs.replace(chip, job=None) for chip in chips.chips]
