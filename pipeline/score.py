@@ -6,7 +6,8 @@ and its end plus a grace period; time to detect is that action's ts minus the on
 expects only a finding is detected by any unhealthy finding on its target in the same window.
 Every removal episode (the first removal action on a target after a quiet spell) is then either
 explained by a fault that wanted it (true), caused by a confounder (confounder cordon) or by
-nothing (false cordon). Precision = true / all episodes.
+nothing (false cordon). Precision = true / all episodes. Cordons the policy places ahead of
+scheduled maintenance (reason check "maintenance") are planned work and are not scored.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pipeline.model import Action, Finding, Target
 REMOVALS = frozenset(
     {"cordon", "drain", "reset_gpu", "reboot", "repair", "replace", "repair_slice"}
 )
+
+MAINTENANCE_CHECK = "maintenance"
 
 
 class Fault(Protocol):
@@ -151,9 +154,10 @@ def _key(target: Target) -> tuple[str, str, str]:
 
 
 def _removals_by_target(actions: Iterable[Action]) -> dict[tuple[str, str, str], list[int]]:
+    # Cordons ahead of scheduled maintenance are planned work, not verdicts on health.
     out: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for action in actions:
-        if action.kind in REMOVALS:
+        if action.kind in REMOVALS and MAINTENANCE_CHECK not in action.reason.checks:
             out[_key(action.target)].append(action.ts)
     return {k: sorted(v) for k, v in out.items()}
 

@@ -27,10 +27,10 @@ class F:
     must_not_cordon: bool = False
 
 
-def _action(name: str, ts: int, kind: str = "cordon") -> Action:
+def _action(name: str, ts: int, kind: str = "cordon", check: str = "x") -> Action:
     return Action(
         action_id=f"act-{name}-{ts}", ts=ts, kind=kind, target=_target(name),  # type: ignore[arg-type]
-        reason=Reason(checks=["x"], finding_ids=[], summary=""), dry_run=False, proposal_id="prp-00000000",
+        reason=Reason(checks=[check], finding_ids=[], summary=""), dry_run=False, proposal_id="prp-00000000",
     )
 
 
@@ -74,3 +74,9 @@ def test_finding_only_faults_need_an_unhealthy_non_heartbeat_finding() -> None:
 def test_removals_close_together_are_one_episode() -> None:
     result = score([], [_action("n4", T0), _action("n4", T0 + MIN), _action("n4", T0 + 90 * MIN)], [], 1)
     assert result.episodes == 2
+
+
+def test_maintenance_cordons_are_planned_work_not_scored() -> None:
+    faults = [F("n3", "N3", "planned", _target("n5"), T0, T0 + MIN, "none", must_not_cordon=True)]
+    result = score(faults, [_action("n5", T0 - MIN, check="maintenance")], [], 1)
+    assert (result.episodes, result.confounder_cordons, result.false_cordons) == (0, 0, 0)
