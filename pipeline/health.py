@@ -335,8 +335,12 @@ def _on_action(st: HealthState, action: Action) -> None:
     elif action.kind == "uncordon":
         st.cordoned_by_us = st.maintenance = st.drained = False
         if not st.human_hold:
-            st.episode, st.round, st.unhealthy_since = None, 0, None
-            _enter(st, "healthy")  # _settle moves on to suspect if something is still open
+            # Back in service: anything still open is judged afresh from now (a new episode,
+            # persistence counted again), never folded into the episode just closed.
+            open_now = any(_actionable(c) for c in st.conditions.values())
+            st.episode, st.round = None, 0
+            st.unhealthy_since = st.clock if open_now else None
+            _enter(st, "healthy")
     else:
         st.repairs = [*st.repairs, action.ts]
         st.repair_kind = action.kind
@@ -472,14 +476,16 @@ def _repair_kind(st: HealthState, rank: int, settings: HealthSettings) -> str | 
 def _wanted(st: HealthState, settings: HealthSettings) -> str | None:
     if st.human_hold or st.maintenance:
         return None
-    level, rank = _plan(st)
     if st.state == "degraded":
         return "cordon"
+    if not st.cordoned_by_us:
+        return None  # drains, repairs and releases only ever follow a cordon of ours
+    level, rank = _plan(st)
     if st.state == "cordoned" and level >= _DRAIN and not st.drained:
         return "drain"
     if st.state in ("cordoned", "draining") and level == _REPAIR and st.drained:
         return _repair_kind(st, rank, settings)
-    if st.state == "probation" and st.cordoned_by_us and _quiet_for(st, settings.probation_s):
+    if st.state == "probation" and _quiet_for(st, settings.probation_s):
         return "uncordon"
     return None
 

@@ -185,7 +185,10 @@ def decide(
 
 
 def _start(state: PolicyState | None, signal: Proposal | NodeState | CapacityEvent) -> PolicyState:
-    pool = (signal.pool or "") if isinstance(signal, CapacityEvent) else signal.target.pool
+    if isinstance(signal, CapacityEvent):  # broadcast to pools; _applies sorts them out
+        pool = "" if state is not None else signal.pool or ""
+    else:
+        pool = signal.target.pool
     if state is None:
         return PolicyState(pool=pool)
     if pool and state.pool and pool != state.pool:
@@ -313,7 +316,10 @@ def _maintenance_target(st: PolicyState, event: CapacityEvent) -> Target | None:
     if event.cluster is None or event.target_kind is None or not st.pool:
         return None
     return Target(
-        cluster=event.cluster, kind=event.target_kind, name=event.target, pool=st.pool,
+        cluster=event.cluster,
+        kind=event.target_kind,
+        name=event.target,
+        pool=st.pool,
         zone=event.zone,
     )
 
@@ -441,8 +447,11 @@ def _release_withheld(st: PolicyState, settings: PolicySettings, out: _Out) -> N
 def _gate(st: PolicyState, proposal: Proposal, settings: PolicySettings) -> str:
     key = target_key(proposal.target)
     view = st.targets.get(key)
-    if view is not None and view.human_hold:
+    if view is not None and (view.human_hold or _stale(proposal, view)):
         return _DROP
+    plan = st.maintenance.get(key)
+    if plan is not None and plan.cordoned and not plan.done:
+        return _DROP  # out for maintenance: the health machine asks again after the release
     if key in st.open:
         return "busy"
     kind = proposal.kind
@@ -463,11 +472,18 @@ def _gate(st: PolicyState, proposal: Proposal, settings: PolicySettings) -> str:
     return _ACT
 
 
+def _stale(proposal: Proposal, view: TargetView) -> bool:
+    # A node state the health machine published after the proposal, in another episode: the
+    # proposal is a replay from the past (a redelivery, a restarted consumer), not a request.
+    return view.ts > proposal.ts and view.episode != proposal.episode
+
+
 @dataclass(frozen=True)
 class Budget:
     size: int
-    failure: frozenset[str]  # out for a fault or a person: what the budget counts
+    failure: frozenset[str]  # out for a fault or a person, or as a dry run: what is counted
     total: frozenset[str]  # ... plus scheduled maintenance
+    really_out: frozenset[str]  # out of service for real (no dry-run cordons)
     limit: int
     ceiling: int  # how far fatal faults may go
 
@@ -475,9 +491,9 @@ class Budget:
 def budget(st: PolicyState, settings: PolicySettings) -> Budget:
     """The pool's blast-radius budget right now."""
     maintenance = {k for k, m in st.maintenance.items() if m.cordoned and not m.done}
-    total = {k for k, v in st.targets.items() if v.unavailable}
-    total |= {k for k, o in st.open.items() if o.kind == "cordon"}
-    total |= set(st.shadow)
+    really_out = {k for k, v in st.targets.items() if v.unavailable}
+    really_out |= {k for k, o in st.open.items() if o.kind == "cordon"}
+    total = really_out | set(st.shadow)
     failure = total - maintenance
     size = len(st.targets)
     limit = min(
@@ -485,14 +501,15 @@ def budget(st: PolicyState, settings: PolicySettings) -> Budget:
         max(settings.budget_floor, math.floor(settings.max_unavailable_pct * size / 100)),
     )
     ceiling = max(limit, math.floor(settings.fatal_max_unavailable_pct * size / 100))
-    return Budget(size, frozenset(failure), frozenset(total), limit, ceiling)
+    return Budget(size, frozenset(failure), frozenset(total), frozenset(really_out), limit, ceiling)
 
 
 def _budget_gate(st: PolicyState, key: str, fatal: bool, settings: PolicySettings) -> str:
     now = budget(st, settings)
-    if key in now.failure:
+    if key in now.really_out:
         return ""  # out of service already: cordoning it takes nothing more away
-    after = len(now.failure) + 1
+    # A target counted only as a dry run becomes really out: the count stays, but it must fit.
+    after = len(now.failure | {key})
     if after <= now.limit or (fatal and after <= now.ceiling):
         return ""
     return "fatal_ceiling" if fatal else "budget"

@@ -1,0 +1,92 @@
+"""Alert builders: Alertmanager's fingerprint, RFC 3339 times, firing → update → resolved."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline import alerts
+from pipeline.codec import decode, encode
+from pipeline.model import Alert, Reason
+from tests.remediation_fixture import T0, target
+
+
+def _fnv1a64(data: bytes) -> str:
+    # Straight from the FNV spec, over the whole byte string at once.
+    value = 0xCBF29CE484222325
+    for byte in data:
+        value = ((value ^ byte) * 0x100000001B3) % 2**64
+    return f"{value:016x}"
+
+
+def test_fingerprint_of_no_labels_is_the_fnv_offset_basis_like_alertmanager() -> None:
+    assert alerts.fingerprint({}) == "cbf29ce484222325"
+
+
+def test_fingerprint_is_fnv1a_over_sorted_names_and_values_with_0xff_separators() -> None:
+    labels = {"zone": "z1", "alertname": "X", "pool": "pool-ä"}
+    data = b"".join(
+        name.encode() + b"\xff" + labels[name].encode() + b"\xff" for name in sorted(labels)
+    )
+    assert alerts.fingerprint(labels) == _fnv1a64(data)
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=6), st.text(max_size=6), max_size=5))
+def test_fingerprint_ignores_insertion_order(labels: dict[str, str]) -> None:
+    reordered = dict(reversed(list(labels.items())))
+    assert alerts.fingerprint(reordered) == alerts.fingerprint(labels)
+    assert len(alerts.fingerprint(labels)) == 16
+
+
+def test_fingerprint_separates_names_from_values() -> None:
+    assert alerts.fingerprint({"ab": "c"}) != alerts.fingerprint({"a": "bc"})
+    assert alerts.fingerprint({"a": "b"}) != alerts.fingerprint({"a": "b", "c": ""})
+
+
+def test_rfc3339_is_utc_with_milliseconds() -> None:
+    assert alerts.rfc3339(T0 + 123) == "2023-11-14T22:13:20.123Z"
+    assert alerts.rfc3339(T0) == "2023-11-14T22:13:20.000Z"
+
+
+def test_firing_then_update_then_resolved_keep_identity_and_start() -> None:
+    labels = {"alertname": "A", "pool": "p1"}
+    first = alerts.firing(labels, {"summary": "one"}, T0)
+    later = alerts.update(first, {"summary": "two"}, T0 + 5_000)
+    done = alerts.resolve(later, T0 + 9_000)
+    assert first.status == later.status == "firing" and first.endsAt is None
+    assert first.fingerprint == later.fingerprint == done.fingerprint == alerts.fingerprint(labels)
+    assert later.startsAt == done.startsAt == alerts.rfc3339(T0)
+    assert later.annotations == {"summary": "two"} and later.ts == T0 + 5_000
+    assert done.status == "resolved" and done.endsAt == alerts.rfc3339(T0 + 9_000)
+
+
+def test_alerts_fit_the_schema_even_with_long_text() -> None:
+    reason = Reason(checks=["ecc_dbe"], finding_ids=["fnd-12345678"], summary="x" * 10_000)
+    alert = alerts.cordon_alert(
+        target(), reason, T0, action_id="act-12345678", fatal=True, maintenance=False
+    )
+    assert decode(encode(alert), Alert) == alert
+    assert len(alert.annotations["description"]) <= 4000
+
+
+def test_cordon_alert_names_the_target_and_maintenance_is_informational() -> None:
+    reason = Reason(checks=["ecc_dbe"], finding_ids=[], summary="s")
+    fault = alerts.cordon_alert(
+        target("n7"), reason, T0, action_id="a" * 8, fatal=False, maintenance=False
+    )
+    maint = alerts.cordon_alert(
+        target("n7"), reason, T0, action_id="a" * 8, fatal=False, maintenance=True
+    )
+    assert fault.labels["target"] == "n7" and fault.labels["severity"] == "warning"
+    assert fault.labels["alertname"] == alerts.CORDONED
+    assert maint.labels["alertname"] == alerts.MAINTENANCE and maint.labels["severity"] == "info"
+    assert fault.fingerprint != maint.fingerprint
+
+
+def test_pool_alerts_differ_by_cause_and_pool() -> None:
+    prints = {
+        alerts.pool_alert(name, pool, "c1", T0, {"summary": "s"}).fingerprint
+        for name in alerts.POOL_ALERTS
+        for pool in ("p1", "p2")
+    }
+    assert len(prints) == 6
