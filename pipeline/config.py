@@ -289,6 +289,7 @@ class SimSettings(Section, frozen=True):
     noise_intensity: Annotated[float, Meta(ge=0)] = 1.0
     max_rate_per_node_h: Annotated[float, Meta(gt=0)] = 0.05
     random_faults: bool = True  # False: only faults passed in explicitly (tests, demos)
+    fault_types: tuple[str, ...] = ()  # only these ("G1", "T2/ici"); empty: every type
     diurnal: bool = True
 
 

@@ -24,8 +24,8 @@ QUEUED_RESOURCES_PER_ZONE_DAY = 2.0  # [G], zones with TPU slices
 
 
 def background_boost(settings: SimSettings) -> float:
-    """Capacity chatter follows `intensity`, but at most a day's worth per hour."""
-    return max(1.0, min(settings.intensity, 24.0))
+    """Capacity chatter follows `intensity`, but at most four times as often as usual."""
+    return max(1.0, min(settings.intensity, 4.0))
 
 
 @dataclass

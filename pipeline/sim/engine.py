@@ -20,7 +20,7 @@ from pipeline.sim import signatures_job as job_sig
 from pipeline.sim import signatures_tpu as tpu_sig
 from pipeline.sim.capacity import CapacitySignals, schedule_background
 from pipeline.sim.effects import TPU_KINDS, Change
-from pipeline.sim.faults import FaultType, ForcedFault, InjectedFault, fault_type
+from pipeline.sim.faults import FAULT_TYPES, FaultType, ForcedFault, InjectedFault, fault_type
 from pipeline.sim.fleet import Fleet, build_fleet
 from pipeline.sim.gpu import GpuTelemetry
 from pipeline.sim.inject import Injector, Placement
@@ -82,6 +82,8 @@ SIGNATURES: dict[str, Signature] = {
 }
 EPISODE_CODES = ("H4", "H5")  # fleet-level episodes: scheduled first, they modulate other rates
 EXCLUSIVE_KLASSES = ("hard", "gray", "planned")
+# An OCS sits outside the slice: its failure leaves the slice usable for other faults.
+NON_EXCLUSIVE_CODES = ("T3",)
 
 
 class Simulation:
@@ -183,14 +185,21 @@ def _inject(sim: Simulation, ctx: Injector, forced: list[ForcedFault]) -> None:
     rng = np.random.default_rng([settings.seed, 5])
     if settings.random_faults:
         for placement in job_sig.fleet_properties(ctx):
-            SIGNATURES[placement.ftype.key](ctx, placement)
+            if _wanted(settings, placement.ftype):
+                SIGNATURES[placement.ftype.key](ctx, placement)
     elif settings.diurnal:
         placement = Placement(fault_type("S5"), ctx.start_ms, UnitRef(0))
         SIGNATURES["S5/diurnal"](ctx, placement)
-    episodes = [ft for ft in random_types() if ft.code in EPISODE_CODES]
-    others = [ft for ft in random_types() if ft.code not in EPISODE_CODES]
+    drawn = [ft for ft in random_types() if _wanted(settings, ft)]
+    episodes = [ft for ft in drawn if ft.code in EPISODE_CODES]
+    others = [ft for ft in drawn if ft.code not in EPISODE_CODES]
     _run_types(sim, ctx, episodes, [f for f in forced if f.fault_type in EPISODE_CODES], rng)
     _run_types(sim, ctx, others, [f for f in forced if f.fault_type not in EPISODE_CODES], rng)
+
+
+def _wanted(settings: SimSettings, ftype: FaultType) -> bool:
+    only = settings.fault_types
+    return not only or ftype.code in only or ftype.key in only
 
 
 def _run_types(
@@ -202,11 +211,14 @@ def _run_types(
 ) -> None:
     """Draw arrivals for `types` (and place `forced` faults), then run them in time order."""
     arrivals: list[tuple[int, int, int, FaultType, ForcedFault | None]] = []
-    for order, ftype in enumerate(types):
+    for ftype in types:
         rates = rates_for(ftype, sim.fleet, sim.workload, sim.hetero, sim.settings, ctx.windows)
         sim.rates[ftype.key] = rates
         if sim.settings.random_faults:
-            for i, ts in enumerate(draw_arrivals(rates, ctx.start_ms, ctx.end_ms, rng)):
+            # each type draws from its own stream: leaving one type out changes no other
+            order = FAULT_TYPES.index(ftype)
+            stream = np.random.default_rng([sim.settings.seed, 6, order])
+            for i, ts in enumerate(draw_arrivals(rates, ctx.start_ms, ctx.end_ms, stream)):
                 arrivals.append((ts, order, i, ftype, None))
     for i, spec in enumerate(forced):
         ftype = fault_type(spec.fault_type, spec.variant)
@@ -241,6 +253,8 @@ def _owner(sim: Simulation, ftype: FaultType, unit: UnitRef) -> tuple[str, int] 
 
 
 def _exclusive(ftype: FaultType) -> bool:
+    if ftype.code in NON_EXCLUSIVE_CODES:
+        return False
     return (
         ftype.klass in EXCLUSIVE_KLASSES or ftype.code == "F2" or ftype.unit in ("job", "gpu_job")
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.codec import normalize_pci
 from pipeline.config import SimSettings
 from pipeline.ids import stable_id
 from pipeline.model import CapacityEvent, MaintenanceWindow, NodeEvent, QuotaInfo, Target, XidEvent
@@ -147,7 +148,7 @@ class Injector:
                 node=record.name,
                 pool=record.pool,
                 zone=record.zone,
-                pci_bus_id=record.pci_bus_ids[gpu][4:13].lower(),
+                pci_bus_id=normalize_pci(record.pci_bus_ids[gpu]),
                 gpu_index=gpu,
                 uuid=record.uuids[gpu],
                 xid=code,
