@@ -23,6 +23,9 @@ venv: $(STAMP)  ## create or reuse .venv with the project and its test extras
 system-deps:  ## install Java/Prometheus/Alertmanager/Chromium if missing (Debian, needs root)
 	@bash deploy/system-deps.sh
 
+demo: $(STAMP)  ## simulate a mixed fleet through the whole pipeline in-process (no Kafka)
+	$(BIN)/fleetpulse demo $(DEMO_ARGS)
+
 test: $(STAMP) system-deps  ## run the whole suite against real Kafka (and the other real services)
 	@bash deploy/with-services.sh $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
