@@ -18,7 +18,6 @@ from pipeline.errors import FleetPulseError
 
 # Modules that register subcommands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
-    "pipeline.commands.demo",
     "pipeline.commands.topics",
     "pipeline.commands.simulate",
     "pipeline.commands.worker",
