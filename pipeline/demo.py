@@ -82,7 +82,7 @@ def run_demo(
             if writer.pending_rows >= settings.lake.flush_rows:
                 writer.checkpoint()
             if progress is not None and result.events_in % every == 0:
-                progress(event.ts - sim.start_ms, result)
+                progress(getattr(event, "ts", sim.start_ms) - sim.start_ms, result)
         runtime.finish()
     writer.checkpoint()
     result.counts = runtime.counts
