@@ -18,6 +18,7 @@ from pipeline.errors import FleetPulseError
 
 # Modules that register subcommands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
+    "pipeline.commands.demo",
     "pipeline.commands.topics",
     "pipeline.commands.simulate",
     "pipeline.commands.worker",
