@@ -7,7 +7,7 @@ against the simulator's ground truth so the summary can say what was found and w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from pipeline.model import Action, CapacityEvent, Event, Finding, Proposal, XidE
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.score import Score, score
 from pipeline.sim.engine import Simulation
-from pipeline.sim.faults import InjectedFault
+from pipeline.sim.faults import ForcedFault, InjectedFault
 from pipeline.sinks.lake import LakeWriter
 from pipeline.sinks.lake_tables import TABLES
 
@@ -49,9 +49,13 @@ class DemoResult:
 
 
 def run_demo(
-    settings: Settings, out_dir: Path, progress: Progress | None = None, every: int = 5000
+    settings: Settings,
+    out_dir: Path,
+    progress: Progress | None = None,
+    every: int = 5000,
+    faults: Sequence[ForcedFault] = (),
 ) -> DemoResult:
-    sim = Simulation(settings.sim)
+    sim = Simulation(settings.sim, faults)
     lake_dir = out_dir / "lake"
     result = DemoResult(
         out_dir, lake_dir, out_dir / "actions.jsonl", sim.ground_truth, sim.node_days

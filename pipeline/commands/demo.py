@@ -13,6 +13,8 @@ from rich.table import Table
 
 from pipeline.config import Settings
 from pipeline.demo import DemoResult, run_demo
+from pipeline.errors import ConfigError
+from pipeline.sim.faults import ForcedFault, parse_forced
 from pipeline.score import ClassScore
 
 
@@ -33,6 +35,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--intensity", type=float, default=300.0, help="fault-rate multiplier (default 300)"
     )
     parser.add_argument("--seed", type=int, default=None, help="simulator seed (config: sim.seed)")
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="also inject this fault: TYPE[/VARIANT]@SECONDS[:TARGET[:DEVICE]], e.g. G1@600 "
+        "(repeatable; `fleetpulse simulate --list-faults` lists the types)",
+    )
     parser.add_argument("--no-report", action="store_true", help="skip the HTML report")
     parser.set_defaults(handler=_demo)
 
@@ -53,8 +63,12 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         f"{sim.tpu_slices} TPU slices, {args.hours:g} simulated hours, faults ×{sim.intensity:g}, "
         f"seed {sim.seed}"
     )
+    try:
+        forced = [parse_forced(spec) for spec in args.inject]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     started = time.monotonic()
-    result = _run_with_progress(settings, args.out, console)
+    result = _run_with_progress(settings, args.out, console, forced)
     if not args.no_report:
         from pipeline.report import write_report  # DuckDB only when a report is wanted
 
@@ -63,7 +77,9 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _run_with_progress(settings: Settings, out: Path, console: Console) -> DemoResult:
+def _run_with_progress(
+    settings: Settings, out: Path, console: Console, forced: list[ForcedFault]
+) -> DemoResult:
     total_ms = settings.sim.duration_s * 1000
     columns = (
         TextColumn("simulated"),
@@ -85,7 +101,7 @@ def _run_with_progress(settings: Settings, out: Path, console: Console) -> DemoR
                 task, completed=elapsed_ms, clock=f"{minutes // 60}:{minutes % 60:02d}", stats=stats
             )
 
-        return run_demo(settings, out, update)
+        return run_demo(settings, out, update, faults=forced)
 
 
 def _summary(console: Console, result: DemoResult, seconds: float) -> None:
