@@ -14,8 +14,8 @@ from rich.table import Table
 from pipeline.config import Settings
 from pipeline.demo import DemoResult, run_demo
 from pipeline.errors import ConfigError
-from pipeline.sim.faults import ForcedFault, parse_forced
 from pipeline.score import ClassScore
+from pipeline.sim.faults import ForcedFault, parse_forced
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
