@@ -101,7 +101,7 @@ def _settle(ctx: Ctx, dev: GpuDevice) -> None:
     if dev.sbe_hour >= s.sbe_watch_per_hour / 2:
         halvings = math.log2(dev.sbe_hour / (s.sbe_watch_per_hour / 2))
         wakes.append(dev.sbe_ts + int(halvings * HOUR_MS) + 1)
-    dev.wake_ts = min(wakes) + 1 if wakes else 0
+    dev.wake_ts = min(wakes) if wakes else 0
 
 
 def _dbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:

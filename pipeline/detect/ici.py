@@ -288,22 +288,27 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
 
 
 def _dead_hosts(state: IciSliceState, down: list[LinkEnd], fresh_after: int) -> dict[str, int]:
-    """Hosts every fresh link into which, reported by the chips outside them, is down (a host
-    that died reports nothing itself; its neighbours see the links go dark)."""
+    """Hosts every fresh link into which, as the chips outside see it, is down, while the host
+    itself reports none of those links down (a dead host reports nothing; a live one that sees
+    its links go dark has a cable or OCS problem, judged link by link)."""
     suspects = {state.chip_host.get(end.peer) for end in down} - {None}
     if not suspects:
         return {}
     into: dict[str, list[bool]] = {}
+    sees_it: set[str] = set()
     for end in state.ends.values():
+        if end.ts <= fresh_after:
+            continue
         target = state.chip_host.get(end.peer)
-        if (
-            target is not None
-            and target in suspects
-            and target != end.host
-            and end.ts > fresh_after
-        ):
+        if target is not None and target in suspects and target != end.host:
             into.setdefault(target, []).append(end.down)
-    return {host: len(states) for host, states in into.items() if len(states) >= 2 and all(states)}
+        elif end.host in suspects and end.down and target != end.host:
+            sees_it.add(end.host)
+    return {
+        host: len(states)
+        for host, states in into.items()
+        if len(states) >= 2 and all(states) and host not in sees_it
+    }
 
 
 def _dead_chips(state: IciSliceState, down: list[LinkEnd]) -> set[int]:

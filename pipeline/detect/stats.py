@@ -15,6 +15,7 @@ import msgspec
 MEAN_ABS_DEV_TO_SIGMA = math.sqrt(math.pi / 2)
 # MAD = 0.6745 sigma for a normal sample.
 MAD_TO_SIGMA = 1.4826
+SCALE_RATE = 0.25
 
 
 class Baseline(msgspec.Struct, gc=False):
@@ -69,7 +70,10 @@ def learn(
         elif r < -limit:
             r = -limit
     base.mean += a * r
-    base.dev += a * ((r if r >= 0 else -r) - base.dev)
+    # After warm-up the scale learns slower than the level: a drift must not widen its own
+    # yardstick as fast as it moves (river's CUSUM freezes sigma; this only slows it).
+    b = a * SCALE_RATE if n > warmup else a
+    base.dev += b * ((r if r >= 0 else -r) - base.dev)
 
 
 def cusum(base: Baseline, z: float, k: float, cap: float) -> float:

@@ -3,7 +3,9 @@
 - A burst of the same XID on the same GPU is one episode (a new one only after
   `xid_dedupe_s` of silence, as NVIDIA's own dedupe does); one node once logged ~800K XID-95
   lines with 29 distinct events.
-- Fatal XIDs open a finding at once with the catalog's severity and action (`xid.<code>`).
+- Fatal XIDs open a finding at once with the catalog's severity and action (`xid.<code>`),
+  unless the line itself says the error was non-fatal (NVLink "non-fatal error detected"):
+  then `xid.<code>.nonfatal`, warning, watch.
 - Application XIDs (13, 31, 43, 45 ...) never open a finding by themselves: only when one GPU
   is hit in `app_xid_min_jobs` distinct jobs within `app_xid_window_s`
   (`xid.app_recurrence`, reset_gpu). A job that hits several GPUs of the node with the same
@@ -34,6 +36,7 @@ APP_RECURRENCE = "xid.app_recurrence"
 RECOVERY_XID = 154
 # "GPU recovery action changed from 0x0 (None) to 0x1 (Reset Required)"
 _RECOVERY_TO = re.compile(r"\bto 0x([0-9a-fA-F]+)")
+_NON_FATAL = re.compile(r"\bnon-fatal\b", re.IGNORECASE)
 # FleetPulse actions on a node; restarting the application is the job owner's business.
 _ACTIONS: dict[Action, RecommendedAction] = {
     "none": "none",
@@ -119,15 +122,16 @@ def expire_xid(
     clear_ms = settings.xid_clear_s * 1000
     for key in [k for k, e in state.episodes.items() if now_ms - e.last_ts >= clear_ms]:
         episode = state.episodes.pop(key)
-        finding = clear_check(
-            state.book,
-            now_ms,
-            f"xid.{episode.code}",
-            episode.device,
-            f"XID {episode.code} on GPU {episode.device}: quiet since {episode.count} events",
-        )
-        if finding is not None:
-            out.append(finding)
+        for check in (f"xid.{episode.code}", f"xid.{episode.code}.nonfatal"):
+            finding = clear_check(
+                state.book,
+                now_ms,
+                check,
+                episode.device,
+                f"XID {episode.code} on GPU {episode.device}: quiet after {episode.count} events",
+            )
+            if finding is not None:
+                out.append(finding)
     window_ms = settings.app_xid_window_s * 1000
     if state.app_hits and now_ms - state.app_hits[0].ts > window_ms:
         state.app_hits = [hit for hit in state.app_hits if now_ms - hit.ts <= window_ms]
@@ -175,6 +179,20 @@ def _catalogued(state: XidState, event: XidEvent, device: str, entry: XidEntry) 
     action = _ACTIONS[entry.action]
     if action == "none" and entry.severity == "info":
         return None  # e.g. corrected C2C errors: logged by the lake, not a finding
+    if entry.fatal and _NON_FATAL.search(event.message):
+        # The driver itself says this one was corrected (NVLink "non-fatal error detected"):
+        # the link retried and the job survived. Watch it; a real fatal line still acts.
+        return open_check(
+            state.book,
+            event.ts,
+            check=f"xid.{event.xid}.nonfatal",
+            device=device,
+            kind="gpu",
+            severity="warning",
+            action="watch",
+            evidence=evidence("xid", event.xid, None, None, 0),
+            message=f"XID {event.xid} {entry.mnemonic} on GPU {device}, reported non-fatal",
+        )
     return open_check(
         state.book,
         event.ts,

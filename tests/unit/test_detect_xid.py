@@ -1,0 +1,153 @@
+"""XID rules: catalog severity and action, burst dedupe, application-XID recurrence across jobs,
+the recovery action of XID 154, expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.detect import XidState, detect_xid, expire_xid
+from pipeline.model import Finding, XidEvent
+from tests.detect_fixture import SETTINGS, T0, checks, unhealthy, xid
+
+
+def feed(events: list[XidEvent], state: XidState | None = None) -> tuple[XidState, list[Finding]]:
+    found: list[Finding] = []
+    for event in events:
+        state, out = detect_xid(state, event, SETTINGS)
+        found += out
+    assert state is not None
+    return state, found
+
+
+@pytest.mark.parametrize(
+    ("code", "action", "fatal"),
+    [
+        (79, "reboot", True),
+        (48, "reset_gpu", True),
+        (95, "reset_gpu", True),
+        (119, "reset_gpu", True),
+        (54, "replace", True),
+        (63, "watch", False),
+        (92, "watch", False),
+        (8, "watch", False),
+        (99_999, "watch", False),
+    ],
+)
+def test_catalogued_xid_acts_with_the_catalog_action(code: int, action: str, fatal: bool) -> None:
+    _, found = feed([xid(code, 10, gpu=3)])
+    (finding,) = found
+    assert (finding.check, finding.entity.device) == (f"xid.{code}", "3")
+    assert (finding.recommended_action, finding.fatal) == (action, fatal)
+    assert finding.severity == ("critical" if fatal else "warning")
+    assert finding.entity.target.name == "n1" and finding.entity.target.kind == "node"
+
+
+def test_info_xid_without_action_is_no_finding() -> None:
+    assert feed([xid(121, 10)])[1] == []  # corrected C2C errors
+
+
+def test_burst_is_one_episode_and_a_replay_is_dropped() -> None:
+    events = [xid(95, 10 + i) for i in range(50)]  # 50 lines in 50 s
+    state, found = feed([*events, xid(95, 30)])  # plus a late duplicate
+    assert len(found) == 1
+    assert state.dropped == 1
+    assert state.episodes["0|95"].count == 50
+
+
+def test_episode_clears_after_silence_and_a_new_burst_has_a_new_id() -> None:
+    state, first = feed([xid(79, 10), xid(79, 20)])
+    state, cleared = expire_xid(state, T0 + 20_000 + SETTINGS.xid_clear_s * 1000, SETTINGS)
+    assert checks(cleared) == [("xid.79", "0", True)]
+    _, second = feed([xid(79, 5000)], state)
+    assert first[0].finding_id != second[0].finding_id != cleared[0].finding_id
+
+
+def test_expire_does_nothing_before_the_silence_is_long_enough() -> None:
+    state, _ = feed([xid(79, 10)])
+    assert expire_xid(state, T0 + 10_000 + SETTINGS.xid_clear_s * 1000 - 1, SETTINGS)[1] == []
+
+
+def test_non_fatal_nvlink_line_is_watched_a_fatal_one_acts() -> None:
+    soft = xid(
+        74,
+        10,
+        message="NVRM: Xid (PCI:0000:10:00): 74, NVLink: non-fatal error detected on link 3(0x0)",
+    )
+    hard = xid(
+        74,
+        400,
+        message="NVRM: Xid (PCI:0000:10:00): 74, NVLink: fatal error detected on link 3(0x0)",
+    )
+    _, found = feed([soft, hard])
+    assert [(f.check, f.recommended_action, f.fatal) for f in found] == [
+        ("xid.74.nonfatal", "watch", False),
+        ("xid.74", "reset_gpu", True),
+    ]
+
+
+@pytest.mark.parametrize(("new", "action"), [(1, "reset_gpu"), (2, "reboot"), (3, "drain")])
+def test_xid_154_acts_on_the_new_recovery_action(new: int, action: str) -> None:
+    line = f"NVRM: Xid (PCI:0000:10:00): 154, GPU recovery action changed from 0x0 (None) to 0x{new:x} (X)"
+    (finding,) = feed([xid(154, 10, message=line)])[1]
+    assert (finding.check, finding.recommended_action, finding.fatal) == ("xid.154", action, True)
+
+
+def test_xid_154_back_to_none_clears() -> None:
+    up = "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+    down = "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+    _, found = feed([xid(154, 10, message=up), xid(154, 900, message=down)])
+    assert checks(found) == [("xid.154", "0", False), ("xid.154", "0", True)]
+
+
+def test_application_xid_never_acts_on_its_own() -> None:
+    events = [xid(code, 10 + i * 600) for i, code in enumerate([13, 31, 43, 45, 13, 31])]
+    assert unhealthy(feed(events)[1]) == []  # six episodes, one job
+
+
+def test_application_xid_recurring_on_one_gpu_across_three_jobs_blames_the_gpu() -> None:
+    events = [
+        xid(13, 10, gpu=5, job="a"),
+        xid(31, 2000, gpu=5, job="b"),
+        xid(13, 4000, gpu=5, job="c"),
+    ]
+    (finding,) = unhealthy(feed(events)[1])
+    assert (finding.check, finding.entity.device) == ("xid.app_recurrence", "5")
+    assert (finding.recommended_action, finding.fatal) == ("reset_gpu", False)
+    assert finding.ts == T0 + 4_000_000
+
+
+def test_a_job_hitting_several_gpus_is_its_own_bug() -> None:
+    events = [
+        xid(13, 10, gpu=5, job="a"),
+        xid(13, 11, gpu=6, job="a"),
+        xid(13, 2000, gpu=5, job="b"),
+        xid(13, 4000, gpu=5, job="c"),
+    ]
+    assert unhealthy(feed(events)[1]) == []
+
+
+def test_application_xid_without_a_job_cannot_be_attributed() -> None:
+    events = [xid(13, 10 + i * 600, job=None) for i in range(5)]
+    assert unhealthy(feed(events)[1]) == []
+
+
+def test_recurrence_clears_when_it_falls_out_of_the_window() -> None:
+    events = [
+        xid(13, 10, gpu=5, job="a"),
+        xid(13, 1000, gpu=5, job="b"),
+        xid(13, 2000, gpu=5, job="c"),
+    ]
+    state, found = feed(events)
+    assert ("xid.app_recurrence", "5", False) in checks(found)
+    _, out = expire_xid(state, T0 + 1_001_000 + SETTINGS.app_xid_window_s * 1000, SETTINGS)
+    assert ("xid.app_recurrence", "5", True) in checks(out)
+
+
+def test_xid_without_gpu_index_is_named_by_its_pci_address() -> None:
+    (finding,) = feed([xid(79, 10, gpu=None)])[1]
+    assert finding.entity.device == "0000:10:00"
+
+
+def test_same_events_same_ids() -> None:
+    events = [xid(79, 10), xid(13, 20, job="a"), xid(13, 900, job="b"), xid(13, 1800, job="c")]
+    assert [f.finding_id for f in feed(events)[1]] == [f.finding_id for f in feed(events)[1]]
