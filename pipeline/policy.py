@@ -42,7 +42,9 @@ fires with the cordon and resolves with its release. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -82,7 +84,7 @@ WITHHELD_ALERT: dict[str, alerts.PoolAlert | None] = {
 _ACT, _DROP = "act", "drop"
 
 
-class TargetView(msgspec.Struct, kw_only=True):
+class TargetView(msgspec.Struct, kw_only=True, frozen=True):
     """The latest NodeState of a pool member, as far as the policy needs it."""
 
     target: Target
@@ -98,7 +100,7 @@ class TargetView(msgspec.Struct, kw_only=True):
         return self.cordoned_by_us or self.human_hold or self.state in OUT_OF_SERVICE
 
 
-class OpenAction(msgspec.Struct, kw_only=True):
+class OpenAction(msgspec.Struct, kw_only=True, frozen=True):
     """A real action the health machine has not reported back yet (at most one per target)."""
 
     action_id: str
@@ -109,19 +111,19 @@ class OpenAction(msgspec.Struct, kw_only=True):
     maintenance: bool = False
 
 
-class Withheld(msgspec.Struct, kw_only=True):
+class Withheld(msgspec.Struct, kw_only=True, frozen=True):
     proposal: Proposal
     first_ts: int
     last_ts: int
     reason: str = ""
 
 
-class Acted(msgspec.Struct, kw_only=True):
+class Acted(msgspec.Struct, kw_only=True, frozen=True):
     ts: int
     dry_run: bool
 
 
-class Maintenance(msgspec.Struct, kw_only=True):
+class Maintenance(msgspec.Struct, kw_only=True, frozen=True):
     event_id: str
     target: Target
     start: int
@@ -158,8 +160,11 @@ class _Out:
     alerts: list[Alert] = field(default_factory=list)
 
 
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(PolicyState)
+_CONTAINERS = tuple(
+    name
+    for name in PolicyState.__struct_fields__
+    if isinstance(getattr(PolicyState(pool=""), name), dict | list)
+)
 
 
 def decide(
@@ -193,7 +198,12 @@ def _start(state: PolicyState | None, signal: Proposal | NodeState | CapacityEve
         return PolicyState(pool=pool)
     if pool and state.pool and pool != state.pool:
         raise ValueError(f"signal for pool {pool!r} sent to the policy state of {state.pool!r}")
-    st = _DECODER.decode(_ENCODER.encode(state))
+    # Copy the containers, not what is in them: the records inside are frozen and replaced
+    # when they change, so the state passed in stays as it was at O(containers) cost.
+    st = msgspec.structs.replace(state)
+    for name in _CONTAINERS:
+        value = getattr(state, name)
+        setattr(st, name, dict(value) if isinstance(value, dict) else list(value))
     st.pool = st.pool or pool
     return st
 
@@ -219,7 +229,7 @@ def _on_proposal(st: PolicyState, proposal: Proposal, settings: PolicySettings) 
     key = target_key(proposal.target)
     held = st.withheld.get(key)
     if held is not None and held.proposal.proposal_id == proposal.proposal_id:
-        held.last_ts = st.clock
+        st.withheld[key] = msgspec.structs.replace(held, last_ts=st.clock)
     else:
         st.withheld[key] = Withheld(proposal=proposal, first_ts=st.clock, last_ts=st.clock)
 
@@ -229,11 +239,14 @@ def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
     view = _learn(st, ns.target, ns.state)
     if ns.ts < view.ts:
         return  # an older record overtaken by a newer one
-    view.target, view.state, view.episode, view.ts = ns.target, ns.state, ns.episode, ns.ts
-    view.cordoned_by_us, view.human_hold, view.last_action = (
-        ns.cordoned_by_us,
-        ns.human_hold,
-        ns.last_action,
+    st.targets[key] = TargetView(
+        target=ns.target,
+        state=ns.state,
+        episode=ns.episode,
+        cordoned_by_us=ns.cordoned_by_us,
+        human_hold=ns.human_hold,
+        last_action=ns.last_action,
+        ts=ns.ts,
     )
     pending = st.open.get(key)
     if pending is not None and ns.last_action == f"{pending.kind}:{pending.action_id}":
@@ -285,11 +298,11 @@ def _on_maintenance(st: PolicyState, event: CapacityEvent, settings: PolicySetti
     plan = st.maintenance.get(key)
     if event.kind == "MAINTENANCE_DONE":
         if plan is not None:
-            plan.release_at = min(plan.release_at, event.ts)
+            st.maintenance[key] = _plan(plan, release_at=min(plan.release_at, event.ts))
         return
     if plan is not None and (plan.event_id == event.event_id or not plan.done):
-        if event.kind == "MAINTENANCE_STARTED":
-            plan.start = min(plan.start, event.ts)  # late notice: move it out now
+        if event.kind == "MAINTENANCE_STARTED":  # late notice: move it out now
+            st.maintenance[key] = _plan(plan, start=min(plan.start, event.ts))
         return
     window = event.window
     start = window.start if window is not None else event.ts
@@ -369,14 +382,14 @@ def _begin_maintenance(
         return  # one action at a time per target
     if not plan.cordoned:
         if view is not None and view.unavailable:
-            plan.done = True  # already out of service (a fault or a person): leave it be
+            st.maintenance[key] = _plan(plan, done=True)  # out already (a fault, a person)
             return
         _act(st, _maintenance_proposal(st, plan, "cordon"), settings, out, maintenance=True)
-        plan.cordoned = True
-        plan.dry_run = st.acted[_maintenance_id(plan, "cordon")].dry_run
+        dry = st.acted[_maintenance_id(plan, "cordon")].dry_run
+        st.maintenance[key] = _plan(plan, cordoned=True, dry_run=dry)
     elif not plan.drained and (plan.dry_run or (view is not None and view.cordoned_by_us)):
         _act(st, _maintenance_proposal(st, plan, "drain"), settings, out, maintenance=True)
-        plan.drained = True
+        st.maintenance[key] = _plan(plan, drained=True)
 
 
 def _end_maintenance(
@@ -386,17 +399,19 @@ def _end_maintenance(
     settings: PolicySettings,
     out: _Out,
 ) -> None:
-    if not plan.cordoned:
-        plan.done = True
-        return
-    if target_key(plan.target) in st.open:
+    key = target_key(plan.target)
+    if plan.cordoned and key in st.open:
         return
     release = _maintenance_proposal(st, plan, "uncordon")
-    if plan.dry_run:  # the cordon was a dry run: so is its release, whatever the checks say
+    if plan.cordoned and plan.dry_run:  # a dry-run cordon gets a dry-run release
         _act(st, release, settings, out, maintenance=True, dry=True)
-    elif view is not None and view.cordoned_by_us and not view.human_hold:
+    elif plan.cordoned and view is not None and view.cordoned_by_us and not view.human_hold:
         _act(st, release, settings, out, maintenance=True)
-    plan.done = True
+    st.maintenance[key] = _plan(plan, done=True)
+
+
+def _plan(plan: Maintenance, **changes: Any) -> Maintenance:
+    return msgspec.structs.replace(plan, **changes)
 
 
 def _maintenance_id(plan: Maintenance, kind: str) -> str:
@@ -433,18 +448,29 @@ def _priority(held: Withheld) -> tuple[int, int, str]:
 
 
 def _release_withheld(st: PolicyState, settings: PolicySettings, out: _Out) -> None:
+    # The budget is counted once per pass and again only after an action went out.
+    counted: list[Budget] = []
+
+    def now() -> Budget:
+        if not counted:
+            counted.append(budget(st, settings))
+        return counted[0]
+
     for held in sorted(st.withheld.values(), key=_priority):
         proposal = held.proposal
-        verdict = _gate(st, proposal, settings)
+        verdict = _gate(st, proposal, settings, now)
         if verdict in (_ACT, _DROP):
             del st.withheld[target_key(proposal.target)]
             if verdict == _ACT:
                 _act(st, proposal, settings, out, maintenance=False)
-        else:
-            held.reason = verdict
+                counted.clear()
+        elif verdict != held.reason:
+            st.withheld[target_key(proposal.target)] = msgspec.structs.replace(held, reason=verdict)
 
 
-def _gate(st: PolicyState, proposal: Proposal, settings: PolicySettings) -> str:
+def _gate(
+    st: PolicyState, proposal: Proposal, settings: PolicySettings, now: Callable[[], Budget]
+) -> str:
     key = target_key(proposal.target)
     view = st.targets.get(key)
     if view is not None and (view.human_hold or _stale(proposal, view)):
@@ -458,7 +484,7 @@ def _gate(st: PolicyState, proposal: Proposal, settings: PolicySettings) -> str:
     if kind in NEEDS_OUR_CORDON and (view is None or not view.cordoned_by_us):
         return _DROP if kind == "uncordon" else "awaiting_cordon"
     if kind == "cordon":
-        verdict = _budget_gate(st, key, proposal.fatal, settings)
+        verdict = _budget_gate(now(), key, proposal.fatal)
         if verdict:
             return verdict
     if proposal.fatal or kind == "uncordon":
@@ -504,8 +530,7 @@ def budget(st: PolicyState, settings: PolicySettings) -> Budget:
     return Budget(size, frozenset(failure), frozenset(total), frozenset(really_out), limit, ceiling)
 
 
-def _budget_gate(st: PolicyState, key: str, fatal: bool, settings: PolicySettings) -> str:
-    now = budget(st, settings)
+def _budget_gate(now: Budget, key: str, fatal: bool) -> str:
     if key in now.really_out:
         return ""  # out of service already: cordoning it takes nothing more away
     # A target counted only as a dry run becomes really out: the count stays, but it must fit.

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from pipeline import health, policy
 from pipeline.config import HealthSettings, PolicySettings
 from pipeline.health import HealthState
@@ -190,6 +192,7 @@ class Loop:
     health: dict[str, health.HealthState] = field(default_factory=dict)
     policy: dict[str, policy.PolicyState] = field(default_factory=dict)
     log: list[Event] = field(default_factory=list)
+    check_inputs: bool = False  # assert that no state passed in is changed (slower)
 
     def feed(self, signal: Finding | NodeEvent | CapacityEvent | Proposal) -> list[Event]:
         start = len(self.log)
@@ -205,7 +208,9 @@ class Loop:
     def _health(self, signal: Finding | NodeEvent | Action) -> list[Event]:
         key = health.target_key(health._target_of(signal))
         before = self.health.get(key)
+        snapshot = _snapshot(before) if self.check_inputs else None
         after, proposals = health.transition(before, signal, self.health_settings)
+        assert snapshot == (_snapshot(before) if self.check_inputs else None), "input changed"
         self.health[key] = after
         out: list[Event] = list(proposals)
         state = health.to_node_state(after)
@@ -222,9 +227,10 @@ class Loop:
         )
         out: list[Event] = []
         for pool in pools:
-            state, actions, alerts = policy.decide(
-                self.policy.get(pool), signal, self.policy_settings
-            )
+            before = self.policy.get(pool)
+            snapshot = _snapshot(before) if self.check_inputs else None
+            state, actions, alerts = policy.decide(before, signal, self.policy_settings)
+            assert snapshot == (_snapshot(before) if self.check_inputs else None), "input changed"
             self.policy[pool] = state
             out += [*alerts, *actions]
         self.log.extend(out)
@@ -240,6 +246,10 @@ class Loop:
 
     def state(self, t: Target) -> HealthState:
         return self.health[health.target_key(t)]
+
+
+def _snapshot(state: object) -> bytes:
+    return msgspec.msgpack.encode(state)
 
 
 def _changed(before: NodeState, after: NodeState) -> bool:

@@ -218,7 +218,7 @@ def _inputs(op: tuple[Any, ...], at: float, world: World, log: list[Event]) -> l
 
 
 def _run(run: list[tuple[int, tuple[Any, ...]]], policy: PolicySettings) -> list[Event]:
-    loop = Loop(HEALTH, policy)
+    loop = Loop(HEALTH, policy, check_inputs=True)
     world = World(policy)
     at = 0.0
     for dt, op in [(0, ("tick",)), *run]:
