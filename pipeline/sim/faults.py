@@ -119,13 +119,14 @@ FAULT_TYPES: tuple[FaultType, ...] = (
        "cloud maintenance: MAINTENANCE_SCHEDULED with notice, then STARTED/DONE, offline"),
     _t("N3", "cloud_slice", "planned", "slice", 1.0 / 30 / DAY, "software", "none", True,
        "cloud maintenance of a TPU slice: notice, every host offline, done"),
-    _t("F1", "cable", "hard", "node", 1.6e-4 / DAY, "hardware", "finding", False,
+    # F1 totals 3.2e-4 per node-day: a ToR switch (1.7e-5 per switch-day, 4 nodes) plus cables
+    _t("F1", "cable", "hard", "node", 3.16e-4 / DAY, "hardware", "finding", False,
        "network cable down: the node loses connectivity, its job hangs then dies"),
-    _t("F1", "tor", "hard", "rack", 4 * 1.7e-5 / DAY, "hardware", "finding", True,
+    _t("F1", "tor", "hard", "rack", 1.7e-5 / DAY, "hardware", "finding", True,
        "top-of-rack switch down: every node of the rack loses connectivity at once"),
-    _t("F2", "flap", "flapping", "node", 10 * 1.6e-4 / DAY, "hardware", "finding", True,
+    _t("F2", "flap", "flapping", "node", 10 * 3.2e-4 / DAY, "hardware", "finding", True,
        "link flapping: 3-10 down/up cycles, the job's throughput dips, self-recovers"),
-    _t("F3", "gray", "gray", "node", 1.6e-5 / DAY, "hardware", "finding", False,
+    _t("F3", "gray", "gray", "node", 3.2e-5 / DAY, "hardware", "finding", False,
        "silent gray loss on a link: the node's network throughput is lower, job fail-slow"),
     # --- job-level confounders, per job-day (§1.4) -------------------------------------------
     _t("J1", "crash", "confounder", "job", 1.0 / DAY, "software", "none", True,
@@ -177,7 +178,8 @@ FAULT_TYPES: tuple[FaultType, ...] = (
        "spot preemption of a serving node: PREEMPTION, node deleted, recreated later"),
 )
 # fmt: on
-# T5 (fleet-level calibration targets) is not injected: see pipeline/sim/calibration.py.
+# T5 (fleet-level calibration targets) is not injected: pipeline/sim/calibration.py measures a
+# run against them.
 
 FAULT_TYPE_BY_KEY = {ft.key: ft for ft in FAULT_TYPES}
 CODES: tuple[str, ...] = tuple(dict.fromkeys(ft.code for ft in FAULT_TYPES))

@@ -43,6 +43,7 @@ NODE_EQUIVALENT: dict[Unit, float] = {
 }
 LEMON_SHARE = 0.012  # fault model H1: 1.2 % of nodes
 NEW_NODE_SHARE = 0.05  # H3 [G]: share of nodes delivered in the last 14 days
+INFANT_FACTOR = 5.0  # H3: hard-fault rates x5 for new nodes
 OFFENDER_SHARE = 0.05  # H2: share of GPUs prone to noise at all
 HOT_FACTOR = 1.5  # H5
 DRIVER_WAVE_FACTOR = 100.0  # H4 on G7
@@ -77,6 +78,15 @@ class Heterogeneity:
     lemon: Array  # [nodes] hard-fault multiplier, 1 for ordinary nodes
     new: Array  # [nodes] bool
     offender: Array  # [nodes, 8] noise multiplier, mean 1, heavy-tailed
+
+    @property
+    def hardware(self) -> Array:
+        """Per-node hardware-rate multiplier, normalised to a fleet mean of 1: the reference
+        rates are fleet averages that already include lemons and new nodes, so these only
+        redistribute the faults, they do not add any."""
+        raw = self.lemon * np.where(self.new, INFANT_FACTOR, 1.0)
+        normalised: Array = raw / raw.mean() if raw.size else raw
+        return normalised
 
     @classmethod
     def draw(cls, fleet: Fleet, seed: int, enabled: bool) -> Heterogeneity:
@@ -287,8 +297,7 @@ def _job_zone(fleet: Fleet, platform: str, members: tuple[int, ...]) -> str:
 def _node_weight(ftype: FaultType, hetero: Heterogeneity, node: int) -> float:
     if ftype.scale != "hardware":
         return 1.0
-    infant = 5.0 if hetero.new[node] else 1.0
-    return float(hetero.lemon[node]) * infant
+    return float(hetero.hardware[node])
 
 
 def _gpu_weight(ftype: FaultType, fleet: Fleet, hetero: Heterogeneity, ref: UnitRef) -> float:

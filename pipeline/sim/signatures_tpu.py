@@ -32,7 +32,8 @@ def _repaired(ctx: Injector, slice_index: int, at: int, workers: list[int], reas
 def t1_host(ctx: Injector, p: Placement) -> int:
     s = ctx.fleet.slices[p.node]
     worker = p.device if p.device >= 0 else 0
-    end = p.onset_ms + ctx.repair_ms(p, 24.0)
+    # the cube stays out until the machine is repaired: ~5 days (fault model §2.5)
+    end = p.onset_ms + ctx.repair_ms(p, 96.0)
     ctx.effect(Effect("host_offline", p.onset_ms, end, s.index, worker))
     chips = set(s.hosts[worker].chips)
     # The neighbours see their links into the dead host go down.
