@@ -3,5 +3,5 @@
 CREATE OR REPLACE VIEW utilization AS
 SELECT *,
        window_start + to_seconds(window_s) AS window_end,
-       window_s / 3600.0 AS hours
+       window_s::DOUBLE / 3600 AS hours
 FROM raw_utilization;
