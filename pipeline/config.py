@@ -165,6 +165,7 @@ class DetectSettings(Section, frozen=True):
     counter_quiet_s: PositiveInt = 900  # an ECC/remap episode clears after this long quiet
     # staleness
     node_stale_s: PositiveInt = 40  # a node/host silent this long (at least) is stale
+    node_down_s: PositiveInt = 120  # ... and this long, down (fatal): nothing else will come
     stale_intervals: Annotated[float, Meta(ge=1)] = 2.5  # ... or this many of its intervals
     missing_samples: PositiveInt = 2  # scrapes without a known GPU/chip before it is missing
     # XIDs

@@ -18,6 +18,8 @@ Checks (entity gpu unless noted; see gpu_rules for the thresholds):
   gpu.power.peer         straggler with hardware-like evidence  warning, cordon
   gpu.missing            a known GPU absent from the scrape     critical, fatal, reboot
   node.stale (node)      the node stopped reporting             critical, reboot
+  node.down (node)       ... and stayed silent `node_down_s`    critical, fatal, reboot
+                         (announced absences: node.stale watch only, no node.down)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pipeline.detect.stats import Baseline, alpha_for, median, median_mad
 from pipeline.model import Finding, GpuSample
 
 NODE_STALE = "node.stale"
+NODE_DOWN = "node.down"
 GPU_MISSING = "gpu.missing"
 
 
@@ -105,7 +108,8 @@ def detect_gpu(
         book, sample.ts, settings, alpha_for(settings.half_life_samples), state.interval_ms / 1000.0
     )
     if book.open:
-        ctx.emit(clear_check(book, sample.ts, NODE_STALE, None, f"node {book.name} reporting"))
+        for check in (NODE_STALE, NODE_DOWN):
+            ctx.emit(clear_check(book, sample.ts, check, None, f"node {book.name} reporting"))
     views = [
         View(str(r.index), r.uuid, r.job, r.metrics, settings.busy_util_pct) for r in sample.gpus
     ]
@@ -128,39 +132,49 @@ def detect_gpu(
 def check_stale_gpu(
     state: GpuNodeState, now_ms: int, settings: DetectSettings
 ) -> tuple[GpuNodeState, list[Finding]]:
-    """Called as event time advances (from other nodes' records): a silent node is stale.
+    """Called as event time advances (from other nodes' records): a silent node is stale, and
+    after `node_down_s` of silence down (fatal: a dead node sends nothing more, so nothing else
+    would ever move its episode forward). A node announced as going away (see announce.py) is
+    only watched.
 
-    The episode is named by when the node *became* stale (last scrape + limit), so its id does
-    not depend on how often the runtime calls this.
+    Episodes are named by when the silence crossed each limit, so their ids do not depend on
+    how often the runtime calls this.
     """
     if not state.last_ts:
         return state, []
-    limit_ms = int(max(settings.node_stale_s * 1000, settings.stale_intervals * state.interval_ms))
+    stale_ms = int(max(settings.node_stale_s * 1000, settings.stale_intervals * state.interval_ms))
     silent_ms = now_ms - state.last_ts
-    if silent_ms <= limit_ms:
-        return state, []
-    start_ts = state.last_ts + limit_ms
-    note = announced(state.book, start_ts)  # deleted, drained or maintained on purpose?
-    finding = open_check(
-        state.book,
-        now_ms,
-        check=NODE_STALE,
-        device=None,
-        kind="node",
-        severity="info" if note else "critical",
-        action="watch" if note else "reboot",
-        start_ts=start_ts,
-        evidence=evidence(
-            "seconds_since_last_scrape",
-            silent_ms / 1000,
-            state.interval_ms / 1000,
-            None,
-            limit_ms / 1000,
-        ),
-        message=f"node {state.book.name} has not reported for {silent_ms / 1000:.0f} s"
-        + (f", as announced ({note.reason})" if note else ""),
-    )
-    return state, [finding] if finding is not None else []
+    out: list[Finding] = []
+    for check, limit_ms in ((NODE_STALE, stale_ms), (NODE_DOWN, settings.node_down_s * 1000)):
+        if silent_ms <= limit_ms:
+            break
+        start_ts = state.last_ts + limit_ms
+        note = announced(state.book, start_ts)  # deleted, drained or maintained on purpose?
+        if note is not None and check == NODE_DOWN:
+            break
+        finding = open_check(
+            state.book,
+            now_ms,
+            check=check,
+            device=None,
+            kind="node",
+            severity="info" if note else "critical",
+            action="watch" if note else "reboot",
+            fatal=check == NODE_DOWN,
+            start_ts=start_ts,
+            evidence=evidence(
+                "seconds_since_last_scrape",
+                silent_ms / 1000,
+                state.interval_ms / 1000,
+                None,
+                limit_ms / 1000,
+            ),
+            message=f"node {state.book.name} has not reported for {silent_ms / 1000:.0f} s"
+            + (f", as announced ({note.reason})" if note else ""),
+        )
+        if finding is not None:
+            out.append(finding)
+    return state, out
 
 
 def _learn_interval(state: GpuNodeState, ts: int) -> None:

@@ -7,6 +7,7 @@ the entity says which chip or host. Checks:
   tpu.chip.tensorcore_util chip slower than its peers (fail-slow)          warning, watch
   tpu.chip.missing         a known chip absent from its host's scrape      critical, repair_slice
   tpu.host.stale (node)    a host went silent, the rest of the slice not   critical, repair_slice
+  tpu.host.down (node)     ... for `node_down_s`                  critical, fatal, repair_slice
   tpu.slice.stale (slice)  every host silent: taken down or maintained     warning, watch
 
 Peers of a chip are the chips on the same job on the *other* hosts of the slice (a whole host
@@ -38,6 +39,7 @@ DUTY = "tpu.chip.duty_cycle"
 UTIL = "tpu.chip.tensorcore_util"
 CHIP_MISSING = "tpu.chip.missing"
 HOST_STALE = "tpu.host.stale"
+HOST_DOWN = "tpu.host.down"
 SLICE_STALE = "tpu.slice.stale"
 DUTY_METRIC = "duty_cycle_pct"
 UTIL_METRIC = "tensorcore_util"
@@ -102,12 +104,13 @@ def detect_tpu(
     host.worker_id = sample.worker_id
     out: list[Finding] = []
     if book.open:
-        _emit(
-            out,
-            clear_check(
-                book, sample.ts, HOST_STALE, sample.node, f"host {sample.node} reporting again"
-            ),
-        )
+        for check in (HOST_STALE, HOST_DOWN):
+            _emit(
+                out,
+                clear_check(
+                    book, sample.ts, check, sample.node, f"host {sample.node} reporting again"
+                ),
+            )
         _emit(
             out,
             clear_check(book, sample.ts, SLICE_STALE, None, f"slice {book.name} reporting again"),
@@ -138,7 +141,10 @@ def check_stale_tpu(
         if not host.last_ts or now_ms <= became_stale:
             continue
         if newest > became_stale:  # another host reported after this one fell silent
-            _emit(out, _host_stale(state, node, host, now_ms, limits[node]))
+            _emit(out, _host_stale(state, node, host, now_ms, limits[node], HOST_STALE))
+            down_ms = settings.node_down_s * 1000
+            if now_ms > host.last_ts + down_ms and newest > host.last_ts + down_ms:
+                _emit(out, _host_stale(state, node, host, now_ms, down_ms, HOST_DOWN))
     if newest and now_ms - newest > max(limits.values()) and len(state.hosts) > 1:
         silent_s = (now_ms - newest) / 1000
         _emit(
@@ -165,18 +171,23 @@ def _limit_ms(host: TpuHost, settings: DetectSettings) -> int:
 
 
 def _host_stale(
-    state: TpuSliceState, node: str, host: TpuHost, now_ms: int, limit_ms: int
+    state: TpuSliceState, node: str, host: TpuHost, now_ms: int, limit_ms: int, check: str
 ) -> Finding | None:
+    """`tpu.host.stale`, or `tpu.host.down` (fatal) once the silence lasted `node_down_s`:
+    a dead host sends nothing more that could move its episode forward."""
     silent_ms = now_ms - host.last_ts
     note = announced(state.book, host.last_ts + limit_ms)
+    if note is not None and check == HOST_DOWN:
+        return None
     return open_check(
         state.book,
         now_ms,
-        check=HOST_STALE,
+        check=check,
         device=node,
         kind="node",
         severity="info" if note else "critical",
         action="watch" if note else "repair_slice",
+        fatal=check == HOST_DOWN,
         start_ts=host.last_ts + limit_ms,
         evidence=evidence(
             "seconds_since_last_scrape",

@@ -380,6 +380,15 @@ def test_silent_node_is_stale_with_an_id_independent_of_when_checked() -> None:
     assert ("node.stale", None, True) in checks(out)
 
 
+def test_long_silence_is_node_down_and_fatal() -> None:
+    state, _ = run(steps=10)
+    last = T0 + 9 * STEP_MS
+    _, out = check_stale_gpu(state, last + SETTINGS.node_down_s * 1000 + 1, SETTINGS)
+    assert [(f.check, f.fatal) for f in out] == [("node.stale", False), ("node.down", True)]
+    _, back = detect_gpu(state, gpu_sample(40), SETTINGS)
+    assert {c for c, _, healthy in checks(back) if healthy} == {"node.stale", "node.down"}
+
+
 def test_announced_absence_is_watched_not_repaired() -> None:
     state, _ = run(steps=10)
     deleted = NodeEvent(

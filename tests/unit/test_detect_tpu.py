@@ -110,7 +110,7 @@ def test_chip_missing_from_its_host_scrape() -> None:
 def test_silent_host_while_the_rest_reports_is_stale() -> None:
     state, _ = run(10)
     found: list[Finding] = []
-    for step in range(10, 20):
+    for step in range(10, 25):
         for host in (0, 1, 3):  # host 2 died
             state, out = detect_tpu(state, tpu_sample(step, host), SETTINGS)
             found += out
@@ -120,8 +120,10 @@ def test_silent_host_while_the_rest_reports_is_stale() -> None:
     assert [(f.entity.kind, f.entity.device, f.recommended_action) for f in stale] == [
         ("node", "s1-w2", "repair_slice")
     ]
-    state, out = detect_tpu(state, tpu_sample(20, 2), SETTINGS)
-    assert ("tpu.host.stale", "s1-w2", True) in checks(out)
+    down = [f for f in unhealthy(found) if f.check == "tpu.host.down"]
+    assert [(f.entity.device, f.fatal) for f in down] == [("s1-w2", True)]
+    state, out = detect_tpu(state, tpu_sample(25, 2), SETTINGS)
+    assert {"tpu.host.stale", "tpu.host.down"} <= {c for c, _, healthy in checks(out) if healthy}
 
 
 def test_whole_slice_silent_is_one_watch_not_a_repair_per_host() -> None:
