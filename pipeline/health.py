@@ -32,10 +32,21 @@ States (what we last saw happen, not what we wish):
                                  │ condition back and persisting: repair failed → cordoned,
                                  ▼ next rung of the ladder (reset_gpu → reboot → replace)
 
-The plan comes from the recommended actions of the open conditions: "cordon" only cordons
-(and waits for the conditions to close), "drain" also drains, a repair kind also repairs.
+The plan comes from the recommended actions of the open, actionable conditions ("none" and
+"watch" never act): "cordon" only cordons (and waits for the conditions to close), "drain" also
+drains, a repair kind also repairs. Persistence counts from the start of the stretch in which
+some actionable condition was open, whichever check (alternating checks do not reset it).
 Repairs escalate along a ladder by the number of repairs in `repair_window_s`; after
-`max_repairs` the target stays cordoned with nothing more proposed: a human's turn.
+`max_repairs` the target stays cordoned with nothing more proposed: a human's turn. After a
+repair, conditions stay open until their detectors clear them (detectors report on change
+only); one still open after probation_s, or new evidence persisting persist_s, fails it.
+
+Proposals: one outstanding at a time, id = stable_id("prp", episode, kind, round) where round
+counts the decisions of the episode, so a re-send carries the same id and the policy dedupes;
+episode = stable_id("ep", target_key, start of the unhealthy stretch). A target released by us
+or recreated starts any new episode afresh. Maintenance cordons (reason.checks ==
+["maintenance"]) freeze proposals until the policy releases them. NodeState.last_action is
+"<kind>:<action_id>" of the last real action applied: the policy's sign that it was seen.
 
 Pure and deterministic: `transition` returns a new state and leaves the one passed in untouched.
 """

@@ -1,42 +1,49 @@
 """Remediation policy per pool: decide(state, signal) -> (state, actions, alerts).
 
 Signals: Proposals from the health machine, NodeStates (pool membership and what is out of
-service, ours or a person's), CapacityEvents (quota, stock-out, scheduled maintenance). Every
-proposal becomes a withheld entry first; after each signal the withheld entries are released in
-order (uncordons, then fatal, then oldest) through the gates below, so a proposal held back for
-the budget goes out as soon as the budget frees, and one whose episode ended is dropped instead
-of replayed (NVSentinel's closing breaker replayed days-old events).
+service, ours or a person's), CapacityEvents (quota, stock-out, scheduled maintenance; they may
+be broadcast to every pool, each keeps those for its zone). Every proposal is withheld first;
+after each signal the withheld ones are released in order (uncordons, then fatal, then oldest)
+through the gates below, so one held back for the budget goes out as soon as the budget frees,
+and one whose episode ended meanwhile is dropped instead of replayed (NVSentinel's closing
+breaker replayed days-old events). The same proposal id twice is one action.
 
 Gates, in order:
-- human hold on the target: drop (never fight a person); one open action per target: wait;
-- drain / repairs need our cordon on the target (NodeState.cordoned_by_us), else wait; an
-  uncordon of anything we did not cordon, or that a person holds, is dropped;
-- blast radius (cordons only: drains and repairs act on a target already out): unavailable
-  targets of the pool, counting our open cordons, dry-run cordons and people's cordons,
-  stay <= min(max_unavailable, max(budget_floor, floor(pct x size))). Fatal faults may go past
-  that up to fatal_max_unavailable_pct of the pool: a dead accelerator is lost capacity already,
-  so taking it out costs little, while past half a pool the cause is more likely systemic (a
-  driver regression, a detector bug) than many independent failures;
-- capacity (non-fatal cordons and repairs that recreate the target, in a quota-exceeded,
-  near-quota or stocked-out zone): defer, with an alert;
+- drop: a person holds the target (never fight a person); a node state newer than the
+  proposal says another episode (a replay); the target is out for scheduled maintenance;
+- wait: an action of ours on the target is still open (not yet reported back by the health
+  machine, nor expired): at most one open action per target;
+- drain and repairs need our cordon (NodeState.cordoned_by_us), else wait; an uncordon of
+  anything we did not cordon, or that a person also holds, is dropped;
+- blast radius (cordons only: drains and repairs act on a target already out): targets out of
+  service in the pool, counting our open cordons, dry-run cordons and people's cordons, stay
+  <= min(max_unavailable, max(budget_floor, floor(pct x size))). budget_floor (1) lets a small
+  pool lose its one broken node. Fatal faults may go past the budget up to
+  fatal_max_unavailable_pct of the pool: a dead accelerator is lost capacity already, so taking
+  it out costs little, while past half a pool the cause is more likely systemic (a driver
+  regression, a detector bug) than independent failures, and everything stops;
+- capacity (non-fatal cordons, and repairs that recreate the target, while the zone is out of
+  quota, near it, or stocked out): defer, with an alert;
 - slow start (non-fatal cordons): after burst_cordons within burst_window_s, one per
   slow_start_interval_s until calm_s after the last one;
 - rate (non-fatal cordons and repairs): max_actions_per_hour per pool.
 Releases (uncordon) pass every capacity gate: a breaker must never keep recovered nodes out.
 
 Dry run (global, or per check when every check behind a disruptive proposal is a dry-run
-check): the action is published with dry_run=True and a distinct id, stable_id("act",
-proposal_id, "dry-run"), so a later real action for the same proposal never collides with it;
-a dry-run cordon counts against the budget for as long as its episode lasts, so dry run shows
-what the real run would do, throttling included.
+check): the action is published with dry_run=True and the id stable_id("act", proposal_id,
+"dry-run"), so a real action for the same proposal after dry run is switched off never collides
+with it; a dry-run cordon counts against the budget for as long as its episode lasts, so dry
+run shows what the real run would do, throttling included.
 
 Scheduled maintenance: cordon, then drain, maintenance_lead_s before the window; release after
 MAINTENANCE_DONE or maintenance_release_s after the window. These pass every gate and do not
-count against the failure budget, but do count as unavailable in what the alerts report.
+count against the failure budget, but do count as out of service in what the alerts report.
+A target already out of service is left alone, and not released afterwards.
 
 Alerts: one per pool and cause (budget, capacity, throttle) fires while proposals are withheld
-for it, updated when the withheld set changes, resolved when it empties; one per cordoned target
-fires with the cordon and resolves with its release. Pure: no I/O, no clock.
+for it, is re-sent when their number doubles or halves or after ALERT_REFRESH_MS, and resolves
+when none is left; one per cordoned target fires with the cordon and resolves with its release
+(ours or a person's). Pure: no I/O, no clock; the state passed in is left untouched.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ WITHHELD_ALERT: dict[str, alerts.PoolAlert | None] = {
     "awaiting_cordon": None,
 }
 _ACT, _DROP = "act", "drop"
+ALERT_REFRESH_MS = 300_000
 
 
 class TargetView(msgspec.Struct, kw_only=True, frozen=True):
@@ -651,15 +659,26 @@ def _sync_pool_alerts(st: PolicyState, settings: PolicySettings, out: _Out) -> N
             if current is not None:
                 out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
             continue
+        digest = stable_id("withheld", *(w.proposal.proposal_id for w in items))
+        if current is not None and not _update_due(current, digest, len(items), st.clock):
+            continue
         annotations = _describe(st, name, items, settings)
+        annotations |= {"withheld_count": str(len(items)), "withheld_digest": digest}
         if current is None:
             alert = alerts.pool_alert(name, st.pool or "unknown", st.cluster, st.clock, annotations)
-        elif current.annotations.get("withheld") != annotations["withheld"]:
-            alert = alerts.update(current, annotations, st.clock)
         else:
-            continue
+            alert = alerts.update(current, annotations, st.clock)
         st.alerts[name] = alert
         out.alerts.append(alert)
+
+
+def _update_due(current: Alert, digest: str, count: int, now: int) -> bool:
+    # One alert, not a storm: a burst of withheld proposals re-sends it when their number
+    # doubles or halves (log-many updates), otherwise at most every ALERT_REFRESH_MS.
+    if current.annotations.get("withheld_digest") == digest:
+        return False
+    before = int(current.annotations.get("withheld_count", "0"))
+    return count >= 2 * before or 2 * count <= before or now - current.ts >= ALERT_REFRESH_MS
 
 
 def _describe(
@@ -695,5 +714,4 @@ def _describe(
     return {
         "summary": summary,
         "description": f"{why} Withheld: {listed}.",
-        "withheld": ",".join(w.proposal.proposal_id for w in items),
     }

@@ -101,6 +101,19 @@ def test_cordons_stop_at_the_budget_with_one_alert_that_resolves_when_it_frees()
     assert not state.withheld
 
 
+def test_a_burst_of_withheld_proposals_is_one_alert_updated_log_many_times() -> None:
+    state = pool(100)  # budget 10
+    burst = [proposal(target(f"n{i}"), 10 + i / 100) for i in range(50)]
+    state, actions, raised = run(state, burst)
+    assert len(actions) == 10
+    updates = [a for a in raised if a.labels["alertname"] == "FleetPulseBudgetExhausted"]
+    assert {a.fingerprint for a in updates} == {updates[0].fingerprint}
+    assert 1 < len(updates) <= 7  # 1, 2, 4, 8, 16, 32 withheld: not one message per proposal
+    resent = [msgspec.structs.replace(p, ts=p.ts + 301_000) for p in burst[10:]]
+    state, _, raised = run(state, resent)  # the health machine re-sends; 5 min have passed
+    assert [a.annotations["withheld_count"] for a in raised] == ["40"]
+
+
 def test_people_cordons_count_against_the_budget() -> None:
     state = pool(20)
     held = [node_state(target(f"n{i}"), 1, "cordoned", human=True) for i in (5, 6)]
