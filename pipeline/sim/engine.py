@@ -80,7 +80,10 @@ SIGNATURES: dict[str, Signature] = {
     "T4/sdc": tpu_sig.t4_sdc,
     "C1/preempt": gpu_sig.c1_preempt,
 }
-EPISODE_CODES = ("H4", "H5")  # fleet-level episodes: scheduled first, they modulate other rates
+# fleet-level episodes: scheduled first, they modulate other rates
+EPISODE_CODES = ("H4", "H5")
+# drawn with the fleet, not injectable (S4 may be forced on a job)
+PROPERTY_CODES = ("H1", "H2", "H3", "S5")
 EXCLUSIVE_KLASSES = ("hard", "gray", "planned")
 # An OCS sits outside the slice: its failure leaves the slice usable for other faults.
 NON_EXCLUSIVE_CODES = ("T3",)
@@ -140,7 +143,12 @@ class Simulation:
             settings.diurnal,
         )
         tpu = TpuTelemetry(
-            self.fleet, self.workload, tpu_effects, _tpu_changes(changes), settings.seed
+            self.fleet,
+            self.workload,
+            tpu_effects,
+            _tpu_changes(changes),
+            settings.seed,
+            settings.diurnal,
         )
         quotas = CapacitySignals(self.fleet, settings)
         events = [
@@ -275,10 +283,12 @@ def _available(sim: Simulation, ctx: Injector, ftype: FaultType, unit: UnitRef, 
         return not any(
             _busy(ctx, ("node", n.index), ts) for n in sim.fleet.gpu_nodes if n.rack == unit.a
         )
-    if not _exclusive(ftype):
-        return True
     owner = _owner(sim, ftype, unit)
-    return owner is None or not _busy(ctx, owner, ts)
+    if owner is None or owner[0] == "job":
+        return owner is None or not _exclusive(ftype) or not _busy(ctx, owner, ts)
+    # A node or slice taken out by an earlier fault gets no new one, not even noise: a host
+    # that is down or being repaired writes no kernel log.
+    return not _busy(ctx, owner, ts)
 
 
 def _random_placement(
@@ -302,6 +312,13 @@ def _random_placement(
 def _forced_placement(
     sim: Simulation, ctx: Injector, ftype: FaultType, ts: int, spec: ForcedFault, seq: int
 ) -> Placement:
+    if ftype.code in PROPERTY_CODES:
+        raise ValueError(
+            f"{ftype.key} is a property of the fleet drawn at creation, not an event to inject"
+        )
+    if not ctx.start_ms <= ts < ctx.end_ms:
+        span = (ctx.end_ms - ctx.start_ms) // 1000
+        raise ValueError(f"forced {ftype.key} at {spec.at_s} s lies outside the run (0-{span} s)")
     unit = _resolve_unit(sim, ftype, spec, ts)
     duration = int(spec.duration_s * 1000) if spec.duration_s is not None else None
     return Placement(ftype, ts, unit, forced=True, duration_ms=duration, seq=seq)

@@ -231,23 +231,26 @@ class Injector:
     def take_out(self, node: int, at: int, until: int, hang_ms: int) -> int | None:
         """The node's job loses this node at `at`: a multi-node training job hangs for
         `hang_ms` (peers wait in a collective), fails, and restarts minutes later on its other
-        nodes; a single-node job just ends. The node takes no new job before `until`.
-        Returns the job index that was hit, if any."""
+        nodes; a single-node job just ends. The node takes no new job before `until`, when a
+        training node rejoins its job. Returns the job index that was hit, if any."""
         job = self.workload.job_at(node, at)
         record = self.workload.jobs[job] if job >= 0 else None
+        rejoin = job if record is not None and record.kind == "train" else None
         if record is not None and record.multi_node and record.kind == "train":
             crash = at + hang_ms
             others = [n for n in self.workload.members_at(job, crash) if n != node]
-            self.workload.vacate(node, crash, until)
+            self.workload.vacate(node, crash, until, rejoin)
             if others:
                 restart = self.workload.interrupt(
                     job, at, hang_ms, int(self.rng.uniform(5, 15) * MINUTE)
                 )
                 self.busy_job[job] = max(self.busy_job.get(job, 0), restart)
-            else:
+            else:  # it was the last node: the job waits for it to come back
                 self.workload.set_state(job, crash, DOWN)
+                self.workload.set_state(job, until, RUN)
+                self.busy_job[job] = max(self.busy_job.get(job, 0), until)
         else:
-            self.workload.vacate(node, at, until)
+            self.workload.vacate(node, at, until, rejoin)
         return job if job >= 0 else None
 
     def reboot(self, node: int, at: int, offline_ms: int, reason: str) -> int:

@@ -14,7 +14,8 @@ import numpy.typing as npt
 
 from pipeline.model import IciLink, IciSample, TpuChipReading, TpuSample
 from pipeline.sim.effects import Change, Effect
-from pipeline.sim.fleet import Fleet, TpuSlice
+from pipeline.sim.fleet import LOCAL_HOUR_OFFSET, Fleet, TpuSlice
+from pipeline.sim.gpu import diurnal_dip
 from pipeline.sim.workload import DOWN, HANG, RUN, Workload
 
 Array = npt.NDArray[Any]
@@ -58,8 +59,10 @@ class TpuTelemetry:
         effects: list[Effect],
         changes: list[Change],
         seed: int,
+        diurnal: bool = True,
     ) -> None:
         self.fleet, self.workload = fleet, workload
+        self.diurnal = diurnal
         self.rng = np.random.default_rng([seed, 11])
         self.slices = [_SliceState(s, self.rng) for s in fleet.slices]
         self._effects = sorted(effects, key=lambda e: (e.start_ms, e.node, e.device))
@@ -134,7 +137,7 @@ class TpuTelemetry:
         kind = self.workload.jobs[job].kind if job >= 0 else None
         run_state = self.job_state.get(job, DOWN) if job >= 0 else DOWN
         noise = self.rng.standard_normal((3, chips))
-        pace = float(speed.min())
+        pace = float(speed.min()) * (1 - self._dip(s, t_ms))
         training = kind == "train"
         if training and run_state == RUN:
             duty = np.clip(97.5 + 1.0 * noise[0], 0.0, 100.0)
@@ -162,6 +165,11 @@ class TpuTelemetry:
             state.errors += self.rng.poisson(error_rate * dt)
         state.health = health
         state.offline = offline
+
+    def _dip(self, s: TpuSlice, t_ms: int) -> float:
+        if not self.diurnal:
+            return 0.0
+        return diurnal_dip(t_ms, float(LOCAL_HOUR_OFFSET.get(s.region, 0)))
 
     def chip_samples(self, t_ms: int) -> list[TpuSample]:
         samples = []

@@ -85,11 +85,15 @@ class Workload:
         self._seq += 1
         bisect.insort(self.state_ops[job], (ts, self._seq, state))
 
-    def vacate(self, node: int, ts: int, until: int) -> None:
-        """The node leaves whatever job it runs at `ts` and takes no new one before `until`."""
+    def vacate(self, node: int, ts: int, until: int, rejoin: int | None = None) -> None:
+        """The node leaves whatever job it runs at `ts` and takes no new one before `until`;
+        then it rejoins job `rejoin` (a training job gets its repaired node back)."""
         ops = [op for op in self.node_ops[node] if not ts <= op[0] < until]
         self._seq += 1
         ops.append((ts, self._seq, -1))
+        if rejoin is not None:
+            self._seq += 1
+            ops.append((until, self._seq, rejoin))
         self.node_ops[node] = sorted(ops)
 
     def interrupt(self, job: int, at: int, hang_ms: int, down_ms: int) -> int:

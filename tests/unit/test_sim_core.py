@@ -311,3 +311,29 @@ def test_quiet_fleet_has_only_the_forced_fault() -> None:
 def test_forced_fault_on_an_unknown_target_is_refused() -> None:
     with pytest.raises(ValueError, match="no GPU node named"):
         Simulation(BUSY, [ForcedFault(fault_type="G1", at_s=1, target="nope")])
+
+
+@pytest.mark.parametrize(
+    ("fault", "words"),
+    [
+        (ForcedFault(fault_type="H1", at_s=1), "property of the fleet"),
+        (ForcedFault(fault_type="G1", at_s=BUSY.duration_s + 5), "outside the run"),
+        (ForcedFault(fault_type="T3", at_s=1, target="fp-us-central1-tpu-v5litepod-16-00"), "no eligible TPU slice"),
+    ],
+)
+def test_impossible_forced_faults_are_refused(fault: ForcedFault, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        Simulation(BUSY, [fault])
+
+
+def test_a_repaired_training_node_rejoins_its_job() -> None:
+    settings = msgspec.structs.replace(BUSY, random_faults=False, duration_s=1500, tpu_slices=0)
+    sim = Simulation(settings, [ForcedFault(fault_type="N2", at_s=60, duration_s=300)])
+    fault = next(f for f in sim.ground_truth if f.forced)
+    node = sim.fleet.node_by_name(fault.target.name)
+    assert node is not None and fault.job is not None
+    jobs = [
+        (e.ts, e.gpus[0].job) for e in sim.events() if isinstance(e, GpuSample) and e.node == node.name
+    ]
+    assert any(ts > fault.end_ms and job == fault.job for ts, job in jobs)
+    assert not any(fault.onset_ms <= ts < fault.end_ms for ts, _ in jobs)
