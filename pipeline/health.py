@@ -88,6 +88,7 @@ _SEVERITY = {"info": 0, "warning": 1, "critical": 2}
 MAX_CONDITIONS = 256  # beyond this, new devices of a check share one condition
 _APPLIED_MAX = 16
 _FINDING_IDS_MAX = 16
+_MESSAGE_MAX = 240  # kept per condition; the finding itself is in the lake
 _MS = 1000
 
 
@@ -226,7 +227,7 @@ def _on_finding(st: HealthState, finding: Finding) -> None:
             fatal=finding.fatal,
             recommended=finding.recommended_action,
             finding_ids=[finding.finding_id],
-            message=finding.message,
+            message=finding.message[:_MESSAGE_MAX],
         )
         return
     cond.first_ts = min(cond.first_ts, finding.ts)
@@ -238,7 +239,7 @@ def _on_finding(st: HealthState, finding: Finding) -> None:
         cond.severity = finding.severity
     if finding.finding_id != cond.finding_ids[0]:
         cond.finding_ids = [cond.finding_ids[0], finding.finding_id]
-    cond.message = finding.message or cond.message
+    cond.message = finding.message[:_MESSAGE_MAX] or cond.message
 
 
 def _strength(recommended: str) -> tuple[int, int]:
@@ -289,8 +290,8 @@ def _on_node_event(st: HealthState, event: NodeEvent) -> None:
 def _human_hold(st: HealthState) -> None:
     st.human_hold = True
     st.outstanding = None
-    if st.state in PRE_CORDON:
-        _enter(st, "cordoned")
+    if st.state in PRE_CORDON or (st.state == "probation" and not st.cordoned_by_us):
+        _enter(st, "cordoned")  # out of service: a person's cordon, shown as such
 
 
 def _human_release(st: HealthState) -> None:
