@@ -12,7 +12,9 @@ Flags override the [sim] section of the config. Same settings and seed: identica
 
 Fault specs for --inject: TYPE[/VARIANT]@SECONDS[:TARGET[:DEVICE]], TARGET being a GPU node,
 TPU slice, job, zone or driver name and DEVICE a GPU index, chip id or directed ICI link index.
-Types: G1-G10, N1-N3, F1-F3, J1-J4, S1-S6, H1-H5, T1-T4, C1 (see `--list-faults`).
+Types: G1-G10, N1-N3, F1-F3, J1-J4, S1-S4, S6, H4, H5, T1-T4, C1 (see `--list-faults`; H1-H3
+and S5 are properties of the fleet, drawn with it). `--intensity` multiplies the rates, but no
+type fires more than `--max-rate` times per node-hour (per node-sized unit: a job counts 4).
 """
 
 from __future__ import annotations
@@ -77,6 +79,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="m_fleet: scale hardware fault rates (fault model §1.1)",
     )
     parser.add_argument(
+        "--max-rate",
+        type=float,
+        metavar="R",
+        help="cap on any type's rate per node-hour (default 0.05)",
+    )
+    parser.add_argument(
+        "--only", metavar="TYPES", help="draw only these types at random, e.g. G1,G5,T2/ici"
+    )
+    parser.add_argument(
         "--no-random-faults", action="store_true", help="inject only the --inject faults"
     )
     parser.add_argument("--no-diurnal", action="store_true", help="no day/night cycle")
@@ -108,7 +119,10 @@ def sim_settings(args: argparse.Namespace, base: SimSettings) -> SimSettings:
         "intensity": args.intensity,
         "noise_intensity": args.noise_intensity,
         "fleet_multiplier": args.fleet_multiplier,
+        "max_rate_per_node_h": args.max_rate,
     }
+    if args.only:
+        overrides["fault_types"] = tuple(_type_name(t) for t in args.only.split(",") if t.strip())
     if args.interval is not None:
         overrides.update(
             gpu_interval_s=args.interval, tpu_interval_s=args.interval, ici_interval_s=args.interval
@@ -125,6 +139,11 @@ def sim_settings(args: argparse.Namespace, base: SimSettings) -> SimSettings:
         return msgspec.convert(merged, SimSettings)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid simulator option: {str(exc).replace('$.', '')}") from None
+
+
+def _type_name(text: str) -> str:
+    code, sep, variant = text.strip().partition("/")
+    return f"{code.upper()}{sep}{variant.lower()}"
 
 
 def _handle(args: argparse.Namespace, settings: Settings) -> int:

@@ -20,7 +20,15 @@ from pipeline.sim import signatures_job as job_sig
 from pipeline.sim import signatures_tpu as tpu_sig
 from pipeline.sim.capacity import CapacitySignals, schedule_background
 from pipeline.sim.effects import TPU_KINDS, Change
-from pipeline.sim.faults import FAULT_TYPES, FaultType, ForcedFault, InjectedFault, fault_type
+from pipeline.sim.faults import (
+    CODES,
+    FAULT_TYPE_BY_KEY,
+    FAULT_TYPES,
+    FaultType,
+    ForcedFault,
+    InjectedFault,
+    fault_type,
+)
 from pipeline.sim.fleet import Fleet, build_fleet
 from pipeline.sim.gpu import GpuTelemetry
 from pipeline.sim.inject import Injector, Placement
@@ -97,6 +105,9 @@ class Simulation:
     """
 
     def __init__(self, settings: SimSettings, faults: Sequence[ForcedFault] = ()) -> None:
+        unknown = [t for t in settings.fault_types if t not in CODES and t not in FAULT_TYPE_BY_KEY]
+        if unknown:
+            raise ValueError(f"unknown fault types {unknown}; known: {sorted(FAULT_TYPE_BY_KEY)}")
         self.settings = settings
         intervals = [
             settings.gpu_interval_s,

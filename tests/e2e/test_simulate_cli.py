@@ -85,6 +85,7 @@ def test_help_lists_outputs_and_fault_specs() -> None:
         (["--out", "x", "--inject", "G99@1"], "unknown fault type"),
         (["--out", "x", "--inject", "G1@5:no-such-node"], "no GPU node named"),
         (["--out", "x", "--duration", "0"], "duration_s"),
+        (["--out", "x", "--only", "G1,Z9"], "unknown fault types"),
     ],
 )
 def test_bad_input_is_a_clear_error(args: list[str], words: str, tmp_path: Path) -> None:
