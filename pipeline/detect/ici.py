@@ -35,7 +35,7 @@ from pipeline.detect.findings import (
     refresh,
     timed_step,
 )
-from pipeline.detect.stats import Baseline, alpha_for, counter_delta, learn, median
+from pipeline.detect.stats import alpha_for, counter_delta, median
 from pipeline.model import EntityKind, Finding, IciLink, IciSample, RecommendedAction, Severity
 
 LINK_DOWN = "ici.link.down"
@@ -43,7 +43,6 @@ LINK_DEGRADED = "ici.link.degraded"
 CHIP_DOWN = "ici.chip.down"
 HOST_DOWN = "ici.host.down"
 OCS = "ici.ocs.degraded"
-RATIO_FLOOR = 0.02
 
 
 class LinkEnd(msgspec.Struct, kw_only=True, gc=False):
@@ -58,18 +57,19 @@ class LinkEnd(msgspec.Struct, kw_only=True, gc=False):
     tx: int | None = None
     rx: int | None = None
     errors: int | None = None
-    share: Baseline = msgspec.field(default_factory=Baseline)  # flit rate / host median
+    share: float = 0.0  # EW mean of its flit rate / the host's median link rate ...
+    shares: int = 0  # ... over this many samples
     down: bool = False
     degraded: str = ""  # why it is degraded ("" = it is not)
 
 
 class IciSliceState(msgspec.Struct, kw_only=True):
     book: Book
-    ends: dict[str, LinkEnd] = {}  # by "chip>peer"
+    ends: dict[int, LinkEnd] = {}  # by end_key(chip, peer)
     hosts: dict[str, int] = {}  # last ts per reporting host
     peers_of: dict[int, list[int]] = {}  # chip -> every chip it has a link with
     chip_host: dict[int, str] = {}  # chip -> the host that reports its links
-    unhealthy: list[str] = []  # ends that are down or degraded
+    unhealthy: list[int] = []  # keys of the ends that are down or degraded
     runs: dict[str, Run] = {}  # by verdict key
     dropped: int = 0
 
@@ -112,38 +112,55 @@ def detect_ici(
     return state, _judge(state, sample.ts, settings)
 
 
+def end_key(chip: int, peer: int) -> int:
+    """One int per directed link end (chip ids are below 2**20): cheaper than text keys."""
+    return chip << 20 | peer
+
+
 def _update_ends(state: IciSliceState, sample: IciSample, settings: DetectSettings) -> None:
     rates: list[tuple[LinkEnd, float]] = []
-    errors_per_s: dict[str, float] = {}
+    unhealthy = state.unhealthy
+    changed = False
+    down_health = settings.ici_down_health
     for link in sample.links:
-        key = f"{link.chip_id}>{link.peer_chip_id}"
+        key = link.chip_id << 20 | link.peer_chip_id
         end = state.ends.get(key)
         if end is None:
             end = state.ends[key] = _new_end(state, link, sample.node)
-        dt_s = (sample.ts - end.ts) / 1000 if end.ts else 0.0
-        flits = counter_delta(end.tx, link.flits_tx) + counter_delta(end.rx, link.flits_rx)
-        if link.errors is not None and dt_s > 0:
-            errors_per_s[key] = counter_delta(end.errors, link.errors) / dt_s
-        if dt_s > 0 and end.tx is not None:
+            state.chip_host[link.chip_id] = sample.node
+        elif end.host != sample.node:
+            end.host = state.chip_host[link.chip_id] = sample.node
+        errors = 0.0
+        if end.ts and sample.ts > end.ts:
+            dt_s = (sample.ts - end.ts) / 1000
+            flits = counter_delta(end.tx, link.flits_tx) + counter_delta(end.rx, link.flits_rx)
             rates.append((end, flits / dt_s))
-        end.ts, end.health, end.host = sample.ts, link.health, sample.node
-        state.chip_host[link.chip_id] = sample.node
+            if link.errors is not None:
+                errors = counter_delta(end.errors, link.errors) / dt_s
+        end.ts, end.health = sample.ts, link.health
         end.tx, end.rx, end.errors = link.flits_tx, link.flits_rx, link.errors
-        end.down = link.health >= settings.ici_down_health
-        end.degraded = "ici_link_health" if 0 < link.health < settings.ici_down_health else ""
-        error_rate = errors_per_s.get(key, 0.0)
-        if not end.down and error_rate >= settings.ici_errors_per_s:
-            end.degraded = end.degraded or "ici_errors_per_s"
-    _judge_shares(rates, settings)
-    unhealthy = set(state.unhealthy)
-    for link in sample.links:
-        key = f"{link.chip_id}>{link.peer_chip_id}"
-        end = state.ends[key]
-        if end.down or end.degraded:
-            unhealthy.add(key)
+        end.down = link.health >= down_health
+        if link.health and not end.down:
+            end.degraded = "ici_link_health"
+        elif not end.down and errors >= settings.ici_errors_per_s:
+            end.degraded = "ici_errors_per_s"
         else:
-            unhealthy.discard(key)
-    state.unhealthy = sorted(unhealthy)
+            end.degraded = ""
+        if end.down or end.degraded:
+            if key not in unhealthy:
+                unhealthy.append(key)
+                changed = True
+        elif unhealthy and key in unhealthy:
+            unhealthy.remove(key)
+    _judge_shares(rates, settings)
+    for end, _ in rates:
+        if end.degraded == "flit_share":
+            key = end_key(end.chip, end.peer)
+            if key not in unhealthy:
+                unhealthy.append(key)
+                changed = True
+    if changed:
+        unhealthy.sort()
 
 
 def _new_end(state: IciSliceState, link: IciLink, node: str) -> LinkEnd:
@@ -156,31 +173,27 @@ def _new_end(state: IciSliceState, link: IciLink, node: str) -> LinkEnd:
 
 def _judge_shares(rates: list[tuple[LinkEnd, float]], settings: DetectSettings) -> None:
     """A link carrying far less than its usual share of the host's ICI traffic is degraded
-    (traffic moves with the job, so the share, not the rate, is what stays put)."""
+    (traffic moves with the job, so the share, not the rate, is what stays put). The usual
+    share is a plain EW mean, learned slowly while the link looks low or is down."""
     positive = [rate for _, rate in rates if rate > 0]
     if len(positive) < settings.peer_min:
         return
     host_median = median(positive)
     alpha = alpha_for(settings.half_life_samples)
+    warmup, keep = settings.warmup_samples, 1 - settings.ici_flit_drop_frac
     for end, rate in rates:
         share = rate / host_median
-        base = end.share
-        low = (
-            not end.down
-            and base.n >= settings.warmup_samples
-            and share <= base.mean * (1 - settings.ici_flit_drop_frac)
-        )
-        learn(
-            base,
-            share,
-            alpha,
-            settings.warmup_samples,
-            settings.clip_z,
-            RATIO_FLOOR,
-            settings.anomaly_adapt if low or end.down else 1.0,
-        )
-        if low:
-            end.degraded = end.degraded or "flit_share"
+        n = end.shares = end.shares + 1
+        low = not end.down and n > warmup and share <= end.share * keep
+        if n == 1:
+            end.share = share
+        else:
+            a = 1.0 / n if n * alpha < 1.0 else alpha
+            if low or end.down:
+                a *= settings.anomaly_adapt
+            end.share += a * (share - end.share)
+        if low and not end.degraded:
+            end.degraded = "flit_share"
 
 
 def _judge(state: IciSliceState, ts: int, settings: DetectSettings) -> list[Finding]:
@@ -337,7 +350,7 @@ def _down_links(
             continue  # explained by the chip
         low, high = sorted((end.chip, end.peer))
         key = f"{LINK_DOWN}|{low}-{high}"
-        other = state.ends.get(f"{end.peer}>{end.chip}")
+        other = state.ends.get(end_key(end.peer, end.chip))
         both = other is not None and other.ts > fresh_after and other.down
         named = end if end.chip == low or other is None else other
         verdict = links.get(key)

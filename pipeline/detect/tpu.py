@@ -43,9 +43,9 @@ HOST_DOWN = "tpu.host.down"
 SLICE_STALE = "tpu.slice.stale"
 DUTY_METRIC = "duty_cycle_pct"
 UTIL_METRIC = "tensorcore_util"
-# Above this many chips, slice-wide medians are cached for a few seconds instead of being
+# From this many hosts on, slice-wide medians are cached for a few seconds instead of being
 # recomputed for every host's scrape (a 256-chip slice has 64 hosts reporting each round).
-DIRECT_PEERS_MAX = 64
+CACHED_PEERS_MIN_HOSTS = 4
 PEER_REFRESH_MS = 5_000
 
 
@@ -292,8 +292,10 @@ def _peers(
 ) -> dict[str, tuple[int, float, float]]:
     """Per job: (chips, median duty cycle, median TensorCore util) of the fresh peer chips."""
     fresh_after = sample.ts - settings.node_stale_s * 1000
-    if len(state.chips) > DIRECT_PEERS_MAX:
-        if sample.ts - state.peers_ts < PEER_REFRESH_MS:
+    if len(state.hosts) >= CACHED_PEERS_MIN_HOSTS:
+        # One host is at most a quarter of the chips here: slice-wide medians barely move
+        # without it, and recomputing them for every host's scrape would cost O(chips).
+        if abs(sample.ts - state.peers_ts) < PEER_REFRESH_MS:
             return state.peers
         state.peers, state.peers_ts = _medians(state, fresh_after, None), sample.ts
         return state.peers
