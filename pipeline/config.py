@@ -61,6 +61,8 @@ class LakeSettings(Section, frozen=True):
     compact_min_files: Annotated[int, Meta(ge=2)] = 4
     compact_rows: PositiveInt = 2_000_000
     stale_tmp_s: PositiveInt = 3600
+    # merged files stay this long after compaction, so queries that listed them can finish
+    compact_keep_s: Annotated[int, Meta(ge=0)] = 600
     # USD per accelerator-hour by model regex (as in catalog/prices.csv), ahead of the list
     # prices: {"H100" = 6.5} makes every H100 cost 6.5 whatever the catalog says.
     prices: dict[str, Annotated[float, Meta(gt=0)]] = {}

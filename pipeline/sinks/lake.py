@@ -100,14 +100,26 @@ def partition_dirs(root: Path, table: str) -> Iterator[Path]:
 
 def files_in(directory: Path) -> list[LakeFile]:
     """The finished Parquet files of one partition directory that no compacted file supersedes."""
+    found = _scan(directory)
+    ranges = [f for f in found if f.compacted]
+    return sorted(f for f in found if not any(_supersedes(r, f) for r in ranges))
+
+
+def superseded_in(directory: Path) -> list[tuple[LakeFile, LakeFile]]:
+    """(file, the compacted file that holds its rows) for files readers no longer read."""
+    found = _scan(directory)
+    ranges = [f for f in found if f.compacted]
+    return sorted((f, r) for f in found for r in ranges if _supersedes(r, f))
+
+
+def _scan(directory: Path) -> list[LakeFile]:
     found = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
             parsed = parse_file(Path(entry.path))
             if parsed is not None:
                 found.append(parsed)
-    ranges = [f for f in found if f.compacted]
-    return sorted(f for f in found if not any(_supersedes(r, f) for r in ranges))
+    return found
 
 
 def _supersedes(compacted: LakeFile, other: LakeFile) -> bool:

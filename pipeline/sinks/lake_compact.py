@@ -4,8 +4,9 @@ Only files whose offsets the sink has committed are merged (`LakeWriter.mark_com
 above the committed offset may still be replaced by a replay after a crash, and merging it would
 let the replay add its rows a second time. Files of one (topic, partition) are merged in offset
 order into `<topic>-<partition>-<first>-to-<last>.parquet`; once that file is renamed into
-place, readers (`visible_files`) ignore the files it holds, which are then deleted. No moment
-exists at which a row is missing or counted twice.
+place, readers (`visible_files`) ignore the files it holds. Those are deleted only after
+lake.compact_keep_s, by a later run, so a query that listed them just before the swap can still
+read them. No moment exists at which a row is missing or counted twice.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pipeline.sinks.lake import (
     files_in,
     partition_dirs,
     read_committed,
+    superseded_in,
     write_atomically,
     write_parquet,
 )
@@ -41,6 +43,7 @@ class CompactionReport:
     files_written: int = 0
     rows: int = 0
     tmp_removed: int = 0
+    superseded_removed: int = 0
 
 
 def compact(
@@ -58,6 +61,7 @@ def compact(
                 report.rows += _merge(TABLES[name], directory, run, settings)
                 report.files_merged += len(run)
                 report.files_written += 1
+            report.superseded_removed += _remove_superseded(directory, settings.compact_keep_s)
     return report
 
 
@@ -96,10 +100,6 @@ def _merge(spec: TableSpec, directory: Path, run: list[LakeFile], settings: Lake
     merged = merged.replace_schema_metadata(metadata)
     target = directory / compacted_file_name(run[0].topic, run[0].partition, run[0].first, last)
     write_atomically(target, lambda tmp: write_parquet(tmp, merged, settings))
-    for lake_file in run:
-        if lake_file.path != target:
-            with contextlib.suppress(FileNotFoundError):
-                lake_file.path.unlink()
     return int(merged.num_rows)
 
 
@@ -127,6 +127,17 @@ def _last_offset(lake_file: LakeFile) -> int:
     metadata = pq.read_schema(lake_file.path).metadata or {}
     value = metadata.get(b"fleetpulse.last_offset")
     return int(value) if value is not None else lake_file.last
+
+
+def _remove_superseded(directory: Path, keep_s: int) -> int:
+    removed = 0
+    cutoff = time.time() - keep_s
+    for lake_file, holder in superseded_in(directory):
+        with contextlib.suppress(FileNotFoundError):
+            if holder.path.stat().st_mtime <= cutoff:
+                lake_file.path.unlink()
+                removed += 1
+    return removed
 
 
 def _remove_stale_tmp(directory: Path, stale_s: int) -> int:

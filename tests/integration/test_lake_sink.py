@@ -61,10 +61,12 @@ def _sink(
         "FLEETPULSE_KAFKA__BOOTSTRAP": kafka.bootstrap,
         "FLEETPULSE_KAFKA__TOPIC_PREFIX": kafka.topic_prefix,
         "FLEETPULSE_LAKE__GROUP_ID": group,
-        # small flushes of many small row groups: many files, each written for a while
+        # small flushes of tiny, hard-compressed row groups: many files, each written for long
+        # enough that the test can catch one in the act
         "FLEETPULSE_LAKE__FLUSH_ROWS": "200",
         "FLEETPULSE_LAKE__FLUSH_SECONDS": "1",
-        "FLEETPULSE_LAKE__ROW_GROUP_ROWS": "5",
+        "FLEETPULSE_LAKE__ROW_GROUP_ROWS": "2",
+        "FLEETPULSE_LAKE__COMPRESSION_LEVEL": "22",
         # the restarted sink gets the killed one's partitions after this long
         "FLEETPULSE_LAKE__SESSION_TIMEOUT_S": "6",
     }
@@ -76,21 +78,36 @@ def _sink(
 
 
 def _tmp_files(lake: Path) -> list[Path]:
-    return list(lake.rglob(".*.tmp"))
+    """Temporary files under lake/<table>/date=…/hour=…/ (a quick walk: it runs in a tight loop)."""
+    found, folders = [], [lake]
+    for depth in range(4):
+        deeper = []
+        for folder in folders:
+            try:
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if depth == 3 and entry.name.endswith(".tmp"):
+                    found.append(Path(entry.path))
+                elif depth < 3 and entry.is_dir() and not entry.name.startswith("_"):
+                    deeper.append(entry.path)
+        folders = deeper
+    return found
 
 
 def _kill_mid_write(process: subprocess.Popen[bytes], lake: Path, log: Path) -> None:
     """SIGKILL the sink the moment a temporary file shows that it is writing."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"the sink ended before it could be killed:\n{log.read_text()[-3000:]}")
-        if any(visible_files(lake, "utilization")) and _tmp_files(lake):
+        if _tmp_files(lake):
             process.send_signal(signal.SIGKILL)
             process.wait(timeout=10)
             return
     process.kill()
-    pytest.fail(f"never saw the sink mid-write within 60 s:\n{log.read_text()[-3000:]}")
+    pytest.fail(f"never saw the sink mid-write within 120 s:\n{log.read_text()[-3000:]}")
 
 
 def test_sigkill_mid_write_then_restart_leaves_every_row_exactly_once(

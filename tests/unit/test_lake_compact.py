@@ -18,7 +18,9 @@ from pipeline.sinks.lake_compact import compact
 from pipeline.sinks.lake_tables import UTILIZATION
 from tests import lake_fixture as fx
 
-SETTINGS = LakeSettings(compact_min_files=2)
+SETTINGS = LakeSettings(compact_min_files=2, compact_keep_s=0)
+# merged files kept for a while, as in production: readers that listed them can still read them
+KEEPING = LakeSettings(compact_min_files=2)
 ORDER = ["window_start", "node", "device"]
 
 
@@ -109,7 +111,7 @@ def test_compaction_is_safe_while_a_writer_writes_and_a_reader_reads(tmp_path: P
         thread.start()
     merged = 0
     while not done.is_set():
-        merged += compact(tmp_path, SETTINGS).files_merged
+        merged += compact(tmp_path, KEEPING).files_merged
         time.sleep(0.01)
     for thread in threads:
         thread.join()
@@ -118,3 +120,18 @@ def test_compaction_is_safe_while_a_writer_writes_and_a_reader_reads(tmp_path: P
     assert merged > 0, "compaction never ran while the writer was writing"
     expected = UTILIZATION.to_arrow(rows).sort_by([(c, "ascending") for c in ORDER]).to_pylist()
     assert table_content(tmp_path) == expected
+
+
+def test_merged_files_are_kept_for_a_while_but_never_read(tmp_path: Path) -> None:
+    rows = fx.utilization()
+    write_in_batches(tmp_path, rows, batch=100, commit_upto=len(rows))
+    before = table_content(tmp_path)
+    on_disk = sum(len(os.listdir(d)) for d in partition_dirs(tmp_path, "utilization"))
+    report = compact(tmp_path, KEEPING)
+    assert report.files_merged > 0 and report.superseded_removed == 0
+    assert table_content(tmp_path) == before  # the kept files are invisible to readers
+    kept = sum(len(os.listdir(d)) for d in partition_dirs(tmp_path, "utilization"))
+    assert kept == on_disk + report.files_written
+    later = compact(tmp_path, SETTINGS)  # their time is up
+    assert later.superseded_removed == report.files_merged and later.files_merged == 0
+    assert table_content(tmp_path) == before
