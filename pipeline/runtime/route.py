@@ -31,6 +31,7 @@ from pipeline.model import (
 # Staleness is checked each time event time crosses a TICK_MS boundary; both runtimes use
 # the boundary itself as "now", so replays and the two runtimes agree on finding ids.
 TICK_MS = 10_000
+REPUBLISH_MS = 5 * 60_000
 Telemetry = GpuSample | XidEvent | TpuSample | IciSample
 HealthSignal = Finding | NodeEvent | Action
 PolicySignal = Proposal | NodeState | CapacityEvent
@@ -115,7 +116,11 @@ def on_health(
 
 
 def _state_changed(before: NodeState, after: NodeState) -> bool:
-    # `ts` moves with every heartbeat; only a change of what the state says is news.
+    # `ts` moves with every heartbeat; a change of what the state says is news, and so is the
+    # first signal of each REPUBLISH_MS of event time: the policy has no clock but its inputs,
+    # and maintenance lead times or throttled proposals must not wait for the next failure.
+    if before.ts // REPUBLISH_MS != after.ts // REPUBLISH_MS:
+        return True
     return msgspec.structs.replace(before, ts=after.ts) != after
 
 

@@ -81,3 +81,13 @@ def test_zone_wide_capacity_event_reaches_every_pool_of_the_zone() -> None:
     runtime.feed(stockout)
     assert set(runtime.policy) == {"pool-a", "pool-b"}
     assert all(state.stockout_until > stockout.ts for state in runtime.policy.values())
+
+
+def test_node_state_is_republished_every_five_minutes_of_event_time() -> None:
+    # The policy's only clock is its input; a quiet healthy node must still tick it.
+    gpu = _sample("gpu_sample", GpuSample)
+    assert isinstance(gpu, GpuSample)
+    quiet = [msgspec.structs.replace(gpu, ts=gpu.ts + i * 10_000) for i in range(6 * 60 * 2)]  # 2 h
+    states = collect(SETTINGS, quiet)["node-state"]
+    assert {s.state for s in states if isinstance(s, NodeState)} == {"healthy"}
+    assert 20 <= len(states) <= 26, len(states)
