@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.config import SimSettings
+from pipeline.ids import stable_id
 from pipeline.model import CapacityEvent, QuotaInfo, Target
 from pipeline.sim.fleet import GPUS_PER_NODE, Fleet
 from pipeline.sim.inject import HOUR, MINUTE, Injector
@@ -107,8 +108,6 @@ class CapacitySignals:
             f"Limit: {quota.limit:.1f} in region {region}.",
             "QUOTA_CHANGED": f"Quota '{quota.display}' raised to {quota.limit:.0f}",
         }[kind]
-        from pipeline.ids import stable_id
-
         return CapacityEvent(
             event_id=stable_id("cap", self.seed, "quota", quota.zone, quota.metric, kind, t_ms),
             ts=t_ms,
@@ -177,8 +176,6 @@ def _arrivals(rng: np.random.Generator, per_h: float, span_h: float, start_ms: i
 def _queued_resource(
     ctx: Injector, rng: np.random.Generator, ts: int, accelerator: str, zone: str
 ) -> None:
-    from pipeline.ids import stable_id
-
     name = stable_id("qr", ctx.settings.seed, zone, ts)[:11]
     target = Target(cluster="queued-resources", kind="slice", name=name, pool="queued", zone=zone)
     steps = [("CREATING", 0), ("ACCEPTED", 30_000), ("WAITING_FOR_RESOURCES", MINUTE)]

@@ -171,10 +171,12 @@ class GpuTelemetry:
         self.hour_offset = [float(LOCAL_HOUR_OFFSET.get(x.region, 0)) for x in nodes]
         self.temp_offset = self.rng.normal(0.0, 1.5, (n, GPUS_PER_NODE))
         self.power_eff = self.rng.normal(1.0, 0.02, (n, GPUS_PER_NODE))
+        # Per-job arrays carry one padding job at the end (kind -1, never running), so nodes
+        # without a job index them like the others.
         jobs = workload.jobs
-        self.job_kind = np.asarray([KIND_CODE[j.kind] for j in jobs], dtype=np.int64)
-        self.job_fb = self.rng.uniform(0.85, 0.97, max(1, len(jobs)))[: len(jobs)]
-        self.job_scale = self.rng.uniform(0.6, 1.2, max(1, len(jobs)))[: len(jobs)]
+        self.job_kind = np.asarray([KIND_CODE[j.kind] for j in jobs] + [-1], dtype=np.int64)
+        self.job_fb = np.append(self.rng.uniform(0.85, 0.97, len(jobs)), 0.0)
+        self.job_scale = np.append(self.rng.uniform(0.6, 1.2, len(jobs)), 0.0)
         self.job_names = [j.name for j in jobs]
         self.static_reading = [
             [(g, x.uuids[g], x.pci_bus_ids[g], x.model.name) for g in range(GPUS_PER_NODE)]
@@ -201,7 +203,8 @@ class GpuTelemetry:
         # clock factor the driver applies to hold a hot GPU at its throttle temperature
         self.thermal_cf = np.ones(shape)
         self.node_job = np.full(n, -1, dtype=np.int64)
-        self.job_state = np.full(len(self.workload.jobs), RUN, dtype=np.int64)
+        self.job_state = np.full(len(self.workload.jobs) + 1, RUN, dtype=np.int64)
+        self.job_state[-1] = DOWN
 
     # --- per tick ---------------------------------------------------------------------------
 
@@ -269,7 +272,7 @@ class GpuTelemetry:
             "work": np.ones(n),
             "offline": np.zeros(n, dtype=bool),
             "missing": np.zeros(shape, dtype=bool),
-            "job_speed": np.ones(len(self.workload.jobs)),
+            "job_speed": np.ones(len(self.workload.jobs) + 1),
         }
         dt = self.interval_s
         for effect in self._active:
@@ -301,88 +304,128 @@ class GpuTelemetry:
         return mods
 
     def _metrics(self, t_ms: int, dt: float, mods: dict[str, Array]) -> dict[str, Array]:
-        n = len(self.fleet.gpu_nodes)
-        shape = (n, GPUS_PER_NODE)
-        noise = self.rng.standard_normal((8, n, GPUS_PER_NODE))
-        dip = np.asarray(
-            [diurnal_dip(t_ms, h) if self.diurnal else 0.0 for h in self.hour_offset]
-        ).reshape(n, 1)
-        node_job = self.node_job
-        has_job = node_job >= 0
-        job_of = np.where(has_job, node_job, 0)
-        kind = np.where(has_job, self.job_kind[job_of] if len(self.job_kind) else 0, -1)
-        state = np.where(has_job, self.job_state[job_of] if len(self.job_state) else RUN, DOWN)
-        running = has_job & (state == RUN)
-        hung = has_job & (state == HANG)
-
-        # Synchronous jobs run at the pace of their slowest GPU; the others wait.
+        noise = self.rng.standard_normal((8, len(self.fleet.gpu_nodes), GPUS_PER_NODE))
+        dip = self._diurnal(t_ms)
+        view = self._job_view()
         clock = mods["clock"] * self.thermal_cf
+        busy = self._busy(view, mods, clock, dip)
+        load = self._serving_load(t_ms, view)
+        out = self._activity(view, busy, load, clock, noise)
+        out.update(self._framebuffer(view))
+        out.update(self._power_and_heat(out, clock, mods, dip, dt, noise))
+        out.update(self._traffic(view, busy, load, mods, noise))
+        out["DCGM_FI_DEV_PCIE_LINK_GEN"] = mods["link_gen"]
+        out["DCGM_FI_DEV_PCIE_LINK_WIDTH"] = mods["link_width"]
+        out.update(self.counters)
+        out.update(self.gauges)
+        return out
+
+    def _diurnal(self, t_ms: int) -> Array:
+        dips = [diurnal_dip(t_ms, h) if self.diurnal else 0.0 for h in self.hour_offset]
+        return np.asarray(dips).reshape(-1, 1)
+
+    def _job_view(self) -> dict[str, Array]:
+        """Per node: its job's index (the padding job when none), kind and state, as [n, 1]
+        columns that broadcast over the node's GPUs."""
+        job = np.where(self.node_job >= 0, self.node_job, len(self.workload.jobs))
+        kind, state = self.job_kind[job], self.job_state[job]
+        running = state == RUN
+        return {
+            "job": job,
+            "train": (running & (kind == 0)).reshape(-1, 1),
+            "serve": (running & (kind == 1)).reshape(-1, 1),
+            "hang": (state == HANG).reshape(-1, 1),
+            "holds_memory": ((kind >= 0) & (state != DOWN)) | (kind == 2),
+            "kind": kind,
+        }
+
+    def _busy(
+        self, view: dict[str, Array], mods: dict[str, Array], clock: Array, dip: Array
+    ) -> Array:
+        """Share of time each GPU computes. Synchronous jobs run at the pace of their slowest
+        GPU (extra work on a node counts as slowness); the faster ones wait."""
+        n = len(self.fleet.gpu_nodes)
         capacity = mods["speed"] * clock / mods["work"].reshape(n, 1)
-        node_capacity = capacity.min(axis=1)
-        job_speed = np.full(max(1, len(self.job_kind)), np.inf)
-        members = has_job & running
-        np.minimum.at(job_speed, node_job[members], node_capacity[members])
-        job_speed = np.where(np.isfinite(job_speed), job_speed, 1.0)[: len(self.job_kind)]
-        if len(self.job_kind):
-            job_speed = job_speed * mods["job_speed"]
-        pace = (job_speed[job_of] if len(self.job_kind) else np.ones(n)).reshape(n, 1) * (1 - dip)
-        busy = np.clip(pace / capacity, 0.0, 1.0)
+        job_pace = np.full(len(self.job_kind), np.inf)
+        members = view["train"][:, 0] | view["serve"][:, 0]
+        np.minimum.at(job_pace, view["job"][members], capacity.min(axis=1)[members])
+        job_pace = np.where(np.isfinite(job_pace), job_pace, 1.0) * mods["job_speed"]
+        pace = job_pace[view["job"]].reshape(n, 1) * (1 - dip)
+        busy: Array = np.clip(pace / capacity, 0.0, 1.0)
+        return busy
 
-        load = np.zeros((n, 1))
-        serving = [serving_load(t_ms, h) for h in self.hour_offset]
-        scale = self.job_scale[job_of] if len(self.job_scale) else np.ones(n)
-        load[:, 0] = np.asarray(serving) * scale
-        train = (running & (kind == 0)).reshape(n, 1)
-        serve = (running & (kind == 1)).reshape(n, 1)
-        hang = hung.reshape(n, 1)
+    def _serving_load(self, t_ms: int, view: dict[str, Array]) -> Array:
+        serving = np.asarray([serving_load(t_ms, h) for h in self.hour_offset])
+        load: Array = (serving * self.job_scale[view["job"]]).reshape(-1, 1)
+        return load
 
+    def _activity(
+        self, view: dict[str, Array], busy: Array, load: Array, clock: Array, noise: Array
+    ) -> dict[str, Array]:
+        train, serve, hang = view["train"], view["serve"], view["hang"]
+        shape = busy.shape
         sm = np.where(train, 0.9 * busy, np.where(serve, 0.75 * load * busy, 0.0))
-        sm = np.where(hang, 0.02, sm)
+        sm = np.where(hang, 0.02, sm)  # ranks spin in a collective that never completes
         sm = np.clip(sm + 0.01 * noise[0] * (sm > 0), 0.0, 1.0)
         tensor = np.where(train, 0.55 * busy * clock**1.5, np.where(serve, 0.4 * load * busy, 0.0))
         tensor = np.clip(tensor + 0.01 * noise[1] * (tensor > 0), 0.0, 1.0)
         dram = np.clip(np.where(train, 0.45 * busy, np.where(serve, 0.3 * load, 0.0)), 0.0, 1.0)
-        gr = np.clip(np.where(hang, 0.99, np.minimum(1.0, sm * 1.08)), 0.0, 1.0)
-        util = np.where(
-            train | hang, 99.0 + noise[2].clip(-1, 1), np.where(serve, 120.0 * load, 0.0)
-        )
-        util = np.clip(np.where(serve, util + 3 * noise[2], util), 0.0, 100.0) * np.ones(shape)
+        # GPU_UTIL counts time with any kernel running: a hung collective reads ~100 %
+        util = np.where(train | hang, 99.0 + noise[2].clip(-1, 1), 0.0)
+        util = np.where(serve, 120.0 * load + 3 * noise[2], util)
+        zeros = np.zeros(shape)
+        return {
+            "DCGM_FI_PROF_SM_ACTIVE": sm,
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": tensor,
+            "DCGM_FI_PROF_DRAM_ACTIVE": dram,
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": np.where(hang, 0.99, np.minimum(1.0, sm * 1.08)),
+            "DCGM_FI_DEV_GPU_UTIL": np.clip(util, 0.0, 100.0) * np.ones(shape),
+            "DCGM_FI_DEV_MEM_COPY_UTIL": 100 * dram,
+            "DCGM_FI_DEV_ENC_UTIL": zeros,
+            "DCGM_FI_DEV_DEC_UTIL": zeros,
+        }
 
-        fb_frac = np.zeros(n)
-        fb_frac = np.where(
-            has_job & (kind == 0) & (state != DOWN),
-            self.job_fb[job_of] if len(self.job_fb) else 0.0,
-            fb_frac,
-        )
-        fb_frac = np.where(has_job & (kind == 1) & (state != DOWN), 0.6, fb_frac)
-        fb_frac = np.where(has_job & (kind == 2), 0.1, fb_frac)
+    def _framebuffer(self, view: dict[str, Array]) -> dict[str, Array]:
+        # training holds most of HBM, serving its weights and KV cache, a notebook a little
+        share = np.where(view["kind"] == 1, 0.6, self.job_fb[view["job"]])
+        share = np.where(view["kind"] == 2, 0.1, share)
+        share = np.where(view["holds_memory"], share, 0.0).reshape(-1, 1)
         usable = self.fb_total - self.fb_reserved
-        fb_used = np.floor(
-            usable * fb_frac.reshape(n, 1) + np.where(fb_frac.reshape(n, 1) > 0, 0, 1)
-        )
-        fb_used = fb_used * np.ones(shape)
+        used = np.floor(usable * share) + (share == 0)  # the driver's own MiB
+        used = used * np.ones((len(share), GPUS_PER_NODE))
+        return {
+            "DCGM_FI_DEV_FB_USED": used,
+            "DCGM_FI_DEV_FB_FREE": usable - used,
+            "DCGM_FI_DEV_FB_RESERVED": self.fb_reserved * np.ones_like(used),
+            "DCGM_FI_DEV_MEM_CLOCK": self.mem_mhz * np.ones_like(used),
+        }
 
+    def _power_and_heat(
+        self,
+        out: dict[str, Array],
+        clock: Array,
+        mods: dict[str, Array],
+        dip: Array,
+        dt: float,
+        noise: Array,
+    ) -> dict[str, Array]:
+        util, sm = out["DCGM_FI_DEV_GPU_UTIL"], out["DCGM_FI_PROF_SM_ACTIVE"]
         span = self.tdp * 0.95 - self.idle_w
         power = self.idle_w + span * (0.12 * util / 100 + 0.88 * sm * clock**2)
-        power = np.clip(
-            power * self.power_eff * mods["power"] * (1 + 0.01 * noise[3]),
-            0.8 * self.idle_w,
-            self.tdp,
-        )
+        power = power * self.power_eff * mods["power"] * (1 + 0.01 * noise[3])
+        power = np.clip(power, 0.8 * self.idle_w, self.tdp)
         resistance = self.temp_per_w * mods["thermal_r"]
         target = INLET_C + self.temp_offset + resistance * power + mods["temp"] + 130 * dip
         throttled = self._thermal_control(target)
         if self.temp is None:
             self.temp = target.copy()
-        alpha = 1 - math.exp(-dt / THERMAL_TAU_S)
-        self.temp = self.temp + (target - self.temp) * alpha
+        self.temp = self.temp + (target - self.temp) * (1 - math.exp(-dt / THERMAL_TAU_S))
         temp = self.temp + 0.3 * noise[4]
 
         active = (util > 0) | (sm > 0.01)
         capped = power > 0.93 * self.tdp
         ceiling = self.max_sm * clock
         sm_clock = np.minimum(ceiling * (1 - dip) * (1 - 0.03 * capped) + 8 * noise[5], ceiling)
-        sm_clock = np.where(active, np.floor(sm_clock / 15) * 15, self.idle_sm)
         throttle = (
             mods["throttle"]
             | np.where(active, 0, GPU_IDLE)
@@ -390,66 +433,40 @@ class GpuTelemetry:
             | np.where(throttled, SW_THERMAL, 0)
             | np.where(self.thermal_cf < 0.9, HW_THERMAL, 0)
         )
-
-        gen_bw = 2.0 ** (mods["link_gen"] - 1) * 1.0e9 * mods["link_width"] / 16 * 4
-        pcie = np.where(train, 8e9 * busy, np.where(serve, 1.5e9 * load, np.where(hang, 1e6, 2e4)))
-        pcie = np.minimum(pcie * mods["pcie_bw"] * (1 + 0.05 * noise[6]).clip(0.5), gen_bw)
-        nvlink = np.where(train, 6e10 * busy, np.where(serve, 2e9 * load, 0.0))
-        nvlink = nvlink * mods["nvlink_bw"] * (1 + 0.05 * noise[7]).clip(0.5)
-
         counters = self.counters
         counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += np.floor(power * dt * 1000)
         counters["DCGM_FI_DEV_POWER_VIOLATION"] += np.where(capped, dt * 1e9 * 0.2, 0.0)
         counters["DCGM_FI_DEV_THERMAL_VIOLATION"] += np.where(throttled, dt * 1e9, 0.0)
         for name, rate in BACKGROUND_RATES.items():
-            counters[name] += self.rng.poisson(rate * dt, shape)
-
-        gauges = self.gauges
+            counters[name] += self.rng.poisson(rate * dt, power.shape)
         return {
-            "DCGM_FI_DEV_SM_CLOCK": sm_clock,
-            "DCGM_FI_DEV_MEM_CLOCK": self.mem_mhz * np.ones(shape),
-            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": throttle,
-            "DCGM_FI_DEV_MEMORY_TEMP": temp + 4 + 3 * dram,
-            "DCGM_FI_DEV_GPU_TEMP": temp,
             "DCGM_FI_DEV_POWER_USAGE": power,
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": counters[
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-            ],
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": counters["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"],
-            "DCGM_FI_DEV_GPU_UTIL": util,
-            "DCGM_FI_DEV_MEM_COPY_UTIL": 100 * dram,
-            "DCGM_FI_DEV_ENC_UTIL": np.zeros(shape),
-            "DCGM_FI_DEV_DEC_UTIL": np.zeros(shape),
-            "DCGM_FI_DEV_XID_ERRORS": gauges["DCGM_FI_DEV_XID_ERRORS"],
-            "DCGM_FI_DEV_PCIE_LINK_GEN": mods["link_gen"],
-            "DCGM_FI_DEV_PCIE_LINK_WIDTH": mods["link_width"],
-            "DCGM_FI_DEV_POWER_VIOLATION": counters["DCGM_FI_DEV_POWER_VIOLATION"],
-            "DCGM_FI_DEV_THERMAL_VIOLATION": counters["DCGM_FI_DEV_THERMAL_VIOLATION"],
-            "DCGM_FI_DEV_FB_FREE": usable - fb_used,
-            "DCGM_FI_DEV_FB_USED": fb_used,
-            "DCGM_FI_DEV_FB_RESERVED": self.fb_reserved * np.ones(shape),
-            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": counters["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"],
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": counters["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"],
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": counters[
-                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
-            ],
-            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": counters[
-                "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
-            ],
-            "DCGM_FI_DEV_ROW_REMAP_FAILURE": gauges["DCGM_FI_DEV_ROW_REMAP_FAILURE"],
-            "DCGM_FI_DEV_ROW_REMAP_PENDING": gauges["DCGM_FI_DEV_ROW_REMAP_PENDING"],
-            "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": counters[
-                "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
-            ],
-            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": gr,
-            "DCGM_FI_PROF_SM_ACTIVE": sm,
-            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": tensor,
-            "DCGM_FI_PROF_DRAM_ACTIVE": dram,
+            "DCGM_FI_DEV_GPU_TEMP": temp,
+            "DCGM_FI_DEV_MEMORY_TEMP": temp + 4 + 3 * out["DCGM_FI_PROF_DRAM_ACTIVE"],
+            "DCGM_FI_DEV_SM_CLOCK": np.where(active, np.floor(sm_clock / 15) * 15, self.idle_sm),
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": throttle,
+        }
+
+    def _traffic(
+        self,
+        view: dict[str, Array],
+        busy: Array,
+        load: Array,
+        mods: dict[str, Array],
+        noise: Array,
+    ) -> dict[str, Array]:
+        train, serve, hang = view["train"], view["serve"], view["hang"]
+        # what the PCIe link can carry at its current generation and width
+        link = 2.0 ** (mods["link_gen"] - 1) * 4.0e9 * mods["link_width"] / 16
+        pcie = np.where(train, 8e9 * busy, np.where(serve, 1.5e9 * load, np.where(hang, 1e6, 2e4)))
+        pcie = np.minimum(pcie * mods["pcie_bw"] * (1 + 0.05 * noise[6]).clip(0.5), link)
+        nvlink = np.where(train, 6e10 * busy, np.where(serve, 2e9 * load, 0.0))
+        nvlink = nvlink * mods["nvlink_bw"] * (1 + 0.05 * noise[7]).clip(0.5)
+        return {
             "DCGM_FI_PROF_PCIE_TX_BYTES": pcie,
             "DCGM_FI_PROF_PCIE_RX_BYTES": pcie * 0.9,
             "DCGM_FI_PROF_NVLINK_TX_BYTES": nvlink,
             "DCGM_FI_PROF_NVLINK_RX_BYTES": nvlink,
-            "DCGM_FI_DEV_GPU_RECOVERY_ACTION": gauges["DCGM_FI_DEV_GPU_RECOVERY_ACTION"],
         }
 
     def _thermal_control(self, target: Array) -> Array:

@@ -11,6 +11,7 @@ import numpy as np
 
 from pipeline.model import Target
 from pipeline.sim.effects import Effect
+from pipeline.sim.faults import fault_type
 from pipeline.sim.fleet import GPUS_PER_NODE
 from pipeline.sim.inject import HOUR, MINUTE, Injector, Placement
 from pipeline.sim.schedule import DRIVER_WAVE_FACTOR, HOT_FACTOR, UnitRef, Window
@@ -196,8 +197,6 @@ def h5_hot(ctx: Injector, p: Placement) -> int:
 
 def fleet_properties(ctx: Injector) -> list[Placement]:
     """Placements of the properties fixed at fleet creation (H1-H3, S4, S5)."""
-    from pipeline.sim.faults import fault_type
-
     t0 = ctx.start_ms
     out = [
         Placement(fault_type("H1"), t0, UnitRef(n))
