@@ -2,6 +2,12 @@
 
 Each function records what one fault does (see inject.py) and returns the time until which its
 node is taken. Timings and sizes marked [G] in the reference are drawn from the ranges it gives.
+
+Fabric faults (N1, F1-F3) have no DCGM field or XID of their own: the NIC and switch counters
+(IB port state, link_downed, retransmits) are outside the telemetry this pipeline ingests. What
+a DCGM-only view can see is modelled: the GPU's PCIe traffic (GPUDirect RDMA to the NIC) drops
+or dips, and the job hangs, fails or slows. Their expected outcome is a finding, not a cordon,
+except N1 (a dead NIC makes the node unusable: cordon).
 """
 
 from __future__ import annotations
