@@ -2,9 +2,9 @@
 -- reported, mean utilization, allocated share, idle allocated hours, unhealthy findings,
 -- actions (and how many were dry runs), XID events and alerts fired.
 SELECT
-    (SELECT count(DISTINCT node || '/' || device) FROM utilization
+    (SELECT count(*) FROM (SELECT DISTINCT node, device FROM utilization
       WHERE window_start >= $since AND window_start < $until
-        AND ($pool IS NULL OR pool = $pool)) AS devices,
+        AND ($pool IS NULL OR pool = $pool))) AS devices,
     round(sum(hours), 2) AS device_hours,
     round(sum(util_mean * hours) / nullif(sum(hours), 0), 2) AS util_mean_pct,
     round(100 * sum(hours) FILTER (WHERE allocated) / nullif(sum(hours), 0), 2) AS allocated_pct,
