@@ -41,7 +41,7 @@ def note_event(state: S, event: NodeEvent | CapacityEvent) -> S:
         if event.target != book.name:
             return state
         if event.kind in _BACK:
-            book.announced = []
+            _close(book, event.ts)
         elif event.kind in _AWAY or (event.kind == "cordoned" and event.action_id is None):
             _announce(
                 book, Announcement(reason=f"{event.kind} by {event.actor}", start_ts=event.ts)
@@ -50,7 +50,7 @@ def note_event(state: S, event: NodeEvent | CapacityEvent) -> S:
     if event.target != book.name:
         return state
     if event.kind == "MAINTENANCE_DONE":
-        book.announced = []
+        _close(book, event.ts)
     elif event.kind in _CAPACITY_AWAY:
         window = event.window
         start, end = (window.start, window.end) if window is not None else (event.ts, FOREVER)
@@ -64,6 +64,13 @@ def announced(book: Book, ts: int) -> Announcement | None:
         if note.start_ts <= ts <= note.end_ts:
             return note
     return None
+
+
+def _close(book: Book, ts: int) -> None:
+    # Ended, not forgotten: a silence that began while it held stays explained.
+    for note in book.announced:
+        if note.start_ts <= ts < note.end_ts:
+            note.end_ts = ts
 
 
 def _announce(book: Book, note: Announcement) -> None:

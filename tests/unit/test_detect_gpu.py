@@ -409,6 +409,37 @@ def test_announced_absence_is_watched_not_repaired() -> None:
     ]
 
 
+def test_an_ended_announcement_still_explains_the_silence_it_covered() -> None:
+    state, _ = run(steps=10)
+    for kind, seconds in (("deleted", 95), ("created", 3600)):
+        event = NodeEvent(
+            ts=T0 + seconds * 1000,
+            cluster="c1",
+            target_kind="node",
+            target="n1",
+            pool="p1",
+            zone="z1",
+            kind=kind,
+            actor="gke",
+        )  # type: ignore[arg-type]
+        state = note_event(state, event)
+    _, out = check_stale_gpu(state, T0 + 3_605_000, SETTINGS)
+    assert [(f.check, f.recommended_action) for f in out] == [("node.stale", "watch")]
+    other = NodeEvent(
+        ts=T0 + 95_000,
+        cluster="c1",
+        target_kind="node",
+        target="n2",
+        pool="p1",
+        zone="z1",
+        kind="deleted",
+        actor="gke",
+    )
+    fresh, _ = run(steps=10)
+    _, out = check_stale_gpu(note_event(fresh, other), T0 + 3_605_000, SETTINGS)
+    assert [(f.check, f.fatal) for f in out] == [("node.stale", False), ("node.down", True)]
+
+
 def test_same_inputs_give_the_same_findings_and_ids() -> None:
     fault = on_gpu(3, 30, {"DCGM_FI_DEV_GPU_TEMP": 80.0, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 1.0})
     ids_a = [f.finding_id for f in run(fault)[1]]
