@@ -42,6 +42,10 @@ HealthStateName = Literal[
 
 
 def _check_finite(where: str, metrics: dict[str, float]) -> None:
+    # Fast path for the hot decode loop: a sum of finite values is finite (or overflows to
+    # inf, which only sends us down the slow path); NaN and inf always propagate.
+    if math.isfinite(sum(metrics.values())):
+        return
     for name, value in metrics.items():
         if not math.isfinite(value):
             raise ValueError(f"{where}.metrics.{name}: expected a finite number, got {value!r}")
