@@ -41,6 +41,14 @@ class Part:
     values: list[float]
 
 
+def shorten(text: str, size: int) -> str:
+    """Cut the middle, not the end: names differ at their ends (…-h100-train-003)."""
+    if len(text) <= size:
+        return text
+    keep = size - 1
+    return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2) :]
+
+
 def color_of(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
@@ -134,7 +142,7 @@ def _y_grid(y_max: float, unit: str, bottom: float) -> list[str]:
 def _legend(index: int, label: str, color: str) -> str:
     y = TOP + 14 * index + 6
     return (f'<rect x="{WIDTH - RIGHT + 12}" y="{y - 8}" width="10" height="10" fill="{color}"/>'
-            + _text(WIDTH - RIGHT + 26, y + 1, label[:24], size=10))
+            + _text(WIDTH - RIGHT + 26, y + 1, shorten(label, 26), size=10))
 
 
 def timeline_chart(name: str, title: str, buckets: list[datetime], bucket: timedelta,
@@ -176,7 +184,7 @@ def heatmap(name: str, title: str, rows: list[str], columns: list[datetime],
             ) -> str:
     cell_h = 16
     height = TOP + max(len(rows), 1) * cell_h + BOTTOM + 10
-    x0, x1 = LEFT + 60, WIDTH - RIGHT
+    x0, x1 = LEFT + 110, WIDTH - RIGHT
     cell_w = (x1 - x0) / max(len(columns), 1)
     top = max(values.values(), default=0) or 1
     body: list[str] = []
@@ -184,7 +192,7 @@ def heatmap(name: str, title: str, rows: list[str], columns: list[datetime],
         _empty(body, height)
     for r, row in enumerate(rows):
         y = TOP + r * cell_h
-        body.append(_text(x0 - 6, y + cell_h - 4, row[:22], "end", 10))
+        body.append(_text(x0 - 6, y + cell_h - 4, shorten(row, 30), "end", 10))
         for c, column in enumerate(columns):
             value = values.get((row, column), 0)
             if not value:
@@ -209,7 +217,7 @@ def bar_chart(name: str, title: str, labels: list[str], parts: Sequence[Part],
     """Horizontal stacked bars, one per label, each with its total at its end."""
     bar_h = 22
     height = TOP + max(len(labels), 1) * (bar_h + 8) + BOTTOM
-    x0, x1 = LEFT + 150, WIDTH - RIGHT - 60
+    x0, x1 = LEFT + 180, WIDTH - RIGHT - 60
     totals = [sum(p.values[i] for p in parts) for i in range(len(labels))]
     top = max(totals, default=0) or 1
     body: list[str] = []
@@ -217,7 +225,7 @@ def bar_chart(name: str, title: str, labels: list[str], parts: Sequence[Part],
         _empty(body, height)
     for i, label in enumerate(labels):
         y = TOP + i * (bar_h + 8)
-        body.append(_text(x0 - 6, y + bar_h - 6, label[:36], "end", 10))
+        body.append(_text(x0 - 6, y + bar_h - 6, shorten(label, 40), "end", 10))
         base = 0.0
         for part in parts:
             value = part.values[i]

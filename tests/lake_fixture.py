@@ -111,6 +111,7 @@ def state(at: int, name: str, value: str, episode: str | None, kind: str = "node
 
 NODE_STATES = [
     state(T0, "g1", "healthy", None),
+    state(T0 + 30 * MINUTE, "g1", "healthy", None),  # a change of detail, not of state
     state(T0 + HOUR, "g1", "degraded", "episode-e1"),
     state(T0 + HOUR + 5 * MINUTE, "g1", "cordoned", "episode-e1"),
     state(T0 + HOUR + 10 * MINUTE, "g1", "repairing", "episode-e1"),

@@ -1,11 +1,19 @@
--- question: How did fleet health change over time? Per time bucket and health state: how
--- many times a node or slice entered that state, and how many distinct targets did.
+-- question: How did fleet health change over time? Per time bucket and health state: how many
+-- times a node or slice entered that state (a change from a different state, or its first
+-- appearance), and how many distinct targets did.
+WITH changes AS (
+    SELECT ts, target_kind, target_name, target_pool, state,
+           lag(state) OVER (PARTITION BY target_kind, target_name ORDER BY ts) AS previous
+    FROM node_state
+    WHERE ts < $until
+)
 SELECT time_bucket($bucket, ts) AS bucket,
        state,
        count(*) AS transitions,
        count(DISTINCT target_kind || ':' || target_name) AS targets
-FROM node_state
-WHERE ts >= $since AND ts < $until
+FROM changes
+WHERE previous IS DISTINCT FROM state
+  AND ts >= $since
   AND ($pool IS NULL OR target_pool = $pool)
 GROUP BY ALL
 ORDER BY bucket, state;
