@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,38 +29,83 @@ log = logging.getLogger("fleetpulse.worker")
 EXIT_UNSENDABLE = 70  # EX_SOFTWARE: restart me; my inputs are not committed
 
 Ack = Callable[[], Awaitable[Any]]
+MAX_IN_FLIGHT = 4  # batches being settled while the agents go on with the next ones
 
 
 class Settler:
-    def __init__(self, metrics: WorkerMetrics, batch: int, exit_: Callable[[int], Any] = os._exit):
+    """Batches of (record acks, output futures); a batch is acked once its futures are done.
+
+    Batches settle in the background, up to MAX_IN_FLIGHT at a time, so an agent keeps
+    processing while the broker acknowledges the previous batch; `add` says when the current
+    batch is full and `settle` then waits only if too many batches are already in flight.
+    """
+
+    def __init__(
+        self, metrics: WorkerMetrics, batch: int, exit_: Callable[[int], Any] = os._exit
+    ) -> None:
         self.metrics = metrics
         self.batch = batch
         self._exit = exit_
         self._acks: list[Ack] = []
         self._futures: list[Awaitable[Any]] = []
         self._since = time.monotonic()
+        self._in_flight: deque[asyncio.Task[None]] = deque()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
 
-    def pending(self) -> int:
-        return len(self._acks)
+    def start(self, interval_s: float, before: Callable[[], None] = lambda: None) -> None:
+        """Settle every `interval_s` from a task of our own (calling `before` first): faust
+        stops its timers when a shutdown begins, then waits for every record to be acked."""
+        self._closing = False
+        self._task = asyncio.ensure_future(self._every(interval_s, before))
 
-    def add(self, ack: Ack | None, futures: list[Awaitable[Any]]) -> bool:
-        """Queue one record's ack (None: nothing to ack, e.g. a timer's outputs) and futures;
-        return True when the batch is full and the caller should settle."""
+    async def close(self) -> None:
+        """Settle everything queued and stop the loop (the consumer has stopped by then)."""
+        self._closing = True
+        await self.settle()
+        await self.drain()
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _every(self, interval_s: float, before: Callable[[], None]) -> None:
+        while not self._closing:
+            await asyncio.sleep(interval_s)
+            try:
+                before()
+            except Exception:  # the loop that acks must outlive any bug in what it calls
+                log.exception("periodic release failed")
+            await self.settle()
+
+    def add(self, ack: Ack | None, futures: list[Awaitable[Any]]) -> None:
+        """Queue one record's ack (None: nothing to ack, e.g. a timer's outputs) and futures."""
         if not self._acks and not self._futures:
             self._since = time.monotonic()
         if ack is not None:
             self._acks.append(ack)
         self._futures.extend(futures)
+
+    def full(self) -> bool:
+        """The batch is full: the caller should `settle` before taking more records."""
         return len(self._acks) >= self.batch
 
     async def settle(self) -> None:
-        """Await the queued futures, then ack the queued records (oldest first)."""
-        if not self._acks and not self._futures:
-            return
-        # swap first: records added while we wait belong to the next batch
-        acks, futures = self._acks, self._futures
-        self._acks, self._futures = [], []
-        started = self._since
+        """Start settling the queued batch; wait while too many batches are in flight."""
+        while self._in_flight and self._in_flight[0].done():
+            self._in_flight.popleft()
+        if self._acks or self._futures:
+            # swap first: records added from now on belong to the next batch
+            acks, futures = self._acks, self._futures
+            self._acks, self._futures = [], []
+            task = asyncio.ensure_future(self._settle(acks, futures, self._since))
+            self._in_flight.append(task)
+        while len(self._in_flight) > MAX_IN_FLIGHT:
+            await self._in_flight.popleft()
+
+    async def drain(self) -> None:
+        while self._in_flight:
+            await self._in_flight.popleft()
+
+    async def _settle(self, acks: list[Ack], futures: list[Awaitable[Any]], since: float) -> None:
         try:
             await asyncio.gather(*futures)
         except Exception as exc:  # any send failure means the same: do not ack
@@ -76,4 +122,4 @@ class Settler:
             return
         for ack in acks:
             await ack()
-        self.metrics.settle.observe(time.monotonic() - started)
+        self.metrics.settle.observe(time.monotonic() - since)

@@ -24,73 +24,117 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline import health, policy
 from pipeline.errors import DecodeError
-from pipeline.model import CapacityEvent, Event, NodeState, Proposal
+from pipeline.model import (
+    CapacityEvent,
+    Event,
+    GpuSample,
+    IciSample,
+    NodeState,
+    Proposal,
+    TpuSample,
+    XidEvent,
+)
 from pipeline.runtime import route
 from streams import zones
+from streams.acks import Ack
+from streams.align import Aligner
+from streams.clock import Family
 from streams.context import POLICY_INPUT, ZONE_INPUT, Context, Futures
 from streams.records import Record, check_key, decode_value, unexpected_error
 
 log = logging.getLogger("fleetpulse.worker")
-Handler = Callable[[Context, Record], Futures]
+Handler = Callable[[Context, Record, Event], Futures]
 
-TELEMETRY_TOPICS = ("telemetry.gpu", "events.xid", "telemetry.tpu", "telemetry.ici")
+# In the order that equal timestamps are processed in (the simulator's and the embedded
+# runtime's: a tick's samples, then the events stamped in it).
+TELEMETRY_TOPICS = ("telemetry.gpu", "telemetry.tpu", "telemetry.ici", "events.xid")
 HEALTH_TOPICS = ("findings", "events.node", "actions")
+# Which clock an event moves (clock.py: XIDs and ICI samples come from faster sources), and
+# which family its key belongs to.
+CLOCK_OF: dict[type[Event], Family] = {GpuSample: "gpu", TpuSample: "tpu"}
+FAMILY_OF: dict[type[Event], Family] = {
+    GpuSample: "gpu",
+    XidEvent: "gpu",
+    TpuSample: "tpu",
+    IciSample: "tpu",
+}
+ALIGN_WAIT_S = 2.0  # how long a partition waits for a lagging topic before giving up order
+ALIGN_MAX_HELD = 20_000  # records held for ordering, at most, per agent
 
 
 # --- telemetry ----------------------------------------------------------------------------
 
 
-def handle_telemetry(ctx: Context, record: Record) -> Futures:
-    event = decode_value(record, ctx.value_types[record.topic])
+def handle_telemetry(ctx: Context, record: Record, event: Event) -> Futures:
     assert isinstance(event, route.Telemetry)  # the topic's value type guarantees it
     key = route.telemetry_key(event)
     check_key(record, key, "slice" if hasattr(event, "slice") else "node")
-    futures = tick(ctx, record.partition, ctx.clocks.observe(record.partition, event.ts))
+    futures: Futures = []
+    clock = CLOCK_OF.get(type(event))
+    if clock is not None:
+        boundaries = ctx.clocks.observe(clock, record.partition, event.ts, time.monotonic())
+        futures += tick(ctx, clock, record.partition, boundaries)
     raw_key = key.encode()
     state = ctx.load("telemetry", raw_key, route.TelemetryState)
     state, findings, rows = route.on_telemetry(state, event, ctx.settings)
-    futures.append(ctx.store("telemetry", record.partition, raw_key, state))
-    ctx.clocks.add_key(record.partition, raw_key)
+    futures += ctx.store("telemetry", record.partition, raw_key, state)
+    ctx.clocks.add_key(record.partition, raw_key, FAMILY_OF[type(event)])
     futures += [ctx.send_finding(finding) for finding in findings]
     futures += [ctx.send("utilization", row.slice or row.node, row) for row in rows]
     return futures
 
 
-def tick(ctx: Context, partition: int, boundaries: list[int]) -> Futures:
-    """Event time crossed `boundaries` in `partition`: run the staleness checks of its keys."""
+def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) -> Futures:
+    """The `family` clock of `partition` crossed `boundaries`: check its keys for staleness."""
     futures: Futures = []
     for now_ms in boundaries:
-        for raw_key in ctx.clocks.keys_of(partition):
+        for raw_key, known in ctx.clocks.keys_of(partition):
+            if known not in (None, family):
+                continue
             state = ctx.load("telemetry", raw_key, route.TelemetryState)
             if state is None:
                 continue
+            if known is None:  # recovered from the changelog: its state says what it is
+                known = _family_of(state)
+                ctx.clocks.add_key(partition, raw_key, known)
+                if known != family:
+                    continue
             try:
                 state, findings = route.on_time(state, now_ms, ctx.settings)
             except Exception:  # no record is to blame: log it, count it, keep the old state
                 log.exception("staleness check of %r at %d failed", raw_key, now_ms)
                 ctx.metrics.errors.labels("telemetry-tick").inc()
+                ctx.drop_cache()
                 continue
-            futures.append(ctx.store("telemetry", partition, raw_key, state))
+            futures += ctx.store("telemetry", partition, raw_key, state)
             futures += [ctx.send_finding(finding) for finding in findings]
     return futures
+
+
+def _family_of(state: route.TelemetryState) -> Family | None:
+    if state.gpu is not None or state.xid is not None:
+        return "gpu"
+    if state.tpu is not None or state.ici is not None:
+        return "tpu"
+    return None
 
 
 # --- health -------------------------------------------------------------------------------
 
 
-def handle_health(ctx: Context, record: Record) -> Futures:
-    signal = decode_value(record, ctx.value_types[record.topic])
+def handle_health(ctx: Context, record: Record, signal: Event) -> Futures:
     assert isinstance(signal, route.HealthSignal)
     key = route.health_key(signal)
     check_key(record, key, "target name")
     raw_key = key.encode()
     state = ctx.load("health", raw_key, health.HealthState)
     state, proposals, node_state = route.on_health(state, signal, ctx.settings)
-    futures = [ctx.store("health", record.partition, raw_key, state)]
+    futures = ctx.store("health", record.partition, raw_key, state)
     for proposal in proposals:
         pool = route.policy_key(proposal)
         futures.append(ctx.send("proposals", pool, proposal))
@@ -108,32 +152,31 @@ def handle_health(ctx: Context, record: Record) -> Futures:
 # --- zone: capacity fan-out ---------------------------------------------------------------
 
 
-def handle_zone(ctx: Context, record: Record) -> Futures:
-    if record.topic == ctx.name(ZONE_INPUT):
-        node_state = decode_value(record, NodeState)
+def handle_zone(ctx: Context, record: Record, event: Event) -> Futures:
+    if isinstance(event, NodeState):
+        node_state = event
         zone = node_state.target.zone
         check_key(record, zone, "zone")
         before = ctx.load("zones", zone.encode(), zones.ZoneState)
         state, owed = zones.on_node_state(before, node_state)
         if state is before:  # nothing learnt: no changelog write
             return []
-        futures = [ctx.store("zones", record.partition, zone.encode(), state)]
+        futures = ctx.store("zones", record.partition, zone.encode(), state)
         pool = node_state.target.pool
         return futures + [ctx.send(POLICY_INPUT, pool, event) for event in owed]
-    event = decode_value(record, CapacityEvent)
+    assert isinstance(event, CapacityEvent)
     check_key(record, event.zone, "zone")
     before = ctx.load("zones", event.zone.encode(), zones.ZoneState)
     memory = ctx.settings.worker.capacity_memory
     state, pools = zones.on_capacity(before, event, memory)
-    futures = [ctx.store("zones", record.partition, event.zone.encode(), state)]
+    futures = ctx.store("zones", record.partition, event.zone.encode(), state)
     return futures + [ctx.send(POLICY_INPUT, pool, event) for pool in pools]
 
 
 # --- policy -------------------------------------------------------------------------------
 
 
-def handle_policy(ctx: Context, record: Record) -> Futures:
-    signal: Event = decode_value(record, Event)
+def handle_policy(ctx: Context, record: Record, signal: Event) -> Futures:
     if not isinstance(signal, Proposal | NodeState | CapacityEvent):
         raise DecodeError(
             field="$.schema",
@@ -151,7 +194,7 @@ def handle_policy(ctx: Context, record: Record) -> Futures:
     raw_key = pool.encode()
     state = ctx.load("policy", raw_key, policy.PolicyState)
     state, actions, alerts = route.on_policy(state, signal, ctx.settings)
-    futures = [ctx.store("policy", record.partition, raw_key, state)]
+    futures = ctx.store("policy", record.partition, raw_key, state)
     futures += [ctx.send_action(action) for action in actions]
     futures += [ctx.send_alert(alert) for alert in alerts]
     return futures
@@ -161,32 +204,73 @@ def handle_policy(ctx: Context, record: Record) -> Futures:
 
 
 def handle_record(ctx: Context, agent: str, handler: Handler, record: Record) -> Futures:
-    """Run `handler`; a record it cannot handle becomes a dead letter, never a crash."""
-    ctx.metrics.records_in.labels(record.topic).inc()
-    ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
+    """Decode and run `handler`; a record it cannot handle becomes a dead letter, never a
+    crash. (For an agent with an Aligner, decoding happened before: see `Stage.receive`.)"""
     started = time.perf_counter()
     try:
-        return handler(ctx, record)
+        value = ctx.decoded.pop((record.topic, record.partition, record.offset), None)
+        if value is None:
+            value = decode_value(record, ctx.value_types[record.topic])
+        return handler(ctx, record, value)
     except DecodeError as exc:
+        ctx.drop_cache()  # only raised before any state is touched, but cheap to be sure
         return [ctx.send_dead_letter(record, str(exc), "invalid")]
     except Exception as exc:
         log.exception("%s: record %s[%d]@%d", agent, record.topic, record.partition, record.offset)
         ctx.metrics.errors.labels(agent).inc()
+        ctx.drop_cache()
         return [ctx.send_dead_letter(record, unexpected_error(agent, exc), "error")]
     finally:
+        ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
         ctx.metrics.latency.labels(agent).observe(time.perf_counter() - started)
 
 
-def consume(ctx: Context, agent: str, handler: Handler) -> Callable[[Any], Any]:
-    async def run(stream: Any) -> None:  # a faust Stream
-        manual = stream.noack()
-        async for event in manual.events():
-            futures = handle_record(ctx, agent, handler, event.message)
-            if ctx.settler.add(functools.partial(manual.ack, event), futures):
-                await ctx.settler.settle()
+Held = tuple[Record, Ack]
 
-    run.__name__ = run.__qualname__ = agent  # faust names agents after their function
-    return run
+
+@dataclass
+class Stage:
+    """One agent: its handler, and the Aligner that orders its co-partitioned inputs."""
+
+    ctx: Context
+    name: str
+    handler: Handler
+    aligner: Aligner[Held] | None
+
+    def receive(self, record: Record, ack: Ack) -> None:
+        ctx = self.ctx
+        ctx.metrics.records_in.labels(record.topic).inc()
+        ctx.received_next[(record.topic, record.partition)] = record.offset + 1
+        if self.aligner is None:
+            self.process([(record, ack)])
+            return
+        try:
+            value = decode_value(record, ctx.value_types[record.topic])
+        except DecodeError:
+            self.process([(record, ack)])  # order is moot: it goes to the dead letters
+            return
+        ctx.decoded[(record.topic, record.partition, record.offset)] = value
+        self.aligner.hold(record.topic, record.partition, getattr(value, "ts", 0), (record, ack))
+        self.release()
+
+    def release(self) -> None:
+        if self.aligner is not None and self.aligner.held:
+            self.process(self.aligner.release(time.monotonic(), self.ctx.caught_up))
+
+    def process(self, records: list[Held]) -> None:
+        for record, ack in records:
+            self.ctx.settler.add(ack, handle_record(self.ctx, self.name, self.handler, record))
+
+    def agent(self) -> Callable[[Any], Any]:
+        async def run(stream: Any) -> None:  # a faust Stream
+            manual = stream.noack()
+            async for event in manual.events():
+                self.receive(event.message, functools.partial(manual.ack, event))
+                if self.ctx.settler.full():
+                    await self.ctx.settler.settle()
+
+        run.__name__ = run.__qualname__ = self.name  # faust names agents after their function
+        return run
 
 
 def register(ctx: Context) -> None:
@@ -198,11 +282,17 @@ def register(ctx: Context) -> None:
         ("policy", [t[POLICY_INPUT]], handle_policy),
     ]
     for name, topics, handler in stages:
+        names = [topic.get_topic_name() for topic in topics]
+        aligner: Aligner[Held] | None = None
+        if len(names) > 1:
+            aligner = Aligner(names, ALIGN_WAIT_S, ALIGN_MAX_HELD)
+        stage = Stage(ctx, name, handler, aligner)
+        ctx.stages.append(stage)
         channel = ctx.app.topic(
-            *[topic.get_topic_name() for topic in topics],
+            *names,
             key_type=bytes,
             value_type=bytes,
             key_serializer="raw",
             value_serializer="raw",
         )
-        ctx.app.agent(channel, name=name, concurrency=1)(consume(ctx, name, handler))
+        ctx.app.agent(channel, name=name, concurrency=1)(stage.agent())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,6 +22,7 @@ import faust
 from pipeline.config import Settings
 from streams import agents
 from streams.acks import Settler
+from streams.clock import Family
 from streams.context import Context, declare_topics
 from streams.metrics import WorkerMetrics
 
@@ -59,7 +61,10 @@ def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Cont
         broker_rebalance_timeout=max(30.0, 3 * w.session_timeout_s),
         producer_acks=-1,
         producer_request_timeout=w.send_give_up_s,
-        producer_linger_ms=5,  # the settler waits for batches anyway: let them fill
+        # the settler waits for whole batches anyway: let them fill. A node's state is ~10 kB
+        # and faust's default 16 kB batch would make every changelog write its own request.
+        producer_linger_ms=5,
+        producer_max_batch_size=1024 * 1024,
         table_standby_replicas=w.standby_replicas,
         web_enabled=False,
     )
@@ -90,7 +95,7 @@ def _recovered_key(ctx: Context) -> Any:
     async def on_changelog_event(event: faust.EventT[Any]) -> None:
         # the staleness clock must know the keys a worker recovers, not only those it sees
         if event.message.value is not None and event.message.key is not None:
-            ctx.clocks.add_key(event.message.partition, event.message.key)
+            ctx.clocks.add_key(event.message.partition, event.message.key, None)
 
     return on_changelog_event
 
@@ -98,8 +103,15 @@ def _recovered_key(ctx: Context) -> Any:
 def _add_timers(ctx: Context) -> None:
     app = ctx.app
 
-    async def settle() -> None:
-        await ctx.settler.settle()
+    def release_held() -> None:
+        for stage in ctx.stages:
+            stage.release()
+
+    async def start_settling() -> None:
+        ctx.settler.start(ctx.settings.worker.ack_interval_ms / 1000, release_held)
+
+    async def stop_settling(app: faust.App, **kwargs: Any) -> None:
+        await ctx.settler.close()
 
     async def lag() -> None:
         backlog = await _backlog(ctx)
@@ -107,17 +119,24 @@ def _add_timers(ctx: Context) -> None:
             ctx.metrics.lag.labels(topic, str(partition)).set(behind)
         _catch_up_quiet_partitions(ctx, backlog)
 
+    async def forget_states(app: faust.App, assigned: set[Any], **kwargs: Any) -> None:
+        ctx.drop_cache()  # the tables are about to be recovered from their changelogs
+
     async def on_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
+        ctx.drop_cache()
         telemetry = {ctx.name(suffix) for suffix in agents.TELEMETRY_TOPICS}
         ctx.clocks.forget({tp.partition for tp in revoked if tp.topic in telemetry})
         for tp in revoked:
             ctx.next_offset.pop((tp.topic, tp.partition), None)
+            ctx.received_next.pop((tp.topic, tp.partition), None)
             with contextlib.suppress(KeyError):  # never measured here
                 ctx.metrics.lag.remove(tp.topic, str(tp.partition))
 
-    app.timer(ctx.settings.worker.ack_interval_ms / 1000, name="settle")(settle)
+    app.task(start_settling)
+    app.on_before_shutdown.connect(cast(Any, stop_settling))
     app.timer(LAG_INTERVAL_S, name="lag")(lag)
     app.on_partitions_revoked.connect(cast(Any, on_revoked))
+    app.on_partitions_assigned.connect(cast(Any, forget_states))
 
 
 async def _backlog(ctx: Context) -> dict[tuple[str, int], int]:
@@ -139,15 +158,17 @@ async def _backlog(ctx: Context) -> dict[tuple[str, int], int]:
 
 
 def _catch_up_quiet_partitions(ctx: Context, backlog: dict[tuple[str, int], int]) -> None:
-    """A telemetry partition with nothing left to read follows the worker's newest event time,
-    so a node alone in its partition is still found stale when it stops reporting."""
-    names = {ctx.name(suffix) for suffix in agents.TELEMETRY_TOPICS}
-    busy: set[int] = set()
-    quiet: set[int] = set()
-    for (topic, partition), behind in backlog.items():
-        if topic in names:
-            (busy if behind else quiet).add(partition)
-    for partition in sorted(quiet - busy):
-        boundaries = ctx.clocks.catch_up(partition)
+    """A partition with nothing left to read follows the worker's newest event time (less a
+    grace, see clock.py), so a node alone in its partition is found stale when it dies."""
+    clock_topics: dict[str, Family] = {
+        ctx.name("telemetry.gpu"): "gpu",
+        ctx.name("telemetry.tpu"): "tpu",
+    }
+    now = time.monotonic()
+    for (topic, partition), behind in sorted(backlog.items()):
+        family = clock_topics.get(topic)
+        if family is None or behind:
+            continue
+        boundaries = ctx.clocks.catch_up(family, partition, now)
         if boundaries:
-            ctx.settler.add(None, agents.tick(ctx, partition, boundaries))
+            ctx.settler.add(None, agents.tick(ctx, family, partition, boundaries))

@@ -64,6 +64,18 @@ def prepare_topics(settings: Settings) -> list[str]:
         admin.close()
 
 
+def describe_assignment(app: faust.App, sources: set[str]) -> str:
+    """`topic=0,2 topic=1` over the source topics (changelogs left out): one line that says
+    which partitions — which nodes, slices, pools and zones — this worker now owns."""
+    owned: dict[str, list[int]] = {}
+    for tp in app.consumer.assignment():
+        if tp.topic in sources:
+            owned.setdefault(tp.topic, []).append(tp.partition)
+    if not owned:
+        return "nothing"
+    return " ".join(f"{t}={','.join(map(str, sorted(p)))}" for t, p in sorted(owned.items()))
+
+
 def run(settings: Settings, loglevel: str = "warning", out: TextIO = sys.stdout) -> int:
     internal = prepare_topics(settings)
     metrics = WorkerMetrics()
@@ -80,12 +92,15 @@ def run(settings: Settings, loglevel: str = "warning", out: TextIO = sys.stdout)
     )
 
     async def on_assigned(app: faust.App, **kwargs: object) -> None:
-        assigned = sorted(f"{tp.topic}[{tp.partition}]" for tp in app.consumer.assignment())
-        print(f"fleetpulse worker: assigned {len(assigned)} partitions", file=out, flush=True)
+        print(
+            f"fleetpulse worker: assigned {describe_assignment(app, sources)}", file=out, flush=True
+        )
 
     ctx.app.on_rebalance_complete.connect(cast(Any, on_assigned))
 
+    sources = {ctx.name(suffix) for suffix in INPUTS} | set(internal)
     worker = faust.Worker(ctx.app, loglevel=loglevel.upper(), quiet=True, stdout=out)
+    worker.spinner = None  # terminal escapes would garble logs and our one-line reports
     code = 0
     try:
         worker.execute_from_commandline()

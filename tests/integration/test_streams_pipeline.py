@@ -1,0 +1,251 @@
+"""The Kafka runtime end to end: simulator → Kafka → `fleetpulse worker` → output topics.
+
+One worker serves every test here (faust starts slowly): a simulated fleet with forced faults
+and a confounder, preceded by a poison record in every topic the worker reads, is produced
+once; each test checks one promise against what came out — and against the embedded runtime
+fed the same events, which must decide the same actions with the same ids.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+import pytest
+
+from pipeline.config import KafkaSettings, Settings, SimSettings, load_settings
+from pipeline.model import Action, DeadLetter, Event, Finding, NodeState
+from pipeline.runtime.topics import topic_name
+from pipeline.sim.engine import Simulation
+from pipeline.sim.faults import ForcedFault, InjectedFault
+from streams.app import LAG_INTERVAL_S
+from streams.testing import (
+    TopicReader,
+    WorkerProcess,
+    create_topics,
+    embedded_outputs,
+    produce_events,
+    producer,
+    worker_env,
+)
+
+pytestmark = pytest.mark.kafka
+
+FAULTS = [
+    ForcedFault(fault_type="G1", at_s=200, target="fp-us-central1-h200-train-000"),  # GPU lost
+    ForcedFault(fault_type="G5", at_s=300, target="fp-us-east5-h100-train-000"),  # HBM errors
+    ForcedFault(fault_type="T2", at_s=250),  # an ICI link down: the whole slice
+    ForcedFault(fault_type="J3", at_s=300),  # confounder: user XIDs, never cordon
+]
+# A poison record for every topic the worker reads: what arrives, and what the letter must say.
+POISON: dict[str, tuple[bytes | None, bytes, str]] = {
+    "telemetry.gpu": (b"node-x", b"{not json", "expected a JSON object"),
+    "telemetry.tpu": (b"slice-x", b'{"schema": "gpu_sample/1"}', "$.ts"),
+    "telemetry.ici": (b"slice-x", b'{"schema": "ici_sample/9", "ts": 1}', "$.schema"),
+    "events.xid": (b"node-x", b"[]", "expected"),
+    "events.node": (None, b"\xff\xfe", "expected a JSON object"),
+    "events.capacity": (b"zone-x", b'{"schema": "capacity_event/1"}', "required field"),
+    "findings": (b"node-x", b"null", "expected"),
+    "actions": (b"node-x", b'{"schema": "action/1", "action_id": 7}', "expected"),
+}
+
+
+@dataclass
+class Run:
+    settings: Settings
+    sim: Simulation
+    expected: dict[str, list[Event]]  # the embedded runtime's outputs, by topic suffix
+    reader: TopicReader
+    worker: WorkerProcess
+    poison_at: dict[str, tuple[int, int]]  # topic suffix -> (partition, offset)
+
+    def topic(self, suffix: str) -> str:
+        return topic_name(self.settings.kafka, suffix)
+
+    def actions(self) -> list[Action]:
+        return self.reader.values(self.topic("actions"), Action)
+
+
+def simulation() -> Simulation:
+    sim_settings = SimSettings(
+        seed=11,
+        gpu_nodes=8,
+        tpu_slices=1,
+        tpu_slice_types=("v5litepod-16:4x4",),
+        duration_s=1200,
+        random_faults=False,
+        diurnal=False,
+    )
+    return Simulation(sim_settings, FAULTS)
+
+
+@pytest.fixture(scope="module")
+def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    kafka = KafkaSettings(
+        bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3
+    )
+    settings = msgspec.structs.replace(load_settings(environ={}), kafka=kafka)
+    sim = simulation()
+    events = list(sim.events())
+    expected = embedded_outputs(settings, events)
+    workdir = tmp_path_factory.mktemp("worker")
+    env = worker_env(settings, workdir)
+    create_topics(env)
+    worker = WorkerProcess(env, workdir / "worker.log").start()
+    outputs = ["actions", "dlq", "node-state", "findings", "alerts"]
+    reader = TopicReader(kafka_bootstrap, [topic_name(kafka, s) for s in outputs])
+    try:
+        worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=120)
+        print(f"worker assigned after {time.monotonic() - worker.started_at:.1f}s")
+        kafka_producer = producer(kafka_bootstrap)
+        poison_at = {}
+        for suffix, (key, value, _) in POISON.items():
+            meta = kafka_producer.send(topic_name(kafka, suffix), key=key, value=value).get(60)
+            poison_at[suffix] = (meta.partition, meta.offset)
+        started = time.monotonic()
+        produce_events(settings, events, kafka_producer)
+        kafka_producer.close()
+        result = Run(settings, sim, expected, reader, worker, poison_at)
+        poisoned_inputs = sum(s.startswith(("telemetry.", "events.")) for s in POISON)
+        _wait_until_processed(result, len(events) + poisoned_inputs, started)
+        yield result
+    finally:
+        reader.close()
+        code = worker.stop()
+        print(worker.tail(5))
+        assert code == 0, f"worker did not stop cleanly on SIGTERM:\n{worker.tail()}"
+
+
+def _wait_until_processed(run: Run, inputs: int, started: float) -> None:
+    """All inputs consumed (the worker's own counter), then every expected action is out."""
+    port = run.worker.metrics_port()
+    deadline = time.monotonic() + 240
+    while _metric_sum(port, "fleetpulse_worker_records_in_total", ".telemetry.|.events.") < inputs:
+        assert time.monotonic() < deadline, f"inputs not consumed:\n{run.worker.tail()}"
+        time.sleep(0.5)
+    elapsed = time.monotonic() - started
+    print(f"worker consumed {inputs} inputs in {elapsed:.1f}s ({inputs / elapsed:.0f}/s)")
+    # then until nothing is left to read anywhere (internal topics included) and the outputs
+    # have stopped growing across two looks at the lag
+    quiet_since, seen = None, -1
+    while True:
+        assert time.monotonic() < deadline, f"the worker never went quiet:\n{run.worker.tail()}"
+        run.reader.poll()
+        outputs = sum(len(records) for records in run.reader.records.values())
+        lag = _metric_sum(port, "fleetpulse_worker_consumer_lag", "partition=")
+        if lag or outputs != seen:
+            quiet_since, seen = None, outputs
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > 2 * LAG_INTERVAL_S + 1:
+            break
+        time.sleep(0.3)
+
+
+def _metric_sum(port: int, name: str, topic_pattern: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and re.search(topic_pattern, line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _targets(faults: list[InjectedFault], klass: str) -> set[str]:
+    return {f.target.name for f in faults if f.klass == klass}
+
+
+def test_injected_faults_are_acted_on_and_confounders_left_alone(run: Run) -> None:
+    hard = _targets(run.sim.ground_truth, "hard")
+    innocent = _targets(run.sim.ground_truth, "confounder") - hard
+    assert len(hard) == 3 and innocent, run.sim.ground_truth  # the scenario is what it claims
+    acted = {}
+    for action in run.actions():
+        acted.setdefault(action.target.name, set()).add(action.kind)
+    for target in hard:
+        assert "cordon" in acted.get(target, set()), f"{target} not cordoned: {acted}"
+    assert not innocent & acted.keys(), f"confounder targets acted on: {acted}"
+
+
+def test_the_kafka_runtime_decides_what_the_embedded_runtime_decides(run: Run) -> None:
+    actions = run.actions()
+    expected = {a.action_id: a for a in run.expected["actions"] if isinstance(a, Action)}
+    assert {a.action_id for a in actions} == expected.keys(), _side_by_side(
+        actions, list(expected.values())
+    )
+    for action in actions:  # an id names one decision: same kind, same target, same proposal
+        twin = expected[action.action_id]
+        assert (action.kind, action.target, action.proposal_id, action.dry_run) == (
+            twin.kind,
+            twin.target,
+            twin.proposal_id,
+            twin.dry_run,
+        )
+    findings = run.reader.values(run.topic("findings"), Finding)
+    embedded_findings = {f.finding_id for f in run.expected["findings"] if isinstance(f, Finding)}
+    assert {f.finding_id for f in findings} == embedded_findings
+
+
+def _side_by_side(kafka: list[Action], embedded: list[Action]) -> str:
+    def lines(actions: list[Action]) -> str:
+        return "\n".join(
+            f"  {a.action_id} {a.ts} {a.kind:8} {a.target.name} dry_run={a.dry_run} "
+            f"{a.reason.summary[:80]}"
+            for a in sorted(actions, key=lambda a: (a.ts, a.action_id))
+        )
+
+    return f"\nkafka:\n{lines(kafka)}\nembedded:\n{lines(embedded)}"
+
+
+def test_node_states_end_where_the_embedded_ones_end(run: Run) -> None:
+    # `ts` and `since` say when the health machine saw a change, and through Kafka an action
+    # reaches it later than in the embedded cascade: the rest must agree
+    def last_by_target(states: list[NodeState]) -> dict[str, NodeState]:
+        ordered = sorted(states, key=lambda s: s.ts)
+        return {s.target.name: msgspec.structs.replace(s, ts=0, since=0) for s in ordered}
+
+    kafka_states = last_by_target(run.reader.values(run.topic("node-state"), NodeState))
+    embedded = [s for s in run.expected["node-state"] if isinstance(s, NodeState)]
+    assert kafka_states == last_by_target(embedded)
+    assert {s.state for s in kafka_states.values()} >= {"healthy", "draining"}
+
+
+def test_a_poison_record_in_every_input_topic_is_dead_lettered(run: Run) -> None:
+    letters = run.reader.values(run.topic("dlq"), DeadLetter)
+    at = {(letter.topic, letter.partition, letter.offset): letter for letter in letters}
+    for suffix, (key, value, says) in POISON.items():
+        letter = at.get((run.topic(suffix), *run.poison_at[suffix]))
+        assert letter is not None, f"no dead letter for the poison in {suffix}: {sorted(at)}"
+        assert base64.b64decode(letter.raw_b64) == value
+        assert letter.key == (None if key is None else key.decode())
+        assert says in letter.error, letter.error
+    # Nothing else went there but the simulator's events the codec rejects, if any (the
+    # embedded runtime dead-letters those too). The stream went on after every poison record:
+    # the actions of the other tests come from records behind them.
+    poison = {(run.topic(s), *run.poison_at[s]) for s in POISON}
+    others = sorted(letter.error for key, letter in at.items() if key not in poison)
+    assert others == sorted(
+        d.error for d in run.expected.get("dlq", []) if isinstance(d, DeadLetter)
+    )
+
+
+def test_metrics_count_what_went_through(run: Run) -> None:
+    port = run.worker.metrics_port()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    dead = _metric_sum(port, "fleetpulse_worker_dead_letters_total", "reason=")
+    assert dead == len(POISON) + len(run.expected.get("dlq", []))
+    actions = _metric_sum(port, "fleetpulse_worker_actions_total", "kind=")
+    assert actions == len(run.expected["actions"])
+    lags = re.findall(r"^fleetpulse_worker_consumer_lag\{.*\} (\S+)$", text, re.M)
+    assert lags and all(float(lag) == 0 for lag in lags), "backlog left after processing"
+    assert re.search(
+        r"^fleetpulse_worker_processing_seconds_count\{agent=\"telemetry\"\} [1-9]", text, re.M
+    )
