@@ -125,6 +125,8 @@ class Lake:
 
     def __init__(self, root: Path | str, settings: LakeSettings | None = None) -> None:
         self.root = Path(root)
+        if not self.root.is_dir():
+            raise QueryError(f"lake folder {self.root} does not exist (see lake.path or --lake)")
         self.settings = settings or LakeSettings()
         self.con = duckdb.connect(":memory:")
         self.con.execute("SET TimeZone = 'UTC'")

@@ -85,3 +85,5 @@ def test_table_output_and_errors(lake: Path, cli: Cli) -> None:
     assert "nowhere" in bad.stderr and "Traceback" not in bad.stderr
     extra = cli("-q", "quota_headroom", "--pool", "train", ok=False)
     assert "takes no pool" in extra.stderr
+    missing = cli("--lake", str(lake / "nowhere"), "-q", "fleet_summary", ok=False)
+    assert "does not exist" in missing.stderr
