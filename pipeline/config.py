@@ -163,6 +163,7 @@ class DetectSettings(Section, frozen=True):
     pcie_traffic_min_bps: Annotated[float, Meta(ge=0)] = 5e5  # ... while they move this much
     nvlink_error_scrapes: PositiveInt = 3  # scrapes with NVLink errors within the window
     nvlink_window_s: PositiveInt = 300  # a single correctable burst is noise, not a finding
+    nvlink_span_s: Annotated[int, Meta(ge=0)] = 120  # errors must spread over this long
     sbe_watch_per_hour: Annotated[float, Meta(gt=0)] = 5000.0  # SBE noise: watch only
     counter_quiet_s: PositiveInt = 900  # an ECC/remap episode clears after this long quiet
     # staleness

@@ -283,8 +283,8 @@ def _recovery(ctx: Ctx, dev: GpuDevice, device: str, code: float | None) -> None
 
 
 def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
-    # A correctable burst (one scrape) is retried by the link and is noise; errors in several
-    # scrapes within the window are a link going bad.
+    # A correctable burst (errors for a few seconds, CRC + retry) is noise; errors in several
+    # scrapes spread over minutes are a link going bad.
     hits = dev.nvlink_hits
     if errors > 0:
         hits.append(ctx.ts)
@@ -293,7 +293,11 @@ def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
     window_ms = ctx.settings.nvlink_window_s * 1000
     while hits and hits[0] <= ctx.ts - window_ms:
         hits.pop(0)
-    if len(hits) >= ctx.settings.nvlink_error_scrapes:
+    spread = hits[-1] - hits[0] if hits else 0
+    if (
+        len(hits) >= ctx.settings.nvlink_error_scrapes
+        and spread >= ctx.settings.nvlink_span_s * 1000
+    ):
         if not is_open(ctx.book, NVLINK, device):
             ctx.emit(
                 open_check(

@@ -182,6 +182,15 @@ def test_one_nvlink_burst_is_noise_errors_in_several_scrapes_are_not() -> None:
     burst = on_gpu(1, 30, {"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 400.0})
     assert unhealthy(run(burst)[1]) == []
 
+    def three_steps(gpu: int, step: int) -> dict[str, float]:  # a burst over three scrapes
+        return (
+            {"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 100.0 * min(max(step - 29, 0), 3)}
+            if gpu == 1
+            else {}
+        )
+
+    assert unhealthy(run(three_steps)[1]) == []
+
     def creeping(gpu: int, step: int) -> dict[str, float]:
         return (
             {"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": max(0, step - 30) * 5.0}
