@@ -31,7 +31,6 @@ test: $(STAMP) system-deps  ## run the whole suite against real Kafka (and the o
 
 check: $(STAMP)  ## ruff + mypy
 	$(BIN)/ruff check pipeline streams tests bench
-	$(BIN)/ruff format --check pipeline streams || true
 	$(BIN)/mypy
 
 bench: $(STAMP) system-deps  ## run the benchmarks (bench/), write bench/results/*.json
