@@ -24,6 +24,7 @@ from pipeline.model import (
 T0 = 1_764_424_800_000
 STEP_MS = 10_000
 SETTINGS = DetectSettings()
+DOWN_SETTINGS = DetectSettings(node_down_s=120)  # node.down on (needs announcements wired)
 
 HEALTHY: dict[str, float] = {
     "DCGM_FI_DEV_GPU_TEMP": 62.0,

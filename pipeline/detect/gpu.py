@@ -133,9 +133,9 @@ def check_stale_gpu(
     state: GpuNodeState, now_ms: int, settings: DetectSettings
 ) -> tuple[GpuNodeState, list[Finding]]:
     """Called as event time advances (from other nodes' records): a silent node is stale, and
-    after `node_down_s` of silence down (fatal: a dead node sends nothing more, so nothing else
-    would ever move its episode forward). A node announced as going away (see announce.py) is
-    only watched.
+    after `node_down_s` of silence (when set) down, fatal: a dead node sends nothing more, so
+    nothing else would move its episode forward. A node announced as going away (see
+    announce.py) is only watched.
 
     Episodes are named by when the silence crossed each limit, so their ids do not depend on
     how often the runtime calls this.
@@ -145,7 +145,10 @@ def check_stale_gpu(
     stale_ms = int(max(settings.node_stale_s * 1000, settings.stale_intervals * state.interval_ms))
     silent_ms = now_ms - state.last_ts
     out: list[Finding] = []
-    for check, limit_ms in ((NODE_STALE, stale_ms), (NODE_DOWN, settings.node_down_s * 1000)):
+    stages = [(NODE_STALE, stale_ms)]
+    if settings.node_down_s:
+        stages.append((NODE_DOWN, max(stale_ms, settings.node_down_s * 1000)))
+    for check, limit_ms in stages:
         if silent_ms <= limit_ms:
             break
         start_ts = state.last_ts + limit_ms

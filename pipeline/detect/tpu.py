@@ -142,8 +142,9 @@ def check_stale_tpu(
             continue
         if newest > became_stale:  # another host reported after this one fell silent
             _emit(out, _host_stale(state, node, host, now_ms, limits[node], HOST_STALE))
-            down_ms = settings.node_down_s * 1000
-            if now_ms > host.last_ts + down_ms and newest > host.last_ts + down_ms:
+            down_ms = max(settings.node_down_s * 1000, limits[node])
+            late = now_ms > host.last_ts + down_ms and newest > host.last_ts + down_ms
+            if settings.node_down_s and late:
                 _emit(out, _host_stale(state, node, host, now_ms, down_ms, HOST_DOWN))
     if newest and now_ms - newest > max(limits.values()) and len(state.hosts) > 1:
         silent_s = (now_ms - newest) / 1000

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from pipeline.detect import GpuNodeState, check_stale_gpu, detect_gpu, note_event
 from pipeline.model import Finding, GpuSample, NodeEvent
 from tests.detect_fixture import (
+    DOWN_SETTINGS,
     SETTINGS,
     STEP_MS,
     T0,
@@ -392,7 +393,11 @@ def test_silent_node_is_stale_with_an_id_independent_of_when_checked() -> None:
 def test_long_silence_is_node_down_and_fatal() -> None:
     state, _ = run(steps=10)
     last = T0 + 9 * STEP_MS
-    _, out = check_stale_gpu(state, last + SETTINGS.node_down_s * 1000 + 1, SETTINGS)
+    assert [f.check for f in check_stale_gpu(state, last + 3_600_000, SETTINGS)[1]] == [
+        "node.stale"
+    ]  # off by default: needs announcements wired to be safe
+    state, _ = run(steps=10)
+    _, out = check_stale_gpu(state, last + DOWN_SETTINGS.node_down_s * 1000 + 1, DOWN_SETTINGS)
     assert [(f.check, f.fatal) for f in out] == [("node.stale", False), ("node.down", True)]
     _, back = detect_gpu(state, gpu_sample(40), SETTINGS)
     assert {c for c, _, healthy in checks(back) if healthy} == {"node.stale", "node.down"}
@@ -432,7 +437,7 @@ def test_an_ended_announcement_still_explains_the_silence_it_covered() -> None:
             actor="gke",
         )  # type: ignore[arg-type]
         state = note_event(state, event)
-    _, out = check_stale_gpu(state, T0 + 3_605_000, SETTINGS)
+    _, out = check_stale_gpu(state, T0 + 3_605_000, DOWN_SETTINGS)
     assert [(f.check, f.recommended_action) for f in out] == [("node.stale", "watch")]
     other = NodeEvent(
         ts=T0 + 95_000,
@@ -445,7 +450,7 @@ def test_an_ended_announcement_still_explains_the_silence_it_covered() -> None:
         actor="gke",
     )
     fresh, _ = run(steps=10)
-    _, out = check_stale_gpu(note_event(fresh, other), T0 + 3_605_000, SETTINGS)
+    _, out = check_stale_gpu(note_event(fresh, other), T0 + 3_605_000, DOWN_SETTINGS)
     assert [(f.check, f.fatal) for f in out] == [("node.stale", False), ("node.down", True)]
 
 

@@ -9,7 +9,7 @@ import msgspec
 
 from pipeline.detect import TpuSliceState, check_stale_tpu, detect_tpu
 from pipeline.model import Finding
-from tests.detect_fixture import SETTINGS, STEP_MS, T0, checks, tpu_sample, unhealthy
+from tests.detect_fixture import DOWN_SETTINGS, SETTINGS, STEP_MS, T0, checks, tpu_sample, unhealthy
 
 HOSTS = 4
 
@@ -114,7 +114,7 @@ def test_silent_host_while_the_rest_reports_is_stale() -> None:
         for host in (0, 1, 3):  # host 2 died
             state, out = detect_tpu(state, tpu_sample(step, host), SETTINGS)
             found += out
-        state, out = check_stale_tpu(state, T0 + step * STEP_MS, SETTINGS)
+        state, out = check_stale_tpu(state, T0 + step * STEP_MS, DOWN_SETTINGS)
         found += out
     stale = [f for f in unhealthy(found) if f.check == "tpu.host.stale"]
     assert [(f.entity.kind, f.entity.device, f.recommended_action) for f in stale] == [
