@@ -26,14 +26,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "files", nargs="+", type=Path, metavar="FILE",
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
         help="timestamp,value CSV files (a directory: every CSV below it) or JSONL recordings",
     )
     parser.add_argument(
         "--windows", type=Path, help="NAB windows.json: {series: [[start, end], ...]}"
     )
     parser.add_argument(
-        "--labels", type=Path,
+        "--labels",
+        type=Path,
         help="NAB labels.json: {series: [timestamp, ...]}; used for windows (NAB's 10 %% rule) "
         "when --windows does not name a series",
     )
@@ -67,7 +71,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _inputs(files: list[Path]) -> list[Path]:
-    inputs = []
+    inputs: list[Path] = []
     for path in files:
         if path.is_dir():
             inputs.extend(bt.csv_files([path]))
@@ -99,7 +103,7 @@ def _iso(ts: int) -> str:
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    minutes = int(round(seconds / 60))
+    minutes = round(seconds / 60)
     if minutes < 120:
         return f"{minutes}m"
     return f"{minutes // 60}h{minutes % 60:02d}m"
