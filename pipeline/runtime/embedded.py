@@ -65,8 +65,10 @@ class EmbeddedRuntime:
             self._advance_time(event.ts)
             self._on_telemetry(event)
         elif isinstance(event, NodeEvent):
+            self._announce(event)
             self._cascade([_Work("health", event, event.pool)])
         elif isinstance(event, CapacityEvent):
+            self._announce(event)
             pools = route.capacity_pools(event, self.pools_by_zone)
             self._cascade([_Work("policy", event, pool) for pool in pools])
         else:
@@ -104,6 +106,11 @@ class EmbeddedRuntime:
                 self.telemetry[key], boundary, self.settings
             )
             self._cascade([_Work("health", finding, "") for finding in findings])
+
+    def _announce(self, event: NodeEvent | CapacityEvent) -> None:
+        key = route.announcement_key(event)
+        if key is not None and key in self.telemetry:
+            self.telemetry[key] = route.on_announcement(self.telemetry[key], event)
 
     def _on_telemetry(self, event: route.Telemetry) -> None:
         key = route.telemetry_key(event)

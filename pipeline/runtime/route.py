@@ -91,6 +91,24 @@ def on_time(
     return state, findings
 
 
+def on_announcement(
+    state: TelemetryState | None, event: NodeEvent | CapacityEvent
+) -> TelemetryState:
+    """Someone says this node or slice goes away on purpose (drained, deleted, maintenance,
+    preemption): silence after that is expected, not a failure. Keyed by the event's target,
+    which is the telemetry key of that node or slice."""
+    state = state or TelemetryState()
+    if state.gpu is not None:
+        state.gpu = detect.note_event(state.gpu, event)
+    if state.tpu is not None:
+        state.tpu = detect.note_event(state.tpu, event)
+    return state
+
+
+def announcement_key(event: NodeEvent | CapacityEvent) -> str | None:
+    return event.target
+
+
 def flush_windows(state: TelemetryState) -> list[Utilization]:
     """End of stream: close the windows still open (embedded runtime, backtests)."""
     return aggregate.flush(state.window) if state.window is not None else []
