@@ -63,7 +63,7 @@ class Plan:
 
 
 def plan(quick: bool) -> Plan:
-    return Plan(warmup_s=40, faults=8, every_s=4) if quick else Plan(60, 24, 5)
+    return Plan(warmup_s=30, faults=8, every_s=3, tail_s=10) if quick else Plan(60, 24, 5)
 
 
 def background(p: Plan) -> SimSettings:

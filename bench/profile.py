@@ -9,8 +9,9 @@ embedded: the embedded runtime fed the throughput benchmark's fleet as encoded r
 worker (optional, needs the broker): `fleetpulse worker` run under pyinstrument while it drains
 the same records from private topics, to see what faust, aiokafka and the state tables add.
 
-Figures: the share of the profiled time spent inside each pipeline stage (inclusive), and the
-functions with the most time of their own (exclusive), with file and line.
+Figures, as shares of the busy time (profiled time less the event loop waiting for I/O): the
+time inside each pipeline stage (inclusive; "other" is everything outside them: the framework,
+the client library, I/O), and the functions with the most time of their own (exclusive).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ STAGES = {
     "state_tables": ("load", "store", "encode_state", "decode_state"),
 }
 TOP = 15
+IDLE = frozenset({"epoll.poll", "select.select", "select", "poll"})  # waiting for I/O
 
 
 def _frames(frame: Any) -> Iterator[Any]:
@@ -56,7 +58,8 @@ def _frames(frame: Any) -> Iterator[Any]:
 
 
 def split(root: Any) -> dict[str, Any]:
-    """Inclusive time per stage and exclusive time per function over a pyinstrument tree."""
+    """Inclusive time per stage and exclusive time per function over a pyinstrument tree,
+    as shares of the busy time (the event loop waiting in epoll is idle, not cost)."""
     total = root.time
     stage_of = {fn: stage for stage, fns in STAGES.items() for fn in fns}
     stages: Counter[str] = Counter()
@@ -75,11 +78,17 @@ def split(root: Any) -> dict[str, Any]:
             continue
         children = sum(c.time for c in frame.children if not c.is_synthetic)
         own[f"{frame.function} ({frame.file_path_short}:{frame.line_no})"] += frame.time - children
+    idle = sum(t for name, t in own.items() if name.split(" ")[0] in IDLE)
+    busy = max(total - idle, 1e-9)
+    shares = {k: round(v / busy, 3) for k, v in stages.most_common()}
+    shares["other"] = round(max(0.0, 1 - sum(stages.values()) / busy), 3)
     return {
         "profiled_s": round(total, 3),
-        "stage_share": {k: round(v / total, 3) for k, v in stages.most_common()},
-        "top_self": [{"function": name, "self_s": round(t, 3), "share": round(t / total, 3)}
-                     for name, t in own.most_common(TOP)],
+        "idle_s": round(idle, 3),
+        "stage_share_of_busy": shares,
+        "top_self": [{"function": name, "self_s": round(t, 3), "share_of_busy": round(t / busy, 3)}
+                     for name, t in own.most_common(TOP + 2) if name.split(" ")[0] not in IDLE
+                     ][:TOP],
     }
 
 

@@ -1,0 +1,141 @@
+"""`make bench` / `python -m bench`: run every benchmark, print one table, write the results.
+
+    python -m bench                    # full run (~15-20 min on 2 busy cores)
+    python -m bench --quick            # short pass (~5 min): smaller runs, fewer repetitions
+    python -m bench --only latency     # one benchmark (repeatable, or comma-separated)
+    python -m bench --table            # print the table from the last results, run nothing
+
+Each benchmark writes bench/results/<name>.json (quick runs: <name>-quick.json) with its
+figures, settings and machine; the table is rebuilt from those files and written to
+bench/results/summary.md (summary-quick.md), which the README quotes. The Kafka parts need the
+broker that `make bench` starts (deploy/with-services.sh); without one they report "skipped".
+Benchmarks are not tests: nothing here passes or fails on a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench import summary
+
+Runner = Callable[[bool], Any]
+
+
+def _throughput(quick: bool) -> Any:
+    from bench import throughput
+
+    return throughput.run(quick)
+
+
+def _latency(quick: bool) -> Any:
+    from bench import latency
+
+    return latency.run(quick)
+
+
+def _detection(quick: bool) -> Any:
+    from bench import detection
+
+    return detection.run(quick)
+
+
+def _lake(quick: bool) -> Any:
+    from bench import lake
+
+    return lake.run(quick)
+
+
+def _profile(quick: bool) -> Any:
+    from bench import profile
+
+    return profile.run(quick, worker=not quick)
+
+
+def _sim(quick: bool) -> Any:
+    from bench import sim
+
+    return sim.main(["--minutes", "5", "--repeat", "2"] if quick else [])
+
+
+def _remediation(quick: bool) -> Any:
+    from bench import remediation
+
+    return remediation.main(["--repeat", "2"] if quick else [])
+
+
+BENCHMARKS: dict[str, Runner] = {
+    "throughput": _throughput,
+    "latency": _latency,
+    "detection": _detection,
+    "lake": _lake,
+    "profile": _profile,
+    "sim": _sim,
+    "remediation": _remediation,
+}
+# write one result file whatever the mode: a quick pass would overwrite their full figures
+FULL_ONLY = summary.WITHOUT_QUICK
+
+
+def chosen(only: list[str], quick: bool) -> list[str]:
+    names = [n.strip() for part in only for n in part.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise SystemExit(f"unknown benchmark {unknown}; known: {', '.join(BENCHMARKS)}")
+    if names:
+        return names
+    return [n for n in BENCHMARKS if not (quick and n in FULL_ONLY)]
+
+
+def print_table(console: Console, quick: bool) -> None:
+    rows, machines = summary.collect(quick)
+    table = Table(title=f"FleetPulse benchmarks ({'quick' if quick else 'full'})",
+                  show_lines=False)
+    for column in summary.COLUMNS:
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        met = "" if r.met is None else ("[green]yes[/]" if r.met else "[red]no[/]")
+        table.add_row(r.bench, r.figure, r.value, r.baseline, r.ratio, r.goal, met)
+    console.print(table)
+    dates = sorted({f"{m.get('date', '?')} on {m.get('cpu', '?')} ({m.get('cores', '?')} cores)"
+                    for m in machines.values()})
+    console.print("measured " + "; ".join(dates))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short pass: smaller, fewer runs")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help=f"run only these ({', '.join(BENCHMARKS)})")
+    parser.add_argument("--table", action="store_true", help="print the last results only")
+    args = parser.parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    failed: list[str] = []
+    if not args.table:
+        for name in chosen(args.only, args.quick):
+            console.rule(f"[bold]{name}[/]")
+            started = time.perf_counter()
+            try:
+                BENCHMARKS[name](args.quick)
+            except Exception:  # one broken benchmark must not hide the others' figures
+                failed.append(name)
+                console.print(f"[red]{name} failed[/]\n{traceback.format_exc()}")
+            console.print(f"{name}: {time.perf_counter() - started:.0f} s")
+    print_table(console, args.quick)
+    path = summary.write_markdown(args.quick)
+    console.print(f"table written to {path}")
+    if failed:
+        console.print(f"[red]failed: {', '.join(failed)}[/]")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

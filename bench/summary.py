@@ -1,0 +1,273 @@
+"""The one table: rows built from the result files in bench/results, printed and as Markdown.
+
+The table is rebuilt from the JSON files, not from memory, so `--only NAME` refreshes one
+benchmark's rows and keeps the others' last figures (each row group names its run's date).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, result_name
+
+
+@dataclass(frozen=True)
+class Row:
+    bench: str
+    figure: str
+    value: str
+    baseline: str = ""
+    ratio: str = ""
+    goal: str = ""
+    met: bool | None = None
+
+
+WITHOUT_QUICK = frozenset({"sim", "remediation"})  # one result file whatever the mode
+COLUMNS = ("benchmark", "figure", "value", "baseline (same run)", "ratio", "goal", "met")
+
+
+def _n(x: float | None, digits: int = 0) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:,.{digits}f}"
+
+
+def _x(x: float | None) -> str:
+    return "" if x is None else f"{x:.3g}×"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def _ms(s: float | None) -> str:
+    return "n/a" if s is None else f"{1000 * s:,.0f} ms"
+
+
+def _s(s: float | None) -> str:
+    return "n/a" if s is None else f"{s:,.0f} s"
+
+
+def throughput_rows(f: dict[str, Any]) -> list[Row]:
+    p, rows = f["pipeline"], []
+    name = "throughput"
+    if "limit" not in p:
+        rows.append(Row(name, "Kafka parts", f"skipped: {p.get('kafka_skipped', '?')}"))
+    else:
+        lim = p["limit"]["samples_per_core_s"]
+        r = p["ratios"]
+        rows += [
+            Row(name, "limit: aiokafka consuming, no work",
+                f"{_n(lim)} samples/s/core ({_n(p['limit']['records_per_s'])} rec/s)",
+                ratio="1×"),
+            Row(name, "limit + decode (codec only)",
+                f"{_n(p['limit_decode']['samples_per_core_s'])} samples/s/core", _n(lim),
+                _x(r["decode_vs_limit_per_core"])),
+            Row(name, "Kafka pipeline: fleetpulse worker",
+                f"{_n(p['kafka_pipeline']['samples_per_core_s'])} samples/s/core "
+                f"({_n(p['kafka_pipeline']['records_per_s'])} rec/s wall)", _n(lim),
+                _x(r["kafka_pipeline_vs_limit_per_core"]), "≥ 0.5× limit, ≥ 500,000/core",
+                r["kafka_pipeline_vs_limit_per_core"] >= 0.5
+                and p["kafka_pipeline"]["samples_per_core_s"] >= 500_000),
+        ]
+    emb = p["embedded"]["samples_per_core_s"]
+    lim_text = _n(p["limit"]["samples_per_core_s"]) if "limit" in p else ""
+    rows.append(Row(name, "embedded runtime (decode + pipeline, no Kafka)",
+                    f"{_n(emb)} samples/s/core", lim_text,
+                    _x(p.get("ratios", {}).get("embedded_vs_limit_per_core")),
+                    "≥ 500,000/core", emb >= 500_000))
+    first = next((pt for pt in f["scale"] if "error" not in pt), None)
+    for pt in f["scale"]:
+        label = f"scale: embedded, {pt['gpus'] // 1000}k GPUs"
+        if "error" in pt:
+            rows.append(Row(name, label, f"failed: {pt['error']}"))
+            continue
+        rows.append(Row(
+            name, label + f" + {_n(pt['tpu_chips'])} TPU chips",
+            f"{_n(pt['samples_per_core_s'])} samples/s/core; {_n(pt['rss_bytes_per_device'])} "
+            f"B/device RSS ({_n(pt['state_bytes_per_device'])} B as table state)",
+            f"{_n(first['samples_per_core_s'])} at 1k" if first else "",
+            _x(pt["samples_per_core_s"] / first["samples_per_core_s"]) if first else ""))
+    return rows
+
+
+def latency_rows(f: dict[str, Any]) -> list[Row]:
+    if "skipped" in f:
+        return [Row("latency", "fault → action", f"skipped: {f['skipped']}")]
+    q, d, bg = f["fault_to_action_s"], f["broker_delivery_s"], f["background"]
+    return [
+        Row("latency", f"fatal XID → action, p50 / p99 / max ({f['actions']}/{f['faults']} acted)",
+            f"{_ms(q['p50'])} / {_ms(q['p99'])} / {_ms(q['max'])}",
+            f"broker delivery p99 {_ms(d['p99'])}", _x(f["p99_vs_broker_delivery"]),
+            "p99 < 1 s", q["p99"] is not None and q["p99"] < 1.0 and not f["missing"]),
+        Row("latency", "background load on the worker",
+            f"{_n(bg['gpus'])} GPUs + {_n(bg['tpu_chips'])} TPU chips, {_n(bg['samples_per_s'])} "
+            f"samples/s; worker CPU {_pct(f['worker_cpu_share'])}, backlog at end "
+            f"{_n(f['worker_backlog_at_end'])} records"),
+    ]
+
+
+def detection_rows(f: dict[str, Any]) -> list[Row]:
+    fp, th = f["fleet"]["fleetpulse"], f["fleet"]["baseline"]
+    a, b = fp["headline"], th["headline"]
+    name = "detection"
+
+    def delays(klass: str, which: dict[str, Any]) -> str:
+        part = which["by_class"].get(klass, {})
+        return f"{_s(part.get('median_delay_s'))} / {_s(part.get('p95_delay_s'))}"
+
+    def faults(klass: str) -> str:
+        part = fp["by_class"].get(klass, {})
+        return f"{part.get('detected', 0)}/{part.get('faults', 0)}"
+
+    rows = [
+        Row(name, f"recall, hard faults ({faults('hard')})", _n(a["recall_hard"], 3),
+            _n(b["recall_hard"], 3), goal="≥ 0.99",
+            met=a["recall_hard"] is not None and a["recall_hard"] >= 0.99),
+        Row(name, f"recall, gray / slow faults ({faults('gray')})", _n(a["recall_gray"], 3),
+            _n(b["recall_gray"], 3), goal="≥ 0.9",
+            met=a["recall_gray"] is not None and a["recall_gray"] >= 0.9),
+        Row(name, f"recall, flapping ({faults('flapping')}, finding expected)",
+            _n(a["recall_flapping"], 3), _n(b["recall_flapping"], 3)),
+        Row(name, "time to detect, hard: median / p95", delays("hard", fp), delays("hard", th)),
+        Row(name, "time to detect, gray: median / p95", delays("gray", fp), delays("gray", th)),
+        Row(name, f"precision ({fp['episodes']} removal episodes)", _n(a["precision"], 3),
+            _n(b["precision"], 3), goal="≥ 0.95",
+            met=a["precision"] is not None and a["precision"] >= 0.95),
+        Row(name, "cordons caused by confounders", str(a["confounder_cordons"]),
+            str(b["confounder_cordons"]), goal="0", met=a["confounder_cordons"] == 0),
+        Row(name, f"false cordons per 1,000 node-days ({_n(a['node_days'], 1)} node-days)",
+            f"{_n(a['false_cordons_per_1k_node_days'], 2)} ({a['false_cordons']} seen; "
+            f"95 % bound {_n(a['false_cordons_per_1k_node_days_95_upper'], 1)})",
+            _n(b["false_cordons_per_1k_node_days"], 1), goal="≤ 0.1",
+            met=_false_cordons_met(a)),
+    ]
+    nab = f.get("nab", {})
+    if "fleetpulse" in nab:
+        ours, static = nab["fleetpulse"], nab["baseline_static_3sd"]
+        rows.append(Row(
+            name, f"NAB machine series: window recall ({ours['hits']}/{ours['windows']}), "
+            "false alarms/week",
+            f"{_n(ours['recall'], 3)}, {_n(ours['false_alarms_per_week'], 2)}",
+            f"{_n(static['recall'], 3)}, {_n(static['false_alarms_per_week'], 2)} (mean ± 3 sd)"))
+    return rows
+
+
+def _false_cordons_met(h: dict[str, Any]) -> bool | None:
+    """Met only when the run can show it: with none seen, the 95 % bound must be under the
+    goal too; none seen in too few node-days is left open (blank), not claimed."""
+    rate, upper = h["false_cordons_per_1k_node_days"], h["false_cordons_per_1k_node_days_95_upper"]
+    if rate is None or rate > 0.1:
+        return False
+    return True if upper is not None and upper <= 0.1 else None
+
+
+def lake_rows(f: dict[str, Any]) -> list[Row]:
+    w, q = f["writes"], f["queries"]
+    slowest = q["query_s"][q["slowest"]]
+    return [
+        Row("lake", f"Parquet writes via LakeWriter ({_n(w['rows'])} rows)",
+            f"{_n(w['lake_writer_rows_per_s'])} rows/s", f"raw pyarrow {_n(w['raw_pyarrow_rows_per_s'])}",
+            _x(w["lake_writer_vs_raw_pyarrow"]), "≥ 1,000,000 rows/s",
+            w["lake_writer_rows_per_s"] >= 1_000_000),
+        Row("lake", f"canned queries under 1 s ({_n(q['utilization_rows'])} utilization rows)",
+            f"{q['under_1s']}/{q['queries']}; slowest {q['slowest']} {slowest:.2f} s",
+            f"1-column scan {q['baseline_scan_s']:.2f} s", _x(slowest / q["baseline_scan_s"]),
+            "every query < 1 s", q["under_1s"] == q["queries"]),
+    ]
+
+
+def profile_rows(f: dict[str, Any]) -> list[Row]:
+    rows = []
+    for which in ("embedded", "worker"):
+        part = f.get(which, {})
+        shares = part.get("stage_share_of_busy")
+        if not shares:
+            continue
+        text = ", ".join(f"{k} {100 * v:.0f} %" for k, v in shares.items() if v >= 0.01)
+        rows.append(Row("profile", f"{which}: share of busy time per stage", text))
+    return rows
+
+
+def sim_rows(f: dict[str, Any]) -> list[Row]:
+    return [Row("sim", "simulator: metric samples generated",
+                f"{_n(f['sim.events.samples_per_cpu_s'])} samples/s/core",
+                f"objects only {_n(f['floor.objects.gpu_samples_per_cpu_s'])}",
+                _x(f["sim.events.samples_per_cpu_s"] / f["floor.objects.gpu_samples_per_cpu_s"]))]
+
+
+def remediation_rows(f: dict[str, Any]) -> list[Row]:
+    return [Row("remediation", "health heartbeats / policy proposals (pool of 1,000)",
+                f"{_n(f.get('health_heartbeats_per_s'))} / "
+                f"{_n(f.get('policy_proposals_per_s_pool_1000'))} per s")]
+
+
+ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "throughput": throughput_rows,
+    "latency": latency_rows,
+    "detection": detection_rows,
+    "lake": lake_rows,
+    "profile": profile_rows,
+    "sim": sim_rows,
+    "remediation": remediation_rows,
+}
+
+
+def load(name: str, quick: bool) -> dict[str, Any] | None:
+    path = RESULTS / f"{result_name(name, quick and name not in WITHOUT_QUICK)}.json"
+    if not path.exists():
+        return None
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def collect(quick: bool) -> tuple[list[Row], dict[str, dict[str, Any]]]:
+    """Rows of every benchmark with a result file, and each file's machine description."""
+    rows: list[Row] = []
+    machines: dict[str, dict[str, Any]] = {}
+    for name, build in ROWS.items():
+        result = load(name, quick)
+        if result is None:
+            continue
+        try:
+            rows += build(result["figures"])
+        except (KeyError, TypeError, ZeroDivisionError) as exc:
+            rows.append(Row(name, "result file", f"unreadable: {exc!r}"))
+        machines[name] = result.get("machine", {})
+    return rows, machines
+
+
+def markdown(rows: list[Row], machines: dict[str, dict[str, Any]], quick: bool) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    def met(value: bool | None) -> str:
+        return "" if value is None else ("yes" if value else "**no**")
+
+    lines = [
+        f"Benchmarks ({'quick' if quick else 'full'} run), `make bench` / `python -m bench`. "
+        "Speeds: medians of repetitions, per CPU second of the measuring process "
+        "(\"per core\"), ratios against a baseline measured in the same run.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    for r in rows:
+        cells = (r.bench, r.figure, r.value, r.baseline, r.ratio, r.goal, met(r.met))
+        lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
+    lines += ["", "Where and when each was measured:", ""]
+    for name, m in machines.items():
+        lines.append(f"- {name}: {m.get('date', '?')}, {m.get('cpu', '?')}, {m.get('cores', '?')} "
+                     f"cores, Python {m.get('python', '?')}")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(quick: bool) -> Path:
+    rows, machines = collect(quick)
+    path = RESULTS / f"{result_name('summary', quick)}.md"
+    path.write_text(markdown(rows, machines, quick))
+    return path
