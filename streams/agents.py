@@ -63,7 +63,7 @@ FAMILY_OF: dict[type[Event], Family] = {
     TpuSample: "tpu",
     IciSample: "tpu",
 }
-ALIGN_WAIT_S = 2.0  # how long a partition waits for a lagging topic before giving up order
+ALIGN_GRACE_S = 2.0  # how long a record waits for older ones from the partition's other topics
 ALIGN_MAX_HELD = 20_000  # records held for ordering, at most, per agent
 
 
@@ -240,7 +240,6 @@ class Stage:
     def receive(self, record: Record, ack: Ack) -> None:
         ctx = self.ctx
         ctx.metrics.records_in.labels(record.topic).inc()
-        ctx.received_next[(record.topic, record.partition)] = record.offset + 1
         if self.aligner is None:
             self.process([(record, ack)])
             return
@@ -250,12 +249,13 @@ class Stage:
             self.process([(record, ack)])  # order is moot: it goes to the dead letters
             return
         ctx.decoded[(record.topic, record.partition, record.offset)] = value
-        self.aligner.hold(record.topic, record.partition, getattr(value, "ts", 0), (record, ack))
+        ts = getattr(value, "ts", 0)
+        self.aligner.hold(record.topic, record.partition, ts, (record, ack), time.monotonic())
         self.release()
 
     def release(self) -> None:
         if self.aligner is not None and self.aligner.held:
-            self.process(self.aligner.release(time.monotonic(), self.ctx.caught_up))
+            self.process(self.aligner.release(time.monotonic()))
 
     def process(self, records: list[Held]) -> None:
         for record, ack in records:
@@ -285,7 +285,7 @@ def register(ctx: Context) -> None:
         names = [topic.get_topic_name() for topic in topics]
         aligner: Aligner[Held] | None = None
         if len(names) > 1:
-            aligner = Aligner(names, ALIGN_WAIT_S, ALIGN_MAX_HELD)
+            aligner = Aligner(names, ALIGN_GRACE_S, ALIGN_MAX_HELD)
         stage = Stage(ctx, name, handler, aligner)
         ctx.stages.append(stage)
         channel = ctx.app.topic(

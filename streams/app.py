@@ -79,9 +79,8 @@ def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Cont
         ctx.tables[name] = app.Table(
             name,
             default=None,
-            schema=faust.Schema(
-                key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-            ),
+            key_type=bytes,  # faust picks the changelog's serializers from these: raw
+            value_type=bytes,
             partitions=k.partitions,
             on_changelog_event=_recovered_key(ctx) if name == "telemetry" else None,
             help=f"FleetPulse {name} state per key (msgpack)",
@@ -128,7 +127,6 @@ def _add_timers(ctx: Context) -> None:
         ctx.clocks.forget({tp.partition for tp in revoked if tp.topic in telemetry})
         for tp in revoked:
             ctx.next_offset.pop((tp.topic, tp.partition), None)
-            ctx.received_next.pop((tp.topic, tp.partition), None)
             with contextlib.suppress(KeyError):  # never measured here
                 ctx.metrics.lag.remove(tp.topic, str(tp.partition))
 

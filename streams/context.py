@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import faust
 import msgspec
-from aiokafka import TopicPartition
 
 from pipeline.config import Settings
 from pipeline.model import Action, Alert, Event, Finding, NodeState
@@ -57,35 +56,11 @@ class Context:
     tables: dict[str, Any] = field(default_factory=dict)  # faust Tables
     value_types: dict[str, type[Event]] = field(default_factory=dict)  # by full topic name
     next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
-    received_next: dict[tuple[str, int], int] = field(default_factory=dict)
     # decoded states of the keys in use, with the digest of what the table holds for them
     cache: dict[tuple[str, bytes], tuple[Any, bytes]] = field(default_factory=dict)
     # values decoded on arrival (for their timestamps) and held by an Aligner, by coordinates
     decoded: dict[tuple[str, int, int], Event] = field(default_factory=dict)
     stages: list[Any] = field(default_factory=list)  # agents.Stage, in registration order
-
-    def caught_up(self, topic: str, partition: int) -> bool:
-        """Nothing more to read from this partition now: every record up to its high
-        watermark has reached us (or, before any has, the fetcher is at the watermark)."""
-        position, highwater = self._fetch_state(topic, partition)
-        if highwater is None:
-            return False
-        received = self.received_next.get((topic, partition))
-        if received is not None:
-            return received >= highwater
-        return position is not None and position >= highwater
-
-    def _fetch_state(self, topic: str, partition: int) -> tuple[int | None, int | None]:
-        # aiokafka keeps the fetch position and high watermark of each assigned partition; faust
-        # offers only an async position(), so read them where aiokafka keeps them
-        try:
-            thread: Any = getattr(self.app.consumer, "_thread")  # noqa: B009 - private
-            consumer = thread._ensure_consumer()
-            assignment = consumer._subscription.subscription.assignment
-            state = assignment.state_value(TopicPartition(topic, partition))
-            return state._position, state.highwater
-        except Exception:  # not assigned, not started, or aiokafka changed: "don't know"
-            return None, None
 
     def name(self, suffix: str) -> str:
         name: str = self.topics[suffix].get_topic_name()

@@ -22,17 +22,40 @@ from typing import IO, Any, TypeVar
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from pipeline.codec import decode, encode
-from pipeline.config import Settings
+from pipeline.config import Settings, SimSettings
 from pipeline.errors import DecodeError
 from pipeline.model import Event
 from pipeline.runtime import route
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.sim.engine import Simulation
+from pipeline.sim.faults import ForcedFault
 
 E = TypeVar("E", bound=Event)
 INPUT_SUFFIX = {
     spec.value: spec.suffix for spec in TOPICS if spec.suffix.startswith(("telemetry.", "events."))
 }
+
+
+def scenario() -> Simulation:
+    """The small fleet the worker tests run: 8 GPU nodes and a 16-chip TPU slice for 20
+    minutes, with a lost GPU, an HBM failure, a dead ICI link and a user-XID confounder."""
+    faults = [
+        ForcedFault(fault_type="G1", at_s=200, target="fp-us-central1-h200-train-000"),
+        ForcedFault(fault_type="G5", at_s=300, target="fp-us-east5-h100-train-000"),
+        ForcedFault(fault_type="T2", at_s=250),
+        ForcedFault(fault_type="J3", at_s=300),
+    ]
+    settings = SimSettings(
+        seed=11,
+        gpu_nodes=8,
+        tpu_slices=1,
+        tpu_slice_types=("v5litepod-16:4x4",),
+        duration_s=1200,
+        random_faults=False,
+        diurnal=False,
+    )
+    return Simulation(settings, faults)
 
 
 def worker_env(settings: Settings, workdir: Path, **extra: str) -> dict[str, str]:

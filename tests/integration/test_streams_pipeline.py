@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 
-from pipeline.config import KafkaSettings, Settings, SimSettings, load_settings
+from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, DeadLetter, Event, Finding, NodeState
 from pipeline.runtime.topics import topic_name
 from pipeline.sim.engine import Simulation
-from pipeline.sim.faults import ForcedFault, InjectedFault
+from pipeline.sim.faults import InjectedFault
 from streams.app import LAG_INTERVAL_S
 from streams.testing import (
     TopicReader,
@@ -32,17 +32,12 @@ from streams.testing import (
     embedded_outputs,
     produce_events,
     producer,
+    scenario,
     worker_env,
 )
 
 pytestmark = pytest.mark.kafka
 
-FAULTS = [
-    ForcedFault(fault_type="G1", at_s=200, target="fp-us-central1-h200-train-000"),  # GPU lost
-    ForcedFault(fault_type="G5", at_s=300, target="fp-us-east5-h100-train-000"),  # HBM errors
-    ForcedFault(fault_type="T2", at_s=250),  # an ICI link down: the whole slice
-    ForcedFault(fault_type="J3", at_s=300),  # confounder: user XIDs, never cordon
-]
 # A poison record for every topic the worker reads: what arrives, and what the letter must say.
 POISON: dict[str, tuple[bytes | None, bytes, str]] = {
     "telemetry.gpu": (b"node-x", b"{not json", "expected a JSON object"),
@@ -72,26 +67,13 @@ class Run:
         return self.reader.values(self.topic("actions"), Action)
 
 
-def simulation() -> Simulation:
-    sim_settings = SimSettings(
-        seed=11,
-        gpu_nodes=8,
-        tpu_slices=1,
-        tpu_slice_types=("v5litepod-16:4x4",),
-        duration_s=1200,
-        random_faults=False,
-        diurnal=False,
-    )
-    return Simulation(sim_settings, FAULTS)
-
-
 @pytest.fixture(scope="module")
 def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     kafka = KafkaSettings(
         bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3
     )
     settings = msgspec.structs.replace(load_settings(environ={}), kafka=kafka)
-    sim = simulation()
+    sim = scenario()
     events = list(sim.events())
     expected = embedded_outputs(settings, events)
     workdir = tmp_path_factory.mktemp("worker")
