@@ -48,6 +48,15 @@ STAGES = {
     "state_tables": ("load", "store", "encode_state", "decode_state"),
 }
 TOP = 15
+# (path fragment, component) in order: the first that a frame's file contains names it
+COMPONENTS = (
+    ("/pipeline/", "pipeline: codec, detect, aggregate, health, policy"),
+    ("/streams/", "streams: agents, state tables, acks"),
+    ("/faust/", "faust + mode"), ("/mode/", "faust + mode"),
+    ("/aiokafka/", "aiokafka"), ("/kafka/", "aiokafka"),
+    ("/asyncio/", "asyncio"),
+    ("/bench/", "bench harness"),
+)
 IDLE = frozenset({"epoll.poll", "select.select", "select", "poll"})  # waiting for I/O
 
 
@@ -85,11 +94,40 @@ def split(root: Any) -> dict[str, Any]:
     return {
         "profiled_s": round(total, 3),
         "idle_s": round(idle, 3),
+        "component_share_of_busy": by_component(root),
         "stage_share_of_busy": shares,
         "top_self": [{"function": name, "self_s": round(t, 3), "share_of_busy": round(t / busy, 3)}
                      for name, t in own.most_common(TOP + 2) if name.split(" ")[0] not in IDLE
                      ][:TOP],
     }
+
+
+def component(path: str) -> str | None:
+    """Whose code a frame is, by file; None for built-ins (they count for their caller)."""
+    if path.startswith("<"):
+        return None
+    for prefix, name in COMPONENTS:
+        if prefix in path:
+            return name
+    return "other (stdlib, prometheus-client, ...)"
+
+
+def by_component(root: Any) -> dict[str, float]:
+    """Self time per component as shares of the busy time (I/O waits left out)."""
+    own: Counter[str] = Counter()
+
+    def walk(frame: Any, inherited: str) -> None:
+        here = component(frame.file_path or "<>") or inherited
+        if not frame.is_synthetic:
+            children = sum(c.time for c in frame.children if not c.is_synthetic)
+            name = "idle" if frame.function in IDLE else here
+            own[name] += frame.time - children
+        for child in frame.children:
+            walk(child, here)
+
+    walk(root, "other (stdlib, prometheus-client, ...)")
+    busy = max(sum(v for k, v in own.items() if k != "idle"), 1e-9)
+    return {k: round(v / busy, 3) for k, v in own.most_common() if k != "idle"}
 
 
 def profile_embedded(quick: bool) -> tuple[dict[str, Any], str]:

@@ -185,11 +185,14 @@ def profile_rows(f: dict[str, Any]) -> list[Row]:
     rows = []
     for which in ("embedded", "worker"):
         part = f.get(which, {})
-        shares = part.get("stage_share_of_busy")
-        if not shares:
-            continue
-        text = ", ".join(f"{k} {100 * v:.0f} %" for k, v in shares.items() if v >= 0.01)
-        rows.append(Row("profile", f"{which}: share of busy time per stage", text))
+        for key, what in (("stage_share_of_busy", "per pipeline stage"),
+                          ("component_share_of_busy", "per component")):
+            shares = part.get(key)
+            if not shares or (which == "embedded" and key.startswith("component")):
+                continue
+            ordered = sorted(shares.items(), key=lambda kv: -kv[1])
+            text = ", ".join(f"{k} {100 * v:.0f} %" for k, v in ordered if v >= 0.01)
+            rows.append(Row("profile", f"{which}: busy time {what}", text))
     return rows
 
 
