@@ -50,6 +50,8 @@ class Settler:
         self._futures: list[Awaitable[Any]] = []
         self._since = time.monotonic()
         self._in_flight: deque[asyncio.Task[None]] = deque()
+        # called as a batch closes: the writes it returns belong to the batch (context.flush)
+        self.flush: Callable[[], list[Awaitable[Any]]] = list
         self._closing = False
         self._task: asyncio.Task[None] | None = None
 
@@ -92,6 +94,7 @@ class Settler:
         """Start settling the queued batch; wait while too many batches are in flight."""
         while self._in_flight and self._in_flight[0].done():
             self._in_flight.popleft()
+        self._futures.extend(self.flush())
         if self._acks or self._futures:
             # swap first: records added from now on belong to the next batch
             acks, futures = self._acks, self._futures

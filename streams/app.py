@@ -74,6 +74,7 @@ def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Cont
     metrics = metrics or WorkerMetrics()
     settler = Settler(metrics, w.ack_batch)
     ctx = Context(settings=settings, app=app, metrics=metrics, settler=settler)
+    settler.flush = ctx.flush
     ctx.topics, ctx.value_types = declare_topics(app, settings)
     for name in TABLES:
         ctx.tables[name] = app.Table(
@@ -119,7 +120,7 @@ def _add_timers(ctx: Context) -> None:
         _catch_up_quiet_partitions(ctx, backlog)
 
     async def forget_states(app: faust.App, assigned: set[Any], **kwargs: Any) -> None:
-        ctx.drop_cache()  # the tables are about to be recovered from their changelogs
+        ctx.forget_written()  # the tables are about to be recovered from their changelogs
 
     async def on_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
         ctx.drop_cache()

@@ -5,11 +5,13 @@ byte-for-byte what was written: `route.encode_state` (msgpack) compressed with z
 A node's detector state is ~10 kB of msgpack, rewritten with every scrape; compressed it is
 ~1-2 kB for ~0.1 ms of CPU, and the changelog stops being most of what the worker writes.
 
-Writes go through `store`, which sends the changelog record to the source record's partition
-itself and returns the send's future: the Settler waits for it before the record is acked, and
-it works outside a stream iteration too (the staleness timer). Decoded states stay in `cache`
-between records (decoding is a third of a telemetry record's cost), with a digest of what the
-table holds, so an unchanged state is not written again.
+State is read through `load` and written through `store`, which keeps the decoded state (the
+next record of the key needs no decoding) and its msgpack bytes (a snapshot: a record that
+fails half-way cannot leave a half-changed state behind). Before the Settler closes a batch
+it calls `flush`, which writes each changed key once — its table entry and a changelog record
+in the source record's partition — so a node scraped eight times in a batch costs one write,
+and a record is acked only after the states it changed are in the changelog. This also works
+outside a stream iteration (the staleness timer), which faust's `table[key] = value` does not.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ class Context:
     tables: dict[str, Any] = field(default_factory=dict)  # faust Tables
     value_types: dict[str, type[Event]] = field(default_factory=dict)  # by full topic name
     next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
-    # decoded states of the keys in use, with the digest of what the table holds for them
-    cache: dict[tuple[str, bytes], tuple[Any, bytes]] = field(default_factory=dict)
+    # decoded states of the keys in use; states changed since the last flush, as msgpack; and
+    # the digest of what the table holds for each key
+    cache: dict[tuple[str, bytes], Any] = field(default_factory=dict)
+    dirty: dict[tuple[str, bytes], tuple[int, bytes]] = field(default_factory=dict)
+    written: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
     # values decoded on arrival (for their timestamps) and held by an Aligner, by coordinates
     decoded: dict[tuple[str, int, int], Event] = field(default_factory=dict)
     stages: list[Any] = field(default_factory=list)  # agents.Stage, in registration order
@@ -71,13 +76,18 @@ class Context:
     def load(self, table: str, key: bytes, cls: type[S]) -> S | None:
         cached = self.cache.get((table, key))
         if cached is not None:
-            state: S = cached[0]
+            state: S = cached
             return state
-        raw = self.tables[table].data.get(key)
-        if raw is None:
-            return None
+        pending = self.dirty.get((table, key))
         try:
-            packed = zlib.decompress(raw)
+            if pending is not None:
+                packed = pending[1]
+            else:
+                raw = self.tables[table].data.get(key)
+                if raw is None:
+                    return None
+                packed = zlib.decompress(raw)
+                self.written[(table, key)] = _digest(packed)
             state = route.decode_state(packed, cls)
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError) as exc:
             # a state written by an older release: start this key afresh (re-warm) rather
@@ -85,28 +95,41 @@ class Context:
             log.warning("table %s key %r: undecodable state (%s); starting afresh", table, key, exc)
             self.metrics.state_resets.labels(table).inc()
             return None
-        self.cache[(table, key)] = (state, _digest(packed))
+        self.cache[(table, key)] = state
         return state
 
     def store(self, table: str, partition: int, key: bytes, state: Any) -> Futures:
-        """Write `state` unless it is what the table already holds (a staleness check that
-        found nothing, a heartbeat that changed nothing): no changelog record then."""
-        packed = route.encode_state(state)
-        digest = _digest(packed)
-        cached = self.cache.get((table, key))
-        self.cache[(table, key)] = (state, digest)
-        if cached is not None and cached[1] == digest:
-            return []
-        raw = zlib.compress(packed, 1)
-        t = self.tables[table]
-        fut: Awaitable[Any] = t.send_changelog(partition, key, raw)
-        t.data[key] = raw
-        return [fut]
+        """Keep `state` as the key's state; `flush` writes it to the table and its changelog."""
+        self.cache[(table, key)] = state
+        self.dirty[(table, key)] = (partition, route.encode_state(state))
+        return []
+
+    def flush(self) -> Futures:
+        """Write each state changed since the last flush, once, unless it is what the table
+        holds already (a staleness check that found nothing): the Settler calls this before it
+        closes a batch, so a record is acked only once the states it changed are written."""
+        futures: Futures = []
+        for (table, key), (partition, packed) in self.dirty.items():
+            digest = _digest(packed)
+            if self.written.get((table, key)) == digest:
+                continue
+            raw = zlib.compress(packed, 1)
+            t = self.tables[table]
+            futures.append(t.send_changelog(partition, key, raw))
+            t.data[key] = raw
+            self.written[(table, key)] = digest
+        self.dirty.clear()
+        return futures
 
     def drop_cache(self) -> None:
-        """After a failure mid-record (the pure stages mutate the state they are given) and at
-        every rebalance (keys moved, tables recovered), states are read from the tables again."""
+        """After a failure mid-record (the pure stages may have mutated the state they were
+        given) and at every rebalance, states are decoded again from their last good bytes."""
         self.cache.clear()
+
+    def forget_written(self) -> None:
+        """Tables are recovered from changelogs at a rebalance: what they hold is news."""
+        self.cache.clear()
+        self.written.clear()
 
     # --- outputs ----------------------------------------------------------------------------
 
