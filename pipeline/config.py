@@ -263,6 +263,7 @@ class WorkerSettings(Section, frozen=True):
     heartbeat_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     send_give_up_s: Annotated[float, Meta(gt=0)] = 300.0  # outputs unsendable this long: exit
     capacity_memory: PositiveInt = 64  # capacity events kept per zone for pools learnt later
+    align_grace_ms: Annotated[int, Meta(ge=0)] = 500  # wait for older records of sibling topics
 
 
 class SimSettings(Section, frozen=True):

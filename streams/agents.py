@@ -63,7 +63,10 @@ FAMILY_OF: dict[type[Event], Family] = {
     TpuSample: "tpu",
     IciSample: "tpu",
 }
-ALIGN_GRACE_S = 2.0  # how long a record waits for older ones from the partition's other topics
+# Inputs put in event-time order (align.py): a node's telemetry; findings and other people's
+# node events. Our own actions come back late whatever we do, and the zone stage's rule does
+# not depend on order, so those are processed as they come.
+ALIGNED = {"telemetry": TELEMETRY_TOPICS, "health": ("findings", "events.node")}
 ALIGN_MAX_HELD = 20_000  # records held for ordering, at most, per agent
 
 
@@ -240,7 +243,7 @@ class Stage:
     def receive(self, record: Record, ack: Ack) -> None:
         ctx = self.ctx
         ctx.metrics.records_in.labels(record.topic).inc()
-        if self.aligner is None:
+        if self.aligner is None or record.topic not in self.aligner.rank:
             self.process([(record, ack)])
             return
         try:
@@ -284,8 +287,10 @@ def register(ctx: Context) -> None:
     for name, topics, handler in stages:
         names = [topic.get_topic_name() for topic in topics]
         aligner: Aligner[Held] | None = None
-        if len(names) > 1:
-            aligner = Aligner(names, ALIGN_GRACE_S, ALIGN_MAX_HELD)
+        if name in ALIGNED:
+            aligned = [ctx.name(suffix) for suffix in ALIGNED[name]]
+            grace_s = ctx.settings.worker.align_grace_ms / 1000
+            aligner = Aligner(aligned, grace_s, ALIGN_MAX_HELD)
         stage = Stage(ctx, name, handler, aligner)
         ctx.stages.append(stage)
         channel = ctx.app.topic(
