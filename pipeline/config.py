@@ -255,7 +255,7 @@ class WorkerSettings(Section, frozen=True):
     group_id: str = ""  # consumer group and faust app id; "" = "<topic_prefix>-worker"
     store: str = "memory://"  # table store; memory replays the compacted changelog at start
     datadir: str = ".cache/worker"  # faust's data directory (one folder per app id)
-    standby_replicas: Annotated[int, Meta(ge=0)] = 1  # warm copies of tables for failover
+    standby_replicas: Annotated[int, Meta(ge=0)] = 0  # warm table copies: rocksdb only
     ack_batch: PositiveInt = 500  # records whose outputs are awaited together before acking
     ack_interval_ms: PositiveInt = 50  # ... or this often, whichever comes first
     commit_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # offset commits (replay window)
