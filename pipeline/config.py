@@ -263,7 +263,9 @@ class WorkerSettings(Section, frozen=True):
     heartbeat_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     send_give_up_s: Annotated[float, Meta(gt=0)] = 300.0  # outputs unsendable this long: exit
     capacity_memory: PositiveInt = 64  # capacity events kept per zone for pools learnt later
-    align_grace_ms: Annotated[int, Meta(ge=0)] = 500  # wait for older records of sibling topics
+    # event-time order of a partition's topics while it catches up (README, streams/align.py)
+    align_grace_ms: Annotated[int, Meta(ge=0)] = 1000  # wait for older records this long
+    align_always: bool = False  # also when live (adds up to the grace to every record)
 
 
 class SimSettings(Section, frozen=True):

@@ -276,6 +276,14 @@ class Stage:
         return run
 
 
+def _grace(ctx: Context, topics: list[str]) -> Callable[[int], float]:
+    """The Aligner's grace for a partition: the configured one while it catches up."""
+    grace_s = ctx.settings.worker.align_grace_ms / 1000
+    if ctx.settings.worker.align_always:
+        return lambda partition: grace_s
+    return lambda partition: grace_s if ctx.behind(topics, partition) else 0.0
+
+
 def register(ctx: Context) -> None:
     t = ctx.topics
     stages: list[tuple[str, list[Any], Handler]] = [
@@ -289,8 +297,7 @@ def register(ctx: Context) -> None:
         aligner: Aligner[Held] | None = None
         if name in ALIGNED:
             aligned = [ctx.name(suffix) for suffix in ALIGNED[name]]
-            grace_s = ctx.settings.worker.align_grace_ms / 1000
-            aligner = Aligner(aligned, grace_s, ALIGN_MAX_HELD)
+            aligner = Aligner(aligned, _grace(ctx, aligned), ALIGN_MAX_HELD)
         stage = Stage(ctx, name, handler, aligner)
         ctx.stages.append(stage)
         channel = ctx.app.topic(

@@ -8,18 +8,21 @@ per partition, the held record with the smallest event time once either
 
 - every topic of that partition has a record held (nothing older can be missing, as long as
   each topic partition is in time order, which its single producer makes it), or
-- it has been held `grace_s` of wall time (an older record arriving later than that is
-  processed late, out of order, as it would have been without the Aligner),
+- it has been held the partition's grace of wall time (an older record arriving later than
+  that is processed late, out of order, as it would have been without the Aligner),
 
 and at once for any partition when more than `max_held` records are held. Equal timestamps
-are released in the order the topics are listed. The price is up to `grace_s` of latency for
-records of a partition where some topic is sparse (XIDs), which is why it is small.
+are released in the order the topics are listed. The price is up to the grace of latency for
+records of a partition where some topic is sparse (XIDs), so the worker asks for a grace only
+while a partition catches up on a backlog, where order matters most; live, the grace is 0 and
+records go through as they come (WorkerSettings.align_always changes that, for tests).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -37,9 +40,9 @@ class _Held(Generic[T]):
 
 
 class Aligner(Generic[T]):
-    def __init__(self, topics: list[str], grace_s: float, max_held: int) -> None:
+    def __init__(self, topics: list[str], grace_s: Callable[[int], float], max_held: int):
         self.rank = {topic: i for i, topic in enumerate(topics)}
-        self.grace_s = grace_s
+        self.grace_s = grace_s  # partition -> seconds
         self.max_held = max_held
         self._queues: dict[int, dict[str, deque[_Held[T]]]] = {}
         self._seq = itertools.count()
@@ -54,7 +57,8 @@ class Aligner(Generic[T]):
         """The records that may be processed now, in the order to process them."""
         out: list[T] = []
         for partition in sorted(self._queues):
-            out += self._release_partition(self._queues[partition], now)
+            grace_s = self.grace_s(partition)
+            out += self._release_partition(self._queues[partition], now, grace_s)
         return out
 
     def release_all(self) -> list[T]:
@@ -66,7 +70,9 @@ class Aligner(Generic[T]):
         self.held = 0
         return out
 
-    def _release_partition(self, queues: dict[str, deque[_Held[T]]], now: float) -> list[T]:
+    def _release_partition(
+        self, queues: dict[str, deque[_Held[T]]], now: float, grace_s: float
+    ) -> list[T]:
         out: list[T] = []
         while True:
             heads = [queue[0] for queue in queues.values() if queue]
@@ -74,7 +80,7 @@ class Aligner(Generic[T]):
                 return out
             first = min(heads)
             complete = len(heads) == len(queues)
-            if not complete and now - first.arrived < self.grace_s and self.held <= self.max_held:
+            if not complete and now - first.arrived < grace_s and self.held <= self.max_held:
                 return out
             queues[first.topic].popleft()
             self.held -= 1

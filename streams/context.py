@@ -44,6 +44,7 @@ _ENCODER = msgspec.json.Encoder()
 # input keyed by pool (proposals, node states, capacity events fanned out by zone) and the
 # zone stage's node states keyed by zone.
 POLICY_INPUT = "policy-input"
+CATCHING_UP = 100  # records left to read in a partition: it is catching up, not live
 ZONE_INPUT = "zone-input"
 
 
@@ -66,6 +67,11 @@ class Context:
     # values decoded on arrival (for their timestamps) and held by an Aligner, by coordinates
     decoded: dict[tuple[str, int, int], Event] = field(default_factory=dict)
     stages: list[Any] = field(default_factory=list)  # agents.Stage, in registration order
+    backlog: dict[tuple[str, int], int] = field(default_factory=dict)  # from the lag timer
+
+    def behind(self, topics: list[str], partition: int) -> bool:
+        """Is this partition catching up on a backlog in any of `topics`?"""
+        return any(self.backlog.get((t, partition), 0) > CATCHING_UP for t in topics)
 
     def name(self, suffix: str) -> str:
         name: str = self.topics[suffix].get_topic_name()

@@ -70,7 +70,9 @@ def worker_env(settings: Settings, workdir: Path, **extra: str) -> dict[str, str
         "FLEETPULSE_WORKER__DATADIR": str(workdir),
         "FLEETPULSE_WORKER__SESSION_TIMEOUT_S": "6",  # the broker's minimum
         "FLEETPULSE_WORKER__HEARTBEAT_INTERVAL_S": "1",
-        # a loaded 2-core machine can hold a producer's small batch back for a second or more
+        # Tests produce an hour of events in seconds: keep event-time order always, and wait
+        # long enough for a producer's batch that a loaded 2-core machine held back.
+        "FLEETPULSE_WORKER__ALIGN_ALWAYS": "true",
         "FLEETPULSE_WORKER__ALIGN_GRACE_MS": "2000",
         "PYTHONUNBUFFERED": "1",
     }

@@ -75,7 +75,7 @@ def test_capacity_memory_is_bounded_and_keeps_the_newest() -> None:
 
 
 def test_aligner_releases_in_event_time_once_every_topic_has_spoken() -> None:
-    aligner: Aligner[str] = Aligner(["gpu", "xid"], grace_s=2.0, max_held=100)
+    aligner: Aligner[str] = Aligner(["gpu", "xid"], grace_s=lambda p: 2.0, max_held=100)
     aligner.hold("gpu", 0, T0 + 300, "gpu@300", now=0.0)
     aligner.hold("gpu", 0, T0 + 310, "gpu@310", now=0.0)
     assert aligner.release(now=0.5) == []  # the xid topic could still have something older
@@ -86,13 +86,13 @@ def test_aligner_releases_in_event_time_once_every_topic_has_spoken() -> None:
 
 
 def test_aligner_ties_follow_topic_order_and_the_cap_forces_release() -> None:
-    aligner: Aligner[str] = Aligner(["gpu", "xid"], grace_s=60.0, max_held=2)
+    aligner: Aligner[str] = Aligner(["gpu", "xid"], grace_s=lambda p: 60.0, max_held=2)
     aligner.hold("xid", 1, T0, "xid", now=0.0)
     aligner.hold("gpu", 1, T0, "gpu", now=0.0)
     assert aligner.release(now=0.0) == ["gpu"]  # a tie: the first listed topic first
     aligner.hold("gpu", 1, T0 + 1, "gpu+1", now=0.0)
     assert aligner.release(now=0.0) == ["xid"]  # and gpu+1 waits for the next xid
-    aligner = Aligner(["gpu", "xid"], grace_s=60.0, max_held=2)
+    aligner = Aligner(["gpu", "xid"], grace_s=lambda p: 60.0, max_held=2)
     for i in range(3):
         aligner.hold("gpu", 2, T0 + i, f"g{i}", now=0.0)
     assert aligner.release(now=0.0) == ["g0"]  # over the cap: only as much as needed
