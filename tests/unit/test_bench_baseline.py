@@ -1,0 +1,112 @@
+"""The static-threshold baseline the detection benchmark scores FleetPulse against, and the
+benchmark's own arithmetic (merging seeds, the false-cordon goal). No timings here."""
+
+from __future__ import annotations
+
+from bench.baseline_thresholds import ThresholdDetector, Thresholds
+from bench.detection import headline, merge
+from bench.summary import _false_cordons_met
+from pipeline.model import GpuReading, GpuSample, IciLink, IciSample, NodeEvent, XidEvent
+from pipeline.score import ClassScore, Score
+
+T0 = 1_767_225_600_000
+S = 1000
+
+
+def gpu(index: int, temp: float = 60.0, util: float = 90.0, job: str | None = "job-1",
+        dbe: float = 0.0) -> GpuReading:
+    return GpuReading(
+        index=index, uuid=f"GPU-0000000{index}-aaaa", pci_bus_id=f"0000:{index + 16:02x}:00",
+        model="NVIDIA H100 80GB HBM3", job=job,
+        metrics={"DCGM_FI_DEV_GPU_TEMP": temp, "DCGM_FI_DEV_GPU_UTIL": util,
+                 "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": dbe})
+
+
+def scrape(ts: int, node: str = "n1", gpus: list[GpuReading] | None = None) -> GpuSample:
+    return GpuSample(ts=ts, cluster="c1", node=node, pool="p1", zone="z1", driver="550",
+                     gpus=gpus if gpus is not None else [gpu(0), gpu(1)])
+
+
+def xid(ts: int, code: int, node: str = "n1") -> XidEvent:
+    return XidEvent(ts=ts, cluster="c1", node=node, pool="p1", zone="z1",
+                    pci_bus_id="0000:10:00", gpu_index=0, xid=code, message="NVRM: Xid",
+                    source="simulator")
+
+
+def test_a_listed_xid_cordons_at_once_an_application_xid_does_not() -> None:
+    detector = ThresholdDetector()
+    detector.feed_all([scrape(T0), xid(T0 + S, 13), xid(T0 + 2 * S, 31)])
+    assert detector.actions == []
+    detector.feed(xid(T0 + 3 * S, 79))
+    assert [(a.kind, a.target.name, a.ts) for a in detector.actions] == [("cordon", "n1", T0 + 3 * S)]
+    assert detector.findings[0].check == "xid" and detector.findings[0].evidence.value == 79
+
+
+def test_thresholds_fire_on_one_sample_and_refire_only_after_the_quiet_period() -> None:
+    t = Thresholds(refire_ms=600 * S)
+    detector = ThresholdDetector(t)
+    hot = [gpu(0, temp=86.0), gpu(1)]
+    detector.feed_all(scrape(T0 + i * 30 * S, gpus=hot) for i in range(25))  # 12 minutes hot
+    assert [a.ts for a in detector.actions] == [T0, T0 + 600 * S]
+    assert {f.check for f in detector.findings} == {"temperature"}
+
+
+def test_ecc_and_lost_gpu_rules() -> None:
+    detector = ThresholdDetector()
+    detector.feed(scrape(T0, node="a", gpus=[gpu(0, dbe=1.0), gpu(1)]))
+    detector.feed(scrape(T0, node="b"))
+    detector.feed(scrape(T0 + 30 * S, node="b", gpus=[gpu(0)]))  # a GPU fell out of the scrape
+    assert {(f.entity.target.name, f.check) for f in detector.findings} == {
+        ("a", "ecc"), ("b", "gpu_count")}
+
+
+def test_idle_while_allocated_needs_the_full_duration_and_a_job() -> None:
+    t = Thresholds(idle_ms=600 * S)
+    detector = ThresholdDetector(t)
+    idle = [gpu(0, util=1.0), gpu(1)]
+    free = [gpu(0, util=1.0, job=None), gpu(1)]
+    detector.feed_all(scrape(T0 + i * 60 * S, node="idle", gpus=idle) for i in range(10))
+    detector.feed_all(scrape(T0 + i * 60 * S, node="free", gpus=free) for i in range(10))
+    assert detector.actions == []  # 9 minutes idle so far; the free GPU is nobody's
+    detector.feed(scrape(T0 + 600 * S, node="idle", gpus=idle))
+    assert [(a.target.name, a.reason.checks) for a in detector.actions] == [("idle", ["idle"])]
+
+
+def test_silent_node_is_cordoned_unless_someone_else_took_it_out() -> None:
+    detector = ThresholdDetector()
+    detector.feed_all([scrape(T0, node="quiet"), scrape(T0, node="maint")])
+    detector.feed(NodeEvent(ts=T0 + S, cluster="c1", target_kind="node", target="maint",
+                            pool="p1", zone="z1", kind="cordoned", actor="operator"))
+    detector.feed_all(scrape(T0 + i * 10 * S, node="busy") for i in range(1, 32))
+    assert [(a.target.name, a.reason.checks) for a in detector.actions] == [("quiet", ["silent"])]
+    assert detector.actions[0].ts - T0 >= Thresholds().silent_ms
+
+
+def test_an_ici_link_down_repairs_the_slice() -> None:
+    detector = ThresholdDetector()
+    links = [IciLink(chip_id=0, port=0, peer_chip_id=1, health=0, flits_tx=1, flits_rx=1),
+             IciLink(chip_id=1, port=0, peer_chip_id=0, health=10, flits_tx=1, flits_rx=1)]
+    detector.feed(IciSample(ts=T0, cluster="c1", node="h0", pool="tp", zone="z1", slice="s1",
+                            links=links))
+    assert [(a.kind, a.target.kind, a.target.name) for a in detector.actions] == [
+        ("repair_slice", "slice", "s1")]
+
+
+def _score(faults: int, detected: int, episodes: int, false: int, days: float) -> Score:
+    part = ClassScore(faults=faults, detected=detected, delays_ms=[1000] * detected)
+    return Score({"hard": part}, {"G1": part}, episodes, episodes - false, 0, false, days)
+
+
+def test_seeds_merge_by_adding_counts() -> None:
+    merged = merge([_score(4, 3, 3, 0, 10.0), _score(6, 6, 7, 1, 20.0)])
+    assert merged.by_class["hard"].recall == 0.9
+    assert merged.precision == 0.9
+    assert merged.node_days == 30.0
+    h = headline(merged)
+    assert h["false_cordons_per_1k_node_days"] == round(1000 / 30, 2)
+
+
+def test_the_false_cordon_goal_is_claimed_only_when_the_run_can_resolve_it() -> None:
+    assert _false_cordons_met(headline(_score(1, 1, 1, 1, 50.0))) is False
+    assert _false_cordons_met(headline(_score(1, 1, 1, 0, 50.0))) is None  # bound 60 per 1k
+    assert _false_cordons_met(headline(_score(1, 1, 1, 0, 40_000.0))) is True
