@@ -221,7 +221,8 @@ class HealthSettings(Section, frozen=True):
 
     def __post_init__(self) -> None:
         repairs = {"reset_gpu", "reboot", "repair", "replace", "repair_slice"}
-        for name, ladder in (("node_ladder", self.node_ladder), ("slice_ladder", self.slice_ladder)):
+        ladders = (("node_ladder", self.node_ladder), ("slice_ladder", self.slice_ladder))
+        for name, ladder in ladders:
             if not ladder or not set(ladder) <= repairs:
                 raise ValueError(f"{name}: expected repair kinds from {sorted(repairs)}")
 

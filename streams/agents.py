@@ -147,7 +147,7 @@ def handle_health(ctx: Context, record: Record, signal: Event) -> Futures:
     if node_state is not None:
         target = node_state.target
         futures.append(ctx.send("node-state", target.name, node_state))
-        futures.append(ctx.send(POLICY_INPUT, target.pool, node_state))
+        futures.append(ctx.send(POLICY_INPUT, route.pool_key(target), node_state))
         futures.append(ctx.send(ZONE_INPUT, target.zone, node_state))
     return futures
 
@@ -165,7 +165,7 @@ def handle_zone(ctx: Context, record: Record, event: Event) -> Futures:
         if state is before:  # nothing learnt: no changelog write
             return []
         futures = ctx.store("zones", record.partition, zone.encode(), state)
-        pool = node_state.target.pool
+        pool = route.pool_key(node_state.target)
         return futures + [ctx.send(POLICY_INPUT, pool, event) for event in owed]
     assert isinstance(event, CapacityEvent)
     check_key(record, event.zone, "zone")

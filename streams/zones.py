@@ -17,10 +17,11 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.model import CapacityEvent, NodeState
+from pipeline.runtime import route
 
 
 class ZoneState(msgspec.Struct, kw_only=True):
-    pools: dict[str, int] = {}  # pool -> event time it was first seen in this zone
+    pools: dict[str, int] = {}  # pool key (cluster/pool) -> event time first seen in the zone
     recent: list[CapacityEvent] = []  # zone-wide events, oldest first, at most `memory`
 
 
@@ -34,7 +35,7 @@ def on_capacity(
     """Remember a zone-wide event; return the pools it goes to now."""
     state = state or ZoneState()
     if event.pool is not None:
-        return state, [event.pool]
+        return state, route.capacity_pools(event, {event.zone: state.pools})
     pools = sorted(pool for pool, first in state.pools.items() if first <= event.ts)
     recent = sorted([*state.recent, event], key=lambda e: (e.ts, e.event_id))[-memory:]
     return ZoneState(pools=state.pools, recent=recent), pools
@@ -45,7 +46,7 @@ def on_node_state(
 ) -> tuple[ZoneState, list[CapacityEvent]]:
     """Learn the node's pool; return remembered events the pool should have had already."""
     state = state or ZoneState()
-    pool, seen = node_state.target.pool, node_state.ts
+    pool, seen = route.pool_key(node_state.target), node_state.ts
     before = state.pools.get(pool)
     if before is not None and before <= seen:
         return state, []

@@ -141,8 +141,8 @@ class EmbeddedRuntime:
         if node_state is not None:
             self._emit("node-state", node_state)
             target = node_state.target
-            self.pools_by_zone.setdefault(target.zone, set()).add(target.pool)
-            next_work.append(_Work("policy", node_state, target.pool))
+            self.pools_by_zone.setdefault(target.zone, set()).add(route.pool_key(target))
+            next_work.append(_Work("policy", node_state, route.pool_key(target)))
         return next_work
 
     def _on_policy(self, pool: str, signal: Proposal | NodeState | CapacityEvent) -> list[_Work]:

@@ -7,6 +7,7 @@ function takes the key's state (or None for a new key) and returns the new state
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -23,6 +24,7 @@ from pipeline.model import (
     NodeEvent,
     NodeState,
     Proposal,
+    Target,
     TpuSample,
     Utilization,
     XidEvent,
@@ -142,16 +144,25 @@ def _state_changed(before: NodeState, after: NodeState) -> bool:
     return msgspec.structs.replace(before, ts=after.ts) != after
 
 
+def pool_key(target: Target) -> str:
+    """The policy's key: pool names repeat across clusters (GKE's "default-pool"), budgets
+    must not, so a pool is named within its cluster."""
+    return f"{target.cluster}/{target.pool}"
+
+
 def policy_key(signal: Proposal | NodeState) -> str:
-    return signal.target.pool
+    return pool_key(signal.target)
 
 
-def capacity_pools(event: CapacityEvent, pools_by_zone: dict[str, set[str]]) -> list[str]:
-    """Capacity events are keyed by zone; the policy is per pool. A event naming its pool goes
+def capacity_pools(event: CapacityEvent, pools_by_zone: Mapping[str, Iterable[str]]) -> list[str]:
+    """Capacity events are keyed by zone; the policy is per pool. An event naming its pool goes
     to that pool, a zone-wide one (quota, stock-out) to every pool known in the zone."""
+    known = sorted(pools_by_zone.get(event.zone, ()))
+    if event.pool is not None and event.cluster is not None:
+        return [f"{event.cluster}/{event.pool}"]
     if event.pool is not None:
-        return [event.pool]
-    return sorted(pools_by_zone.get(event.zone, ()))
+        return [key for key in known if key.partition("/")[2] == event.pool]
+    return known
 
 
 def on_policy(

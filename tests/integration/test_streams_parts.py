@@ -31,7 +31,7 @@ def _node_state(pool: str, ts: int, zone: str = "z1") -> NodeState:
 def _capacity(event_id: str, ts: int, pool: str | None = None) -> CapacityEvent:
     return CapacityEvent(
         event_id=event_id, ts=ts, provider="gcp", source="test", kind="STOCKOUT",
-        severity="warning", region="r1", zone="z1", pool=pool,
+        severity="warning", region="r1", zone="z1", pool=pool, cluster="c" if pool else None,
     )  # fmt: skip
 
 
@@ -40,7 +40,7 @@ def _deliveries(signals: list[NodeState | CapacityEvent]) -> set[tuple[str, str]
     for signal in signals:
         if isinstance(signal, NodeState):
             state, owed = zones.on_node_state(state, signal)
-            sent |= {(signal.target.pool, event.event_id) for event in owed}
+            sent |= {(f"c/{signal.target.pool}", event.event_id) for event in owed}
         else:
             state, pools = zones.on_capacity(state, signal, memory=16)
             sent |= {(pool, signal.event_id) for pool in pools}
@@ -54,13 +54,13 @@ def test_capacity_fan_out_follows_event_time_whatever_the_arrival_order() -> Non
         _node_state("a", T0 + 5),  # a later-arriving, earlier sighting of pool a
         _capacity("cap-00000001", T0 + 7),  # zone-wide: a only (b first seen at +30)
         _capacity("cap-00000002", T0 + 40),  # zone-wide: a and b
-        _capacity("cap-00000003", T0 + 1, pool="b"),  # names its pool: b only, whenever
+        _capacity("cap-00000003", T0 + 1, pool="b"),  # names cluster and pool: b only, whenever
     ]
-    expected = {
-        ("a", "cap-00000001"),
-        ("a", "cap-00000002"),
-        ("b", "cap-00000002"),
-        ("b", "cap-00000003"),
+    expected = {  # policy keys are cluster/pool
+        ("c/a", "cap-00000001"),
+        ("c/a", "cap-00000002"),
+        ("c/b", "cap-00000002"),
+        ("c/b", "cap-00000003"),
     }
     for order in itertools.permutations(signals):
         assert _deliveries(list(order)) == expected, order

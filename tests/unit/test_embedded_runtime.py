@@ -79,7 +79,7 @@ def test_zone_wide_capacity_event_reaches_every_pool_of_the_zone() -> None:
     )
     assert all(state.stockout_until == 0 for state in runtime.policy.values())
     runtime.feed(stockout)
-    assert set(runtime.policy) == {"pool-a", "pool-b"}
+    assert set(runtime.policy) == {f"{gpu.cluster}/pool-a", f"{gpu.cluster}/pool-b"}
     assert all(state.stockout_until > stockout.ts for state in runtime.policy.values())
 
 
