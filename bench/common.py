@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,22 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "packages": {name: _version(name) for name in PACKAGES},
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commit": _commit(),
     }
+
+
+def _commit() -> str:
+    """The checkout measured: HEAD, marked "+dirty" when tracked files differ from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, check=True,
+                               timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def _cpu_model() -> str:

@@ -82,7 +82,7 @@ def throughput_rows(f: dict[str, Any]) -> list[Row]:
                     "≥ 500,000/core", emb >= 500_000))
     first = next((pt for pt in f["scale"] if "error" not in pt), None)
     for pt in f["scale"]:
-        label = f"scale: embedded, {pt['gpus'] // 1000}k GPUs"
+        label = f"scale: embedded, healthy fleet, events in (no decode), {pt['gpus'] // 1000}k GPUs"
         if "error" in pt:
             rows.append(Row(name, label, f"failed: {pt['error']}"))
             continue
@@ -264,8 +264,9 @@ def markdown(rows: list[Row], machines: dict[str, dict[str, Any]], quick: bool) 
         lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     lines += ["", "Where and when each was measured:", ""]
     for name, m in machines.items():
-        lines.append(f"- {name}: {m.get('date', '?')}, {m.get('cpu', '?')}, {m.get('cores', '?')} "
-                     f"cores, Python {m.get('python', '?')}")
+        lines.append(f"- {name}: {m.get('date', '?')}, commit {m.get('commit', '?')}, "
+                     f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
+                     f"Python {m.get('python', '?')}")
     return "\n".join(lines) + "\n"
 
 
