@@ -168,10 +168,10 @@ class DetectSettings(Section, frozen=True):
     counter_quiet_s: PositiveInt = 900  # an ECC/remap episode clears after this long quiet
     # staleness
     node_stale_s: PositiveInt = 40  # a node/host silent this long (at least) is stale
-    # ... and this long, down (fatal: nothing else will come). 0 = off, the default until the
-    # runtime passes node/capacity events to detect.note_event: without them a preempted or
-    # maintained node would be cordoned as if it had died. Then 120 is a good value.
-    node_down_s: Annotated[int, Meta(ge=0)] = 0
+    # ... and this long, down (fatal: nothing else will come); 0 = off. Both runtimes pass node
+    # and targeted capacity events to detect.note_event, so a preempted, drained or maintained
+    # node going silent is expected and never reaches this.
+    node_down_s: Annotated[int, Meta(ge=0)] = 120
     stale_intervals: Annotated[float, Meta(ge=1)] = 2.5  # ... or this many of its intervals
     missing_samples: PositiveInt = 2  # scrapes without a known GPU/chip before it is missing
     # XIDs

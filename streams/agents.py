@@ -34,6 +34,7 @@ from pipeline.model import (
     Event,
     GpuSample,
     IciSample,
+    NodeEvent,
     NodeState,
     Proposal,
     TpuSample,
@@ -44,7 +45,7 @@ from streams import zones
 from streams.acks import Ack
 from streams.align import Aligner
 from streams.clock import Family
-from streams.context import POLICY_INPUT, ZONE_INPUT, Context, Futures
+from streams.context import ANNOUNCE_INPUT, POLICY_INPUT, ZONE_INPUT, Context, Futures
 from streams.records import Record, check_key, decode_value, unexpected_error
 
 log = logging.getLogger("fleetpulse.worker")
@@ -74,6 +75,8 @@ ALIGN_MAX_HELD = 20_000  # records held for ordering, at most, per agent
 
 
 def handle_telemetry(ctx: Context, record: Record, event: Event) -> Futures:
+    if isinstance(event, NodeEvent | CapacityEvent):
+        return handle_announcement(ctx, record, event)
     assert isinstance(event, route.Telemetry)  # the topic's value type guarantees it
     key = route.telemetry_key(event)
     check_key(record, key, "slice" if hasattr(event, "slice") else "node")
@@ -90,6 +93,19 @@ def handle_telemetry(ctx: Context, record: Record, event: Event) -> Futures:
     futures += [ctx.send_finding(finding) for finding in findings]
     futures += [ctx.send("utilization", row.slice or row.node, row) for row in rows]
     return futures
+
+
+def handle_announcement(ctx: Context, record: Record, event: NodeEvent | CapacityEvent) -> Futures:
+    """A node or slice goes away on purpose: tell its detectors (only if we know it)."""
+    key = route.announcement_key(event)
+    if key is None:
+        raise DecodeError(field="$.target", expected="the node or slice announced", got="null")
+    check_key(record, key, "target")
+    raw_key = key.encode()
+    state = ctx.load("telemetry", raw_key, route.TelemetryState)
+    if state is None:
+        return []
+    return ctx.store("telemetry", record.partition, raw_key, route.on_announcement(state, event))
 
 
 def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) -> Futures:
@@ -138,6 +154,8 @@ def handle_health(ctx: Context, record: Record, signal: Event) -> Futures:
     state = ctx.load("health", raw_key, health.HealthState)
     state, proposals, node_state = route.on_health(state, signal, ctx.settings)
     futures = ctx.store("health", record.partition, raw_key, state)
+    if isinstance(signal, NodeEvent):
+        futures.append(ctx.send(ANNOUNCE_INPUT, signal.target, signal))
     for proposal in proposals:
         pool = route.policy_key(proposal)
         futures.append(ctx.send("proposals", pool, proposal))
@@ -173,6 +191,8 @@ def handle_zone(ctx: Context, record: Record, event: Event) -> Futures:
     memory = ctx.settings.worker.capacity_memory
     state, pools = zones.on_capacity(before, event, memory)
     futures = ctx.store("zones", record.partition, event.zone.encode(), state)
+    if event.target is not None:
+        futures.append(ctx.send(ANNOUNCE_INPUT, event.target, event))
     return futures + [ctx.send(POLICY_INPUT, pool, event) for pool in pools]
 
 
@@ -287,7 +307,7 @@ def _grace(ctx: Context, topics: list[str]) -> Callable[[int], float]:
 def register(ctx: Context) -> None:
     t = ctx.topics
     stages: list[tuple[str, list[Any], Handler]] = [
-        ("telemetry", [t[s] for s in TELEMETRY_TOPICS], handle_telemetry),
+        ("telemetry", [*(t[s] for s in TELEMETRY_TOPICS), t[ANNOUNCE_INPUT]], handle_telemetry),
         ("health", [t[s] for s in HEALTH_TOPICS], handle_health),
         ("zone", [t["events.capacity"], t[ZONE_INPUT]], handle_zone),
         ("policy", [t[POLICY_INPUT]], handle_policy),

@@ -46,6 +46,10 @@ _ENCODER = msgspec.json.Encoder()
 POLICY_INPUT = "policy-input"
 CATCHING_UP = 100  # records left to read in a partition: it is catching up, not live
 ZONE_INPUT = "zone-input"
+# Node events and targeted capacity events (drain, delete, maintenance, preemption) re-keyed by
+# their node or slice for the telemetry stage, so planned silence is not taken for a failure.
+ANNOUNCE_INPUT = "announce-input"
+INTERNAL_TOPICS = (POLICY_INPUT, ZONE_INPUT, ANNOUNCE_INPUT)
 
 
 @dataclass
@@ -184,7 +188,8 @@ def declare_topics(
         )
         value_types[name] = spec.value
     # created by the worker at start (streams/worker.py), like `fleetpulse topics create` does
-    for internal, value in ((POLICY_INPUT, Event), (ZONE_INPUT, NodeState)):
+    internals = ((POLICY_INPUT, Event), (ZONE_INPUT, NodeState), (ANNOUNCE_INPUT, Event))
+    for internal, value in internals:
         name = f"{app.conf.id}-{internal}"
         topics[internal] = app.topic(
             name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw"

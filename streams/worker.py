@@ -21,7 +21,7 @@ from pipeline.errors import FleetPulseError
 from pipeline.runtime.topics import TOPICS, topic_name
 from streams.agents import HEALTH_TOPICS, TELEMETRY_TOPICS
 from streams.app import app_id, create_app
-from streams.context import POLICY_INPUT, ZONE_INPUT
+from streams.context import INTERNAL_TOPICS
 from streams.metrics import WorkerMetrics, serve
 
 log = logging.getLogger("fleetpulse.worker")
@@ -51,7 +51,7 @@ def prepare_topics(settings: Settings) -> list[str]:
             raise FleetPulseError(
                 "topics not ready: " + "; ".join(problems) + " (run `fleetpulse topics create`)"
             )
-        internal = [f"{app_id(settings)}-{name}" for name in (POLICY_INPUT, ZONE_INPUT)]
+        internal = [f"{app_id(settings)}-{name}" for name in INTERNAL_TOPICS]
         missing = [name for name in internal if name not in counts]
         if missing:
             # another worker of the group may have been first

@@ -393,9 +393,10 @@ def test_silent_node_is_stale_with_an_id_independent_of_when_checked() -> None:
 def test_long_silence_is_node_down_and_fatal() -> None:
     state, _ = run(steps=10)
     last = T0 + 9 * STEP_MS
-    assert [f.check for f in check_stale_gpu(state, last + 3_600_000, SETTINGS)[1]] == [
+    off = msgspec.structs.replace(SETTINGS, node_down_s=0)
+    assert [f.check for f in check_stale_gpu(state, last + 3_600_000, off)[1]] == [
         "node.stale"
-    ]  # off by default: needs announcements wired to be safe
+    ]  # node_down_s=0 turns it off
     state, _ = run(steps=10)
     _, out = check_stale_gpu(state, last + DOWN_SETTINGS.node_down_s * 1000 + 1, DOWN_SETTINGS)
     assert [(f.check, f.fatal) for f in out] == [("node.stale", False), ("node.down", True)]

@@ -63,7 +63,7 @@ def _gap(spec: str, why: str) -> object:
 
 ACTED_ON = [
     ("G1@300", 30, 0), ("G2/fatal@300", 30, 0), ("G5@300", 30, 0), ("G6@300", 30, 0),
-    ("G7@300", 30, 0), ("G3@300", 40, 0), ("G4@300", 60, 0), ("G8@300", 60, 0), ("S1@300", 40, 0), ("T1@300", 30, 2), ("T2@300", 30, 2),
+    ("G7@300", 30, 0), ("G3@300", 40, 0), ("G4@300", 60, 0), ("G8@300", 60, 0), ("S1@300", 40, 0), ("N2@300", 30, 0), ("T1@300", 30, 2), ("T2@300", 30, 2),
 ]  # fmt: skip
 
 
@@ -82,9 +82,6 @@ def test_hardware_faults_take_their_target_out_of_service(spec: str, minutes: in
 @pytest.mark.parametrize(
     ("spec", "minutes", "slices"),
     [
-        pytest.param("N2@300", 30, 0, id="N2@300", marks=pytest.mark.xfail(strict=True, reason=(
-            "a dead node sends nothing more: node.stale is found but node.down stays off "
-            "(detect.node_down_s=0) until the Kafka runtime passes announcements to detectors"))),
         pytest.param("F1/cable@300", 30, 0, id="F1@300", marks=pytest.mark.xfail(strict=True, reason=(
             "no NIC or fabric telemetry: only the job's symptoms"))),
     ],
