@@ -12,6 +12,7 @@ scan of one utilization column over the same files (queries).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -146,8 +147,8 @@ def build_day(root: Path, devices: int) -> int:
             "slice": pa.nulls(len(ids), pa.string()),
             "device": pa.array(np.tile(device % GPUS_PER_NODE, 60).astype(str)),
             "accelerator": pa.array(np.array(MODELS)[ids % 3]),
-            "job": pa.array(np.where(allocated, np.char.add("job-", (ids % 300).astype(str)),
-                                     None)),
+            "job": pa.array(np.where(allocated, np.char.add("job-", (ids % 300).astype(str)).astype(object),
+                                     np.array(None, dtype=object))),
             "allocated": pa.array(allocated),
             "util_mean": pa.array(util.round(1)),
             "util_max": pa.array(np.minimum(util + 5, 100).round(1)),
@@ -213,7 +214,7 @@ def bench_queries(quick: bool) -> dict[str, Any]:
             for name, query in canned_queries().items():
                 given = {k: v for k, v in params.items() if k in query.params}
                 lake.run(name, **given)  # warm: file metadata cached like a repeat user's
-                seconds, cpu_s = timed(lambda n=name, g=given: lake.run(n, **g), repeat)
+                seconds, cpu_s = timed(functools.partial(lake.run, name, **given), repeat)
                 latencies[name], cpu[name] = round(seconds, 4), round(cpu_s, 4)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

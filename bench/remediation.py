@@ -11,6 +11,7 @@ so this grows with the pool); policy.proposal: a cordon proposal into that pool.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from bench.common import median_seconds, write_result
@@ -85,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     m = 500
     for size in (100, args.targets):
         pool = _pool(size)
-        seconds, _ = median_seconds(lambda pool=pool: _node_states(pool, m), args.repeat)
+        seconds, _ = median_seconds(functools.partial(_node_states, pool, m), args.repeat)
         figures[f"policy_node_states_per_s_pool_{size}"] = round(m / seconds)
-        seconds, _ = median_seconds(lambda pool=pool: _proposals(pool, m), args.repeat)
+        seconds, _ = median_seconds(functools.partial(_proposals, pool, m), args.repeat)
         figures[f"policy_proposals_per_s_pool_{size}"] = round(m / seconds)
     for name, value in figures.items():
         print(f"{name:42} {value}")

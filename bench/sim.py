@@ -99,8 +99,13 @@ def _split(settings: SimSettings) -> dict[str, float]:
             pass
         total = time.perf_counter() - start
     finally:
-        (GpuTelemetry._metrics, GpuTelemetry._samples, TpuTelemetry.advance,  # type: ignore[method-assign]
-         TpuTelemetry.chip_samples, TpuTelemetry.ici_samples) = originals
+        for owner, name, original in zip(
+            (GpuTelemetry, GpuTelemetry, TpuTelemetry, TpuTelemetry, TpuTelemetry),
+            ("_metrics", "_samples", "advance", "chip_samples", "ici_samples"),
+            originals,
+            strict=True,
+        ):
+            setattr(owner, name, original)
     timers["other"] = total - sum(timers.values())
     return {k: round(v / total, 3) for k, v in timers.items()}
 
