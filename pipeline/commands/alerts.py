@@ -24,6 +24,7 @@ from pipeline.config import Settings
 from pipeline.errors import ConfigError, DecodeError
 from pipeline.model import Alert, DeadLetter
 from pipeline.runtime.topics import topic_name
+from pipeline.selfmetrics import serve_stats
 from pipeline.sinks.alertmanager import AlertmanagerSink
 from pipeline.sinks.webhook import Delivered, DeliveryError, JsonPoster, WebhookSink
 from pipeline.sources.base import Backoff
@@ -106,6 +107,7 @@ def run_alerts(
     idle_exit_s: float | None = None,
     max_records: int = 500,
     sleep: Callable[[float], Any] | None = None,
+    stats: RunStats | None = None,
 ) -> RunStats:
     """Consume fleet.alerts until `stop` is set (or nothing arrived for `idle_exit_s`)."""
     from kafka import KafkaConsumer, KafkaProducer
@@ -124,7 +126,7 @@ def run_alerts(
     )
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
     backoff = Backoff(settings.alerts.backoff_initial_s, settings.alerts.backoff_max_s)
-    stats = RunStats()
+    stats = RunStats() if stats is None else stats
     idle_since = time.monotonic()
     try:
         while not stop.is_set():
@@ -231,7 +233,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     sinks = build_sinks(settings)
-    stats = run_alerts(settings, sinks, idle_exit_s=args.idle_exit)
+    stats = RunStats()
+    serve_stats("alerts", stats, settings.metrics.port)
+    run_alerts(settings, sinks, idle_exit_s=args.idle_exit, stats=stats)
     print(
         f"alerts: {stats.alerts} delivered in {stats.batches} batches, "
         f"{stats.dead_letters} dead letters, {stats.retries} retried batches"

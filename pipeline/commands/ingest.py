@@ -20,7 +20,8 @@ import threading
 from pathlib import Path
 
 from pipeline.config import Settings
-from pipeline.sources.base import Backoff, Publisher, Source, run_source
+from pipeline.selfmetrics import serve_stats
+from pipeline.sources.base import Backoff, LoopStats, Publisher, Source, run_source
 
 SOURCES = ("prometheus", "cloudmon", "tpu-runtime", "xid")
 
@@ -76,14 +77,17 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     config = settings.sources
+    stats = LoopStats()
+    serve_stats(f"ingest_{source.name.replace('-', '_')}", stats, settings.metrics.port)
     try:
-        stats = run_source(
+        run_source(
             source,
             publisher,
             interval_s=config.poll_interval_s,
             backoff=Backoff(config.backoff_initial_s, config.backoff_max_s),
             stop=stop,
             max_polls=1 if args.once else args.max_polls,
+            stats=stats,
         )
     finally:
         source.close()

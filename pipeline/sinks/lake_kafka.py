@@ -25,6 +25,7 @@ from pipeline.config import Settings
 from pipeline.errors import DecodeError
 from pipeline.model import DeadLetter
 from pipeline.runtime.topics import topic_name
+from pipeline.selfmetrics import serve_stats
 from pipeline.sinks.lake import LakeWriter, Positions
 from pipeline.sinks.lake_tables import TABLES, TableSpec
 
@@ -177,6 +178,7 @@ def run_until_signalled(
 ) -> SinkStats:
     """Run a LakeSink; SIGTERM/SIGINT stop it after a last flush and commit."""
     sink = LakeSink(settings, root)
+    serve_stats("lake_sink", sink.stats, settings.metrics.port)
 
     def stop(signum: int, frame: object) -> None:
         sink.stop.set()

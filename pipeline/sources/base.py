@@ -164,14 +164,16 @@ def run_source(
     max_polls: int | None = None,
     retryable: tuple[type[BaseException], ...] = RETRYABLE,
     sleep: Callable[[float], Any] | None = None,
+    stats: LoopStats | None = None,
 ) -> LoopStats:
     """Poll, publish, commit, sleep; back off exponentially while the endpoint fails.
 
-    Stops when `stop` is set or after `max_polls` successful polls.
+    Stops when `stop` is set or after `max_polls` successful polls. `stats` (updated as it
+    goes) lets a caller serve them as self-metrics while the loop runs.
     """
     stop = stop or threading.Event()
     wait = sleep or stop.wait
-    stats = LoopStats()
+    stats = LoopStats() if stats is None else stats
     while not stop.is_set() and (max_polls is None or stats.polls < max_polls):
         started = time.monotonic()
         try:
