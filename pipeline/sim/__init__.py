@@ -3,7 +3,7 @@
     sim = Simulation(SimSettings(duration_s=600, intensity=500))
     sim.ground_truth            # every injected fault, known before streaming
     for event in sim.events():  # Gpu/Tpu/IciSample, XidEvent, NodeEvent, CapacityEvent
-        ...
+        consume(event)
 
 Deterministic: the same settings (and forced faults) give byte-identical output. The stand-in
 endpoints in `pipeline.sim.endpoints` serve these events the way the real sources would.
