@@ -24,7 +24,6 @@ import msgspec
 
 from pipeline.config import SourcesSettings
 from pipeline.errors import DecodeError, SourceError
-from pipeline.model import TpuChipReading, TpuSample
 from pipeline.sources.base import (
     BadRecord,
     Batch,
@@ -33,7 +32,7 @@ from pipeline.sources.base import (
     save_checkpoint,
     validated,
 )
-from pipeline.sources.tpu_hosts import TpuWorker, host_chips, load_inventory
+from pipeline.sources.tpu_hosts import TpuWorker, load_inventory, tpu_sample
 
 Inventory = Mapping[tuple[str, str], TpuWorker]
 RESOURCE_TYPE = "tpu_worker"
@@ -71,7 +70,7 @@ def parse_time_series(series: Iterable[Any], inventory: Inventory) -> Parsed:
     for (zone, instance, ts), chips in sorted(groups.items(), key=lambda g: (g[0][2], g[0][:2])):
         worker = inventory[(zone, instance)]
         try:
-            parsed.events.append(validated(_sample(worker, ts, chips)))
+            parsed.events.append(validated(tpu_sample(worker, ts, chips)))
         except DecodeError as exc:
             raw = json.dumps({"worker": instance, "ts": ts, "chips": chips}).encode()
             parsed.bad.append(BadRecord(raw, exc))
@@ -142,28 +141,6 @@ def _value(value: Any, metric_type: str) -> float:
         return float(raw.int64_value)
     raise DecodeError(
         field=f"{metric_type}.points.value", expected="double_value or int64_value", got=repr(kind)
-    )
-
-
-def _sample(worker: TpuWorker, ts: int, chips: Mapping[int, dict[str, float]]) -> TpuSample:
-    layout = host_chips(worker.accelerator_type, worker.topology, worker.worker_id)
-    readings = []
-    for ordinal, metrics in sorted(chips.items()):
-        if ordinal >= len(layout):
-            raise ValueError(f"device ordinal {ordinal} but the host has {len(layout)} chips")
-        chip_id, coords = layout[ordinal]
-        readings.append(TpuChipReading(chip_id=chip_id, coords=coords, metrics=metrics))
-    return TpuSample(
-        ts=ts,
-        cluster=worker.cluster,
-        node=worker.node,
-        pool=worker.pool,
-        zone=worker.zone,
-        slice=worker.slice,
-        accelerator_type=worker.accelerator_type,
-        topology=worker.topology,
-        worker_id=worker.worker_id,
-        chips=readings,
     )
 
 

@@ -13,6 +13,7 @@ chip ids and host blocks, pipeline.catalog.tpu).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -20,6 +21,7 @@ import msgspec
 from pipeline.catalog import chip_coords, host_of_chip, slice_shape
 from pipeline.errors import SourceError
 from pipeline.ids import stable_id
+from pipeline.model import TpuChipReading, TpuSample
 
 
 class TpuHost(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +61,29 @@ def _host_chips(
     for chip_id, coords in enumerate(chip_coords(shape)):
         hosts.setdefault(host_of_chip(shape, chip_id), []).append((chip_id, coords))
     return hosts
+
+
+def tpu_sample(host: TpuHost, ts: int, chips: Mapping[int, dict[str, float]]) -> TpuSample:
+    """One host's TpuSample from per-device metrics (device ordinal → chip id and coords)."""
+    layout = host_chips(host.accelerator_type, host.topology, host.worker_id)
+    readings = []
+    for ordinal, metrics in sorted(chips.items()):
+        if not 0 <= ordinal < len(layout):
+            raise ValueError(f"device ordinal {ordinal}: the host has {len(layout)} chips")
+        chip_id, coords = layout[ordinal]
+        readings.append(TpuChipReading(chip_id=chip_id, coords=coords, metrics=metrics))
+    return TpuSample(
+        ts=ts,
+        cluster=host.cluster,
+        node=host.node,
+        pool=host.pool,
+        zone=host.zone,
+        slice=host.slice,
+        accelerator_type=host.accelerator_type,
+        topology=host.topology,
+        worker_id=host.worker_id,
+        chips=readings,
+    )
 
 
 def worker_instance_id(host: TpuHost) -> str:

@@ -26,7 +26,7 @@ import msgspec
 from pipeline.catalog import ici_neighbours, slice_shape
 from pipeline.config import SourcesSettings
 from pipeline.errors import ConfigError, DecodeError, SourceError
-from pipeline.model import Event, IciLink, IciSample, TpuChipReading, TpuSample
+from pipeline.model import Event, IciLink, IciSample, TpuSample
 from pipeline.sources.base import (
     BadRecord,
     Batch,
@@ -36,7 +36,7 @@ from pipeline.sources.base import (
     validated,
 )
 from pipeline.sources.libtpu_proto import runtime_protocol
-from pipeline.sources.tpu_hosts import TpuHost, host_chips
+from pipeline.sources.tpu_hosts import TpuHost, host_chips, tpu_sample
 
 # libtpu metric name → TpuChipReading metric (as tpu-info reads them, §3.3)
 CHIP_METRICS: dict[str, str] = {
@@ -82,7 +82,7 @@ def parse_runtime_metrics(responses: Mapping[str, Any], host: TpuHost) -> Parsed
             parsed.bad.append(BadRecord(response.SerializeToString(), exc))
     builds: list[Callable[[], Event]] = []
     if chips:
-        builds.append(lambda: _tpu_sample(host, chip_ts, chips))
+        builds.append(lambda: tpu_sample(host, chip_ts, chips))
     if links:
         builds.append(lambda: _ici_sample(host, link_ts, links))
     for build in builds:
@@ -161,28 +161,6 @@ def _number(name: str, metric: Any) -> float:
 
 def _ms(timestamp: Any) -> int:
     return int(timestamp.seconds) * 1000 + int(timestamp.nanos) // 1_000_000
-
-
-def _tpu_sample(host: TpuHost, ts: int, chips: Mapping[int, dict[str, float]]) -> TpuSample:
-    layout = host_chips(host.accelerator_type, host.topology, host.worker_id)
-    readings = []
-    for ordinal, metrics in sorted(chips.items()):
-        if not 0 <= ordinal < len(layout):
-            raise ValueError(f"device ordinal {ordinal}: the host has {len(layout)} chips")
-        chip_id, coords = layout[ordinal]
-        readings.append(TpuChipReading(chip_id=chip_id, coords=coords, metrics=metrics))
-    return TpuSample(
-        ts=ts,
-        cluster=host.cluster,
-        node=host.node,
-        pool=host.pool,
-        zone=host.zone,
-        slice=host.slice,
-        accelerator_type=host.accelerator_type,
-        topology=host.topology,
-        worker_id=host.worker_id,
-        chips=readings,
-    )
 
 
 def _ici_sample(
