@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -124,14 +126,23 @@ def _summary(console: Console, result: DemoResult, seconds: float) -> None:
     if result.report_file is not None:
         console.print(f"Report:  {result.report_file}")
     lake = result.lake_dir
+    fp = _command_name()
     console.print("\nTry next:")
-    console.print(f"  fleetpulse sql --lake {lake} --query top_offenders")
-    console.print(f'  fleetpulse sql --lake {lake} "select kind, count(*) from actions group by 1"')
-    console.print(f"  fleetpulse report --lake {lake} --out fleet.html")
-    console.print(
-        "  fleetpulse backtest ../shared/datasets/nab-machine-dev/realKnownCause/"
-        "machine_temperature_system_failure.csv"
-    )
+    console.print(f"  {fp} sql --lake {lake} --query top_offenders")
+    console.print(f'  {fp} sql --lake {lake} "select kind, count(*) from actions group by 1"')
+    console.print(f"  {fp} report --lake {lake} --out fleet.html")
+    console.print(f"  {fp} worker --help    (the same pipeline on Kafka)")
+
+
+def _command_name() -> str:
+    """`fleetpulse` if it is on PATH, else the venv's script as the user can type it."""
+    if shutil.which("fleetpulse"):
+        return "fleetpulse"
+    script = Path(sys.executable).parent / "fleetpulse"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def _faults_table(result: DemoResult) -> Table:
