@@ -130,8 +130,10 @@ def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) ->
                 ctx.metrics.errors.labels("telemetry-tick").inc()
                 ctx.drop_cache()
                 continue
+            state, rows = route.close_silent_windows(state, now_ms, ctx.settings)
             futures += ctx.store("telemetry", partition, raw_key, state)
             futures += [ctx.send_finding(finding) for finding in findings]
+            futures += [ctx.send("utilization", row.slice or row.node, row) for row in rows]
     return futures
 
 

@@ -102,9 +102,10 @@ class EmbeddedRuntime:
             return
         self._tick_ms = boundary
         for key in sorted(self.telemetry):
-            self.telemetry[key], findings = route.on_time(
-                self.telemetry[key], boundary, self.settings
-            )
+            state, findings = route.on_time(self.telemetry[key], boundary, self.settings)
+            self.telemetry[key], rows = route.close_silent_windows(state, boundary, self.settings)
+            for row in rows:
+                self._emit("utilization", row)
             self._cascade([_Work("health", finding, "") for finding in findings])
 
     def _announce(self, event: NodeEvent | CapacityEvent) -> None:

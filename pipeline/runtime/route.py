@@ -93,6 +93,21 @@ def on_time(
     return state, findings
 
 
+def close_silent_windows(
+    state: TelemetryState, now_ms: int, settings: Settings
+) -> tuple[TelemetryState, list[Utilization]]:
+    """A key silent for two windows has its open windows closed on the partition's time, so a
+    node that died still has its last minutes in the lake. Keys that report close their own
+    windows as their data moves on, which keeps late-arrival rules per key."""
+    window = state.window
+    if window is None or not window.open:
+        return state, []
+    if now_ms - window.newest_ts < 2 * settings.aggregate.window_s * 1000:
+        return state, []
+    state.window, rows = aggregate.advance(window, now_ms, settings.aggregate)
+    return state, rows
+
+
 def on_announcement(
     state: TelemetryState | None, event: NodeEvent | CapacityEvent
 ) -> TelemetryState:

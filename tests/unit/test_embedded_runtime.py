@@ -91,3 +91,20 @@ def test_node_state_is_republished_every_five_minutes_of_event_time() -> None:
     states = collect(SETTINGS, quiet)["node-state"]
     assert {s.state for s in states if isinstance(s, NodeState)} == {"healthy"}
     assert 20 <= len(states) <= 26, len(states)
+
+
+def test_a_node_that_goes_silent_still_gets_its_last_windows() -> None:
+    # Node n-dead stops after 3 minutes; n-live goes on. The dead node's last utilization
+    # windows must reach the lake on event time, not wait for the end of the stream.
+    gpu = _sample("gpu_sample", GpuSample)
+    assert isinstance(gpu, GpuSample)
+    rows: list[Event] = []
+    runtime = EmbeddedRuntime(SETTINGS, lambda s, e: rows.append(e) if s == "utilization" else None)
+    for i in range(6 * 10):  # 10 minutes of 10 s scrapes
+        runtime.feed(msgspec.structs.replace(gpu, ts=gpu.ts + i * 10_000, node="n-live"))
+        if i < 6 * 3:
+            runtime.feed(msgspec.structs.replace(gpu, ts=gpu.ts + i * 10_000, node="n-dead"))
+    dead = [r for r in rows if getattr(r, "node", "") == "n-dead"]
+    windows = sorted({getattr(r, "window_start", 0) for r in dead})
+    assert windows == [gpu.ts - gpu.ts % 60_000 + k * 60_000 for k in range(len(windows))]
+    assert len(windows) >= 3, windows  # every minute it reported, before finish()
