@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline import codec
 from pipeline.config import Settings
-from pipeline.model import Action, CapacityEvent, Event, Finding, Proposal, XidEvent
+from pipeline.model import Action, Alert, CapacityEvent, Event, Finding, Proposal, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.score import Score, score
 from pipeline.sim.engine import Simulation
@@ -72,7 +72,7 @@ def run_demo(
                 sequence[suffix] += 1
 
         def emit(suffix: str, event: Event) -> None:
-            _remember(result, suffix, event)
+            _remember(result, event)
             if isinstance(event, Action):
                 actions_out.write(codec.encode(event) + b"\n")
             to_lake(suffix, event)
@@ -94,7 +94,7 @@ def run_demo(
     return result
 
 
-def _remember(result: DemoResult, suffix: str, event: Event) -> None:
+def _remember(result: DemoResult, event: Event) -> None:
     if isinstance(event, Action):
         result.actions.append(event)
     elif isinstance(event, Finding):
@@ -102,5 +102,5 @@ def _remember(result: DemoResult, suffix: str, event: Event) -> None:
             result.findings.append(event)
     elif isinstance(event, Proposal):
         result.proposals.append(event)
-    elif suffix == "alerts" and getattr(event, "status", "") == "firing":
-        result.alerts_firing[getattr(event, "labels", {}).get("alertname", "?")] += 1
+    elif isinstance(event, Alert) and event.status == "firing":
+        result.alerts_firing[event.labels.get("alertname", "?")] += 1
