@@ -15,10 +15,14 @@ from pipeline.model import (
     EntityKind,
     Evidence,
     Finding,
+    GpuSample,
+    IciSample,
     RecommendedAction,
     Severity,
     Target,
     TargetKind,
+    TpuSample,
+    XidEvent,
 )
 
 HEARTBEAT = "heartbeat"
@@ -54,6 +58,15 @@ class Book(msgspec.Struct, kw_only=True):
     open: dict[str, OpenCheck] = {}
     last_heartbeat: int = 0
     announced: list[Announcement] = []  # see pipeline.detect.announce
+
+    @classmethod
+    def of(cls, record: GpuSample | XidEvent | TpuSample | IciSample) -> Book:
+        """The book of the node (GPU, XID) or slice (TPU, ICI) a record belongs to."""
+        if isinstance(record, TpuSample | IciSample):
+            kind, name = "slice", record.slice
+        else:
+            kind, name = "node", record.node
+        return cls(cluster=record.cluster, kind=kind, name=name, pool=record.pool, zone=record.zone)
 
 
 def episode_key(check: str, device: str | None) -> str:

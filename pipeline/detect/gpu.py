@@ -80,15 +80,7 @@ class GpuNodeState(msgspec.Struct, kw_only=True):
 
 
 def new_gpu_state(sample: GpuSample) -> GpuNodeState:
-    return GpuNodeState(
-        book=Book(
-            cluster=sample.cluster,
-            kind="node",
-            name=sample.node,
-            pool=sample.pool,
-            zone=sample.zone,
-        )
-    )
+    return GpuNodeState(book=Book.of(sample))
 
 
 def detect_gpu(

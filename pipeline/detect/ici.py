@@ -91,15 +91,7 @@ def detect_ici(
 ) -> tuple[IciSliceState, list[Finding]]:
     """Feed one host's ICI link counters; returns the new slice state and any findings."""
     if state is None:
-        state = IciSliceState(
-            book=Book(
-                cluster=sample.cluster,
-                kind="slice",
-                name=sample.slice,
-                pool=sample.pool,
-                zone=sample.zone,
-            )
-        )
+        state = IciSliceState(book=Book.of(sample))
     last = state.hosts.get(sample.node, 0)
     if sample.ts <= last:
         state.dropped += 1

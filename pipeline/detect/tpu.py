@@ -82,15 +82,7 @@ def detect_tpu(
 ) -> tuple[TpuSliceState, list[Finding]]:
     """Feed one host's chip scrape; returns the new slice state and any findings."""
     if state is None:
-        state = TpuSliceState(
-            book=Book(
-                cluster=sample.cluster,
-                kind="slice",
-                name=sample.slice,
-                pool=sample.pool,
-                zone=sample.zone,
-            )
-        )
+        state = TpuSliceState(book=Book.of(sample))
     host = state.hosts.get(sample.node)
     if host is not None and sample.ts <= host.last_ts:
         state.dropped += 1

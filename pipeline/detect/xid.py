@@ -77,15 +77,7 @@ def detect_xid(
 ) -> tuple[XidState, list[Finding]]:
     """Feed one XID event of one node; returns the new state and any findings."""
     if state is None:
-        state = XidState(
-            book=Book(
-                cluster=event.cluster,
-                kind="node",
-                name=event.node,
-                pool=event.pool,
-                zone=event.zone,
-            )
-        )
+        state = XidState(book=Book.of(event))
     refresh(state.book, event.cluster, event.pool, event.zone)
     state, out = expire_xid(state, event.ts, settings)
     device = str(event.gpu_index) if event.gpu_index is not None else event.pci_bus_id
