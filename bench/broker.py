@@ -29,8 +29,8 @@ from pipeline import codec
 from pipeline.config import Settings, load_settings
 from pipeline.model import Event
 from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
-from pipeline.sim.output import record_key, topic_for
+from pipeline.runtime.topics import record_key, topic_name
+from pipeline.sim.output import topic_for
 
 Record = tuple[str, str, bytes]  # topic, key, value
 

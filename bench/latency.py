@@ -39,7 +39,7 @@ from bench.sim import metric_samples
 from pipeline import codec
 from pipeline.config import Settings, SimSettings
 from pipeline.model import Action, Event, GpuSample, XidEvent
-from pipeline.runtime.topics import topic_name
+from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.messages import xid_line
 
@@ -135,7 +135,7 @@ class Load:
         now_ms = self.start_ms + int((time.perf_counter() - t0) * 1000)
         event = msgspec.structs.replace(template, ts=now_ms)
         injection = Injection(node=event.node, sent_at=time.perf_counter())
-        future = kafka.send(topic, key=event.node.encode(), value=codec.encode(event))
+        future = kafka.send(topic, key=record_key(event).encode(), value=codec.encode(event))
         kafka.flush()  # the fault goes out now, not after the next background burst
         self.injections.append(injection)
         self._futures.append((injection, future))

@@ -172,6 +172,25 @@ class NodeEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_
     reason: Text = ""
 
 
+class Inventory(Event, frozen=True, kw_only=True, tag_field="schema", tag="inventory/1"):
+    """One node or slice as the fleet's owner lists it (fleet.inventory, compacted, key =
+    cluster/name; a tombstone when it leaves). The only source of pool, zone and cluster
+    membership: budgets count these members, and telemetry that disagrees is not believed."""
+
+    ts: TimestampMs
+    cluster: Name
+    kind: TargetKind
+    name: Name
+    pool: Name
+    zone: Name
+    accelerator: ShortText
+    capacity: Annotated[int, Meta(ge=0, le=100_000)]  # GPUs of a node, chips of a slice
+    leaf_switch: Name | None = None
+    rail: Name | None = None
+    labels: dict[ShortText, ShortText] = {}
+    source: ShortText = "file"
+
+
 class QuotaInfo(Event, frozen=True, kw_only=True):
     metric: ShortText
     limit: float
@@ -371,6 +390,7 @@ INPUT_TYPES: tuple[type[Event], ...] = (
     XidEvent,
     NodeEvent,
     CapacityEvent,
+    Inventory,
 )
 TOPIC_VALUES: dict[str, type[Event]] = {
     "gpu_sample": GpuSample,
@@ -379,6 +399,7 @@ TOPIC_VALUES: dict[str, type[Event]] = {
     "xid_event": XidEvent,
     "node_event": NodeEvent,
     "capacity_event": CapacityEvent,
+    "inventory": Inventory,
     "finding": Finding,
     "proposal": Proposal,
     "action": Action,

@@ -41,6 +41,7 @@ from pipeline.model import (
     XidEvent,
 )
 from pipeline.runtime import route
+from pipeline.runtime.topics import scoped
 from streams import zones
 from streams.acks import Ack
 from streams.align import Aligner
@@ -91,7 +92,9 @@ def handle_telemetry(ctx: Context, record: Record, event: Event) -> Futures:
     futures += ctx.store("telemetry", record.partition, raw_key, state)
     ctx.clocks.add_key(record.partition, raw_key, FAMILY_OF[type(event)])
     futures += [ctx.send_finding(finding) for finding in findings]
-    futures += [ctx.send("utilization", row.slice or row.node, row) for row in rows]
+    futures += [
+        ctx.send("utilization", scoped(row.cluster, row.slice or row.node), row) for row in rows
+    ]
     return futures
 
 
@@ -133,7 +136,10 @@ def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) ->
             state, rows = route.close_silent_windows(state, now_ms, ctx.settings)
             futures += ctx.store("telemetry", partition, raw_key, state)
             futures += [ctx.send_finding(finding) for finding in findings]
-            futures += [ctx.send("utilization", row.slice or row.node, row) for row in rows]
+            futures += [
+                ctx.send("utilization", scoped(row.cluster, row.slice or row.node), row)
+                for row in rows
+            ]
     return futures
 
 
@@ -157,7 +163,7 @@ def handle_health(ctx: Context, record: Record, signal: Event) -> Futures:
     state, proposals, node_state = route.on_health(state, signal, ctx.settings)
     futures = ctx.store("health", record.partition, raw_key, state)
     if isinstance(signal, NodeEvent):
-        futures.append(ctx.send(ANNOUNCE_INPUT, signal.target, signal))
+        futures.append(ctx.send(ANNOUNCE_INPUT, route.health_key(signal), signal))
     for proposal in proposals:
         pool = route.policy_key(proposal)
         futures.append(ctx.send("proposals", pool, proposal))
@@ -166,7 +172,7 @@ def handle_health(ctx: Context, record: Record, signal: Event) -> Futures:
         futures.append(ctx.send(POLICY_INPUT, pool, proposal))
     if node_state is not None:
         target = node_state.target
-        futures.append(ctx.send("node-state", target.name, node_state))
+        futures.append(ctx.send("node-state", route.target_name(target), node_state))
         futures.append(ctx.send(POLICY_INPUT, route.pool_key(target), node_state))
         futures.append(ctx.send(ZONE_INPUT, target.zone, node_state))
     return futures
@@ -193,8 +199,9 @@ def handle_zone(ctx: Context, record: Record, event: Event) -> Futures:
     memory = ctx.settings.worker.capacity_memory
     state, pools = zones.on_capacity(before, event, memory)
     futures = ctx.store("zones", record.partition, event.zone.encode(), state)
-    if event.target is not None:
-        futures.append(ctx.send(ANNOUNCE_INPUT, event.target, event))
+    announced = route.announcement_key(event)
+    if announced is not None:
+        futures.append(ctx.send(ANNOUNCE_INPUT, announced, event))
     return futures + [ctx.send(POLICY_INPUT, pool, event) for pool in pools]
 
 

@@ -155,7 +155,7 @@ class Context:
 
     def send_action(self, action: Action) -> Awaitable[Any]:
         self.metrics.actions.labels(action.kind, str(action.dry_run).lower()).inc()
-        return self.send("actions", action.target.name, action)
+        return self.send("actions", route.target_name(action.target), action)
 
     def send_alert(self, alert: Alert) -> Awaitable[Any]:
         self.metrics.alerts.labels(alert.status).inc()

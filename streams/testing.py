@@ -25,9 +25,8 @@ from pipeline.codec import decode, encode
 from pipeline.config import Settings, SimSettings
 from pipeline.errors import DecodeError
 from pipeline.model import Event
-from pipeline.runtime import route
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import ForcedFault
 
@@ -175,12 +174,7 @@ def topic_of(settings: Settings, event: Event) -> str:
 
 def key_of(event: Event) -> str:
     """The key an ingest adapter gives an input event (see pipeline/runtime/topics.py)."""
-    if isinstance(event, route.Telemetry):
-        return route.telemetry_key(event)
-    if isinstance(event, route.HealthSignal):
-        return route.health_key(event)
-    zone: str = getattr(event, "zone")  # noqa: B009 - capacity events: keyed by zone
-    return zone
+    return record_key(event)
 
 
 def embedded_outputs(settings: Settings, events: Iterable[Event]) -> dict[str, list[Event]]:

@@ -29,6 +29,7 @@ from pipeline.model import (
     Utilization,
     XidEvent,
 )
+from pipeline.runtime.topics import record_key, scoped
 
 # Staleness is checked each time event time crosses a TICK_MS boundary; both runtimes use
 # the boundary itself as "now", so replays and the two runtimes agree on finding ids.
@@ -55,7 +56,7 @@ def tick_boundary(ts: int) -> int:
 
 
 def telemetry_key(event: Telemetry) -> str:
-    return event.node if isinstance(event, GpuSample | XidEvent) else event.slice
+    return record_key(event)
 
 
 def on_telemetry(
@@ -123,7 +124,9 @@ def on_announcement(
 
 
 def announcement_key(event: NodeEvent | CapacityEvent) -> str | None:
-    return event.target
+    if event.target is None or event.cluster is None:
+        return None  # a zone-wide capacity event names no node or slice
+    return scoped(event.cluster, event.target)
 
 
 def flush_windows(state: TelemetryState) -> list[Utilization]:
@@ -133,10 +136,15 @@ def flush_windows(state: TelemetryState) -> list[Utilization]:
 
 def health_key(signal: HealthSignal) -> str:
     if isinstance(signal, Finding):
-        return signal.entity.target.name
+        return target_name(signal.entity.target)
     if isinstance(signal, Action):
-        return signal.target.name
-    return signal.target
+        return target_name(signal.target)
+    return scoped(signal.cluster, signal.target)
+
+
+def target_name(target: Target) -> str:
+    """The key of everything about one node or slice: `cluster/name`."""
+    return scoped(target.cluster, target.name)
 
 
 def on_health(

@@ -18,6 +18,7 @@ from pipeline.model import (
     Finding,
     GpuSample,
     IciSample,
+    Inventory,
     NodeEvent,
     NodeState,
     Proposal,
@@ -37,18 +38,20 @@ class TopicSpec:
 
 
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec("telemetry.gpu", GpuSample, "node"),
-    TopicSpec("telemetry.tpu", TpuSample, "slice"),
-    TopicSpec("telemetry.ici", IciSample, "slice"),
-    TopicSpec("events.xid", XidEvent, "node"),
-    TopicSpec("events.node", NodeEvent, "target"),
+    TopicSpec("telemetry.gpu", GpuSample, "cluster/node"),
+    TopicSpec("telemetry.tpu", TpuSample, "cluster/slice"),
+    TopicSpec("telemetry.ici", IciSample, "cluster/slice"),
+    TopicSpec("events.xid", XidEvent, "cluster/node"),
+    TopicSpec("events.node", NodeEvent, "cluster/target"),
     TopicSpec("events.capacity", CapacityEvent, "zone"),
-    TopicSpec("findings", Finding, "target"),
-    TopicSpec("proposals", Proposal, "pool"),
-    TopicSpec("actions", Action, "target"),
-    TopicSpec("node-state", NodeState, "target", compacted=True),
+    # Membership: who is in which cluster/pool/zone; the latest record per cluster/name.
+    TopicSpec("inventory", Inventory, "cluster/name", compacted=True),
+    TopicSpec("findings", Finding, "cluster/target"),
+    TopicSpec("proposals", Proposal, "cluster/pool"),
+    TopicSpec("actions", Action, "cluster/target"),
+    TopicSpec("node-state", NodeState, "cluster/target", compacted=True),
     TopicSpec("alerts", Alert, "fingerprint"),
-    TopicSpec("utilization", Utilization, "target"),
+    TopicSpec("utilization", Utilization, "cluster/target"),
     # Dead letters are kept four times longer: someone has to read them and fix a producer.
     TopicSpec("dlq", DeadLetter, "source key", retention_factor=4),
 )
@@ -65,3 +68,24 @@ def topic_configs(settings: KafkaSettings, spec: TopicSpec) -> dict[str, str]:
         "cleanup.policy": "delete",
         "retention.ms": str(settings.retention_ms * spec.retention_factor),
     }
+
+
+def scoped(cluster: str, name: str) -> str:
+    """A node or slice key: names repeat across clusters, targets must not (`cluster/name`)."""
+    return f"{cluster}/{name}"
+
+
+def record_key(event: Event) -> str:
+    """The Kafka key of an input event, per the topic specs (DESIGN §1 keys and partitions):
+    cluster/node, cluster/slice, zone, or the cluster/target a node event names."""
+    if isinstance(event, GpuSample | XidEvent):
+        return scoped(event.cluster, event.node)
+    if isinstance(event, TpuSample | IciSample):
+        return scoped(event.cluster, event.slice)
+    if isinstance(event, CapacityEvent):
+        return event.zone
+    if isinstance(event, NodeEvent):
+        return scoped(event.cluster, event.target)
+    if isinstance(event, Inventory):
+        return scoped(event.cluster, event.name)
+    raise TypeError(f"no input key rule for {type(event).__name__}")

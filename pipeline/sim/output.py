@@ -16,15 +16,9 @@ from pipeline import codec
 from pipeline.config import KafkaSettings
 from pipeline.errors import SinkError
 from pipeline.model import (
-    CapacityEvent,
     Event,
-    GpuSample,
-    IciSample,
-    NodeEvent,
-    TpuSample,
-    XidEvent,
 )
-from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import InjectedFault
 
@@ -65,19 +59,6 @@ def write_jsonl(sim: Simulation, path: Path | str, progress: Progress | None = N
                 progress(i + 1, sim.n_ticks)
     partial.replace(path)
     return count
-
-
-def record_key(event: Event) -> str:
-    """The Kafka key of an input event, per the topic specs: node, slice, zone or target."""
-    if isinstance(event, GpuSample | XidEvent):
-        return event.node
-    if isinstance(event, TpuSample | IciSample):
-        return event.slice
-    if isinstance(event, CapacityEvent):
-        return event.zone
-    if isinstance(event, NodeEvent):
-        return event.target
-    raise TypeError(f"the simulator does not emit {type(event).__name__}")
 
 
 def topic_for(settings: KafkaSettings, event: Event) -> str:

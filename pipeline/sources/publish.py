@@ -17,29 +17,13 @@ from pipeline.codec import encode
 from pipeline.config import KafkaSettings
 from pipeline.errors import SourceError
 from pipeline.model import (
-    CapacityEvent,
     DeadLetter,
     Event,
-    GpuSample,
-    IciSample,
-    TpuSample,
-    XidEvent,
 )
-from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sources.base import BadRecord
 
 _SEND_TIMEOUT_S = 30.0
-
-
-def event_key(event: Event) -> str:
-    """The Kafka key of an input event (DESIGN §1 keys and partitions)."""
-    if isinstance(event, GpuSample | XidEvent):
-        return event.node
-    if isinstance(event, TpuSample | IciSample):
-        return event.slice
-    if isinstance(event, CapacityEvent):
-        return event.zone
-    raise TypeError(f"no ingest key rule for {type(event).__name__}")
 
 
 def dead_letter(source: str, bad: BadRecord, now_ms: int) -> DeadLetter:
@@ -78,7 +62,7 @@ class KafkaPublisher:
         now_ms = int(time.time() * 1000)
         futures = [
             self._producer.send(
-                self._topics[type(event)], key=event_key(event).encode(), value=encode(event)
+                self._topics[type(event)], key=record_key(event).encode(), value=encode(event)
             )
             for event in events
         ]

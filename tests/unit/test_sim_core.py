@@ -294,8 +294,8 @@ def test_events_are_keyed_and_routed_as_the_topic_specs_say() -> None:
     kafka = KafkaSettings()
     for event in events[:2000] + events[-2000:]:
         spec = specs[type(event)]
-        field = {"node": "node", "slice": "slice", "zone": "zone", "target": "target"}[spec.key]
-        assert record_key(event) == getattr(event, field)
+        fields = spec.key.split("/")  # "cluster/node", "cluster/slice", "zone", ...
+        assert record_key(event) == "/".join(getattr(event, field) for field in fields)
         assert topic_for(kafka, event) == f"{kafka.topic_prefix}.{spec.suffix}"
 
 

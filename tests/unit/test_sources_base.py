@@ -14,6 +14,7 @@ import pytest
 from pipeline.codec import decode
 from pipeline.errors import DecodeError, SourceError
 from pipeline.model import DeadLetter, Event, XidEvent
+from pipeline.runtime.topics import record_key as event_key
 from pipeline.sources.base import (
     Backoff,
     BadRecord,
@@ -22,7 +23,7 @@ from pipeline.sources.base import (
     run_source,
     save_checkpoint,
 )
-from pipeline.sources.publish import StdoutPublisher, dead_letter, event_key
+from pipeline.sources.publish import StdoutPublisher, dead_letter
 
 
 class Position(msgspec.Struct, frozen=True):
@@ -136,7 +137,7 @@ def test_unacknowledged_batch_is_not_committed() -> None:
 
 
 def test_keys_and_dead_letters() -> None:
-    assert event_key(XID) == "gpu-node-1"
+    assert event_key(XID) == "c1/gpu-node-1"  # node names repeat across clusters
     bad = BadRecord(b"NVRM: Xid (PCI:zz)", DecodeError(field="line", expected="x", got="y"))
     letter = dead_letter("xid", bad, now_ms=1_764_424_900_000)
     assert (letter.topic, letter.partition, letter.offset) == ("source.xid", -1, -1)
