@@ -10,7 +10,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -248,6 +248,49 @@ class PolicySettings(Section, frozen=True):
     maintenance_release_s: PositiveInt = 900  # release this long after a window without DONE
     capacity_hold_s: PositiveInt = 3600  # a quota / stock-out signal holds this long
     quota_near_frac: Fraction = 0.95  # quota usage at or above this is "near the limit"
+    # Caps above the pool (pipeline/guard.py): targets out of service per zone and fleet-wide,
+    # fatal faults included; the smaller of percent and absolute wins, never below cap_floor
+    # (a small fleet may still lose a few broken nodes at once).
+    zone_max_unavailable_pct: Percent = 20.0
+    zone_max_unavailable: PositiveInt = 50
+    fleet_max_unavailable_pct: Percent = 15.0
+    fleet_max_unavailable: PositiveInt = 100
+    cap_floor: PositiveInt = 3
+    # Common cause: more than this share of a pool, zone or the fleet raising the same check
+    # within common_cause_window_s (and at least common_cause_min_targets targets) is one
+    # cause, not many faults: removals for that check stop beyond common_cause_canaries.
+    common_cause_share: Fraction = 0.2
+    common_cause_min_targets: Annotated[int, Meta(ge=2)] = 3
+    common_cause_window_s: PositiveInt = 600
+    common_cause_canaries: Annotated[int, Meta(ge=0)] = 1
+
+
+class InventorySettings(Section, frozen=True):
+    """Membership from fleet.inventory (`fleetpulse inventory load`, watchers), not telemetry.
+
+    With `enforce`, budgets count inventory members, no target the inventory does not know is
+    ever removed, and a record naming another pool/zone than the inventory's is dead-lettered
+    (on_mismatch = "dead_letter") or passed on with the inventory's identity ("flag"). Without
+    it the pool named in each record is believed, and `worker` / `demo` say so at start.
+    """
+
+    enforce: bool = False
+    on_mismatch: Literal["dead_letter", "flag"] = "dead_letter"
+
+
+class ClockSettings(Section, frozen=True):
+    """Event time checked at the door (pipeline/runtime/clock.py, streams/README.md).
+
+    The reference is the partition's robust clock (the newest event time that at least
+    `quorum_pct` of its keys, and never fewer than two, have reached), and in the worker also
+    the wall clock: one host's clock cannot move it.
+    """
+
+    max_ahead_s: PositiveInt = 300  # further ahead of the reference: dead letter
+    max_behind_s: PositiveInt = 3600  # further behind (older than the state it would touch)
+    skew_finding_s: PositiveInt = 120  # a host this far off gets a watch-only clock_skew finding
+    min_keys: Annotated[int, Meta(ge=1)] = 3  # keys reporting before the reference is trusted
+    quorum_pct: Annotated[float, Meta(gt=0.0, le=50.0)] = 10.0  # keys that must agree on "now"
 
 
 class WorkerSettings(Section, frozen=True):
@@ -314,6 +357,8 @@ class Settings(Section, frozen=True):
     detect: DetectSettings = DetectSettings()
     health: HealthSettings = HealthSettings()
     policy: PolicySettings = PolicySettings()
+    inventory: InventorySettings = InventorySettings()
+    clock: ClockSettings = ClockSettings()
     worker: WorkerSettings = WorkerSettings()
     sim: SimSettings = SimSettings()
 

@@ -191,6 +191,21 @@ class Inventory(Event, frozen=True, kw_only=True, tag_field="schema", tag="inven
     source: ShortText = "file"
 
 
+class PolicyRelease(
+    Event, frozen=True, kw_only=True, tag_field="schema", tag="policy_release/1"
+):
+    """A person releases a common-cause pause (fleet.events.policy, key = scope): removals for
+    `check` in the scope go ahead again under the usual budgets, until the cause clears and a
+    new one is seen. `fleetpulse policy release` writes it."""
+
+    ts: TimestampMs
+    check: ShortText
+    scope: Literal["pool", "zone", "fleet"]
+    name: ShortText  # cluster/pool, the zone, or "fleet"
+    actor: ShortText
+    reason: Text = ""
+
+
 class QuotaInfo(Event, frozen=True, kw_only=True):
     metric: ShortText
     limit: float
@@ -391,6 +406,7 @@ INPUT_TYPES: tuple[type[Event], ...] = (
     NodeEvent,
     CapacityEvent,
     Inventory,
+    PolicyRelease,
 )
 TOPIC_VALUES: dict[str, type[Event]] = {
     "gpu_sample": GpuSample,
@@ -400,6 +416,7 @@ TOPIC_VALUES: dict[str, type[Event]] = {
     "node_event": NodeEvent,
     "capacity_event": CapacityEvent,
     "inventory": Inventory,
+    "policy_release": PolicyRelease,
     "finding": Finding,
     "proposal": Proposal,
     "action": Action,

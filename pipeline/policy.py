@@ -57,6 +57,7 @@ import msgspec
 
 from pipeline import alerts
 from pipeline.config import PolicySettings
+from pipeline.guard import GuardView
 from pipeline.health import MAINTENANCE_CHECK, REPAIR_KINDS, target_key
 from pipeline.ids import stable_id
 from pipeline.model import (
@@ -87,6 +88,13 @@ WITHHELD_ALERT: dict[str, alerts.PoolAlert | None] = {
     "rate_limit": "throttle",
     "busy": None,
     "awaiting_cordon": None,
+    # above the pool (pipeline/guard.py): the caps report as a spent budget; a common cause
+    # raises its own alert; membership holds are for the inventory's owner to fix
+    "zone_cap": "budget",
+    "fleet_cap": "budget",
+    "common_cause": None,
+    "not_in_inventory": None,
+    "inventory_mismatch": None,
 }
 _ACT, _DROP = "act", "drop"
 ALERT_REFRESH_MS = 300_000
@@ -179,8 +187,12 @@ def decide(
     state: PolicyState | None,
     signal: Proposal | NodeState | CapacityEvent,
     settings: PolicySettings,
+    guard: GuardView | None = None,
 ) -> tuple[PolicyState, list[Action], list[Alert]]:
-    """Apply one signal to one pool's state; return the new state, actions and alerts."""
+    """Apply one signal to one pool's state; return the new state, actions and alerts.
+
+    `guard` is the fleet beyond this pool (pipeline/guard.py): inventory membership, zone and
+    fleet caps, common causes. Without it the pool decides alone, as it did before."""
     st = _start(state, signal)
     st.clock = max(st.clock, signal.ts)
     out = _Out()
@@ -192,8 +204,8 @@ def decide(
         _on_capacity(st, signal, settings)
     _expire(st, settings)
     _run_maintenance(st, settings, out)
-    _release_withheld(st, settings, out)
-    _sync_pool_alerts(st, settings, out)
+    _release_withheld(st, settings, out, guard)
+    _sync_pool_alerts(st, settings, out, guard)
     return st, out.actions, out.alerts
 
 
@@ -262,12 +274,25 @@ def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
     if key in st.shadow and st.shadow[key] != ns.episode:
         del st.shadow[key]
     held = st.withheld.get(key)
-    stale = held is not None and (ns.human_hold or ns.episode != held.proposal.episode)
+    stale = held is not None and (
+        ns.human_hold or ns.episode != held.proposal.episode or _cleared(held.proposal, ns)
+    )
     if held is not None and stale and ns.ts >= held.proposal.ts:
-        del st.withheld[key]  # contested by a person, or its episode is over
+        # contested by a person, its episode is over, or what it was for has cleared (a
+        # removal withheld through an outage must not run once the node reads well again)
+        del st.withheld[key]
     name = f"cordon:{key}"
     if name in st.alerts and not ns.cordoned_by_us and key not in st.open:
         out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
+
+
+def _cleared(proposal: Proposal, ns: NodeState) -> bool:
+    """A non-fatal cordon none of whose checks the node state still has open."""
+    return (
+        proposal.kind == "cordon"
+        and not proposal.fatal
+        and not set(proposal.reason.checks) & set(ns.open_checks)
+    )
 
 
 def _on_capacity(st: PolicyState, event: CapacityEvent, settings: PolicySettings) -> None:
@@ -455,18 +480,23 @@ def _priority(held: Withheld) -> tuple[int, int, str]:
     return rank, held.first_ts, proposal.proposal_id
 
 
-def _release_withheld(st: PolicyState, settings: PolicySettings, out: _Out) -> None:
+def _release_withheld(
+    st: PolicyState, settings: PolicySettings, out: _Out, guard: GuardView | None
+) -> None:
     # The budget is counted once per pass and again only after an action went out.
     counted: list[Budget] = []
 
     def now() -> Budget:
         if not counted:
-            counted.append(budget(st, settings))
+            counted.append(budget(st, settings, guard))
         return counted[0]
 
     for held in sorted(st.withheld.values(), key=_priority):
         proposal = held.proposal
         verdict = _gate(st, proposal, settings, now)
+        if verdict == _ACT and proposal.kind == "cordon" and guard is not None:
+            key = target_key(proposal.target)
+            verdict = guard.admit(proposal, key in now().really_out) or _ACT
         if verdict in (_ACT, _DROP):
             del st.withheld[target_key(proposal.target)]
             if verdict == _ACT:
@@ -522,14 +552,16 @@ class Budget:
     ceiling: int  # how far fatal faults may go
 
 
-def budget(st: PolicyState, settings: PolicySettings) -> Budget:
-    """The pool's blast-radius budget right now."""
+def budget(st: PolicyState, settings: PolicySettings, guard: GuardView | None = None) -> Budget:
+    """The pool's blast-radius budget right now (its size from the inventory when enforced)."""
     maintenance = {k for k, m in st.maintenance.items() if m.cordoned and not m.done}
     really_out = {k for k, v in st.targets.items() if v.unavailable}
     really_out |= {k for k, o in st.open.items() if o.kind == "cordon"}
     total = really_out | set(st.shadow)
     failure = total - maintenance
     size = len(st.targets)
+    if guard is not None and guard.pool_size() is not None:
+        size = guard.pool_size() or 0
     limit = min(
         settings.max_unavailable,
         max(settings.budget_floor, math.floor(settings.max_unavailable_pct * size / 100)),
@@ -647,7 +679,17 @@ def _target_alert(
 # --- pool alerts --------------------------------------------------------------------------
 
 
-def _sync_pool_alerts(st: PolicyState, settings: PolicySettings, out: _Out) -> None:
+def out_for_faults(st: PolicyState, settings: PolicySettings) -> dict[str, str]:
+    """This pool's targets out of service for faults or by people (what the zone and fleet
+    caps count), by target key, with their zone."""
+    failure = budget(st, settings).failure
+    zones = {key: view.target.zone for key, view in st.targets.items()}
+    return {key: zones.get(key, "") for key in sorted(failure)}
+
+
+def _sync_pool_alerts(
+    st: PolicyState, settings: PolicySettings, out: _Out, guard: GuardView | None = None
+) -> None:
     by_alert: dict[alerts.PoolAlert, list[Withheld]] = {name: [] for name in alerts.POOL_ALERTS}
     for key in sorted(st.withheld):
         name = WITHHELD_ALERT.get(st.withheld[key].reason)
@@ -662,7 +704,7 @@ def _sync_pool_alerts(st: PolicyState, settings: PolicySettings, out: _Out) -> N
         digest = stable_id("withheld", *(w.proposal.proposal_id for w in items))
         if current is not None and not _update_due(current, digest, len(items), st.clock):
             continue
-        annotations = _describe(st, name, items, settings)
+        annotations = _describe(st, name, items, settings, guard)
         annotations |= {"withheld_count": str(len(items)), "withheld_digest": digest}
         if current is None:
             alert = alerts.pool_alert(name, st.pool or "unknown", st.cluster, st.clock, annotations)
@@ -682,9 +724,13 @@ def _update_due(current: Alert, digest: str, count: int, now: int) -> bool:
 
 
 def _describe(
-    st: PolicyState, name: alerts.PoolAlert, items: list[Withheld], settings: PolicySettings
+    st: PolicyState,
+    name: alerts.PoolAlert,
+    items: list[Withheld],
+    settings: PolicySettings,
+    guard: GuardView | None,
 ) -> dict[str, str]:
-    now = budget(st, settings)
+    now = budget(st, settings, guard)
     listed = ", ".join(
         f"{w.proposal.kind} {w.proposal.target.name} ({', '.join(w.proposal.reason.checks)}"
         f"{', fatal' if w.proposal.fatal else ''})"

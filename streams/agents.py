@@ -27,21 +27,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline import health, policy
+from pipeline import guard, health, policy
 from pipeline.errors import DecodeError
 from pipeline.model import (
     CapacityEvent,
     Event,
-    GpuSample,
-    IciSample,
+    Inventory,
     NodeEvent,
     NodeState,
+    PolicyRelease,
     Proposal,
-    TpuSample,
-    XidEvent,
 )
 from pipeline.runtime import route
-from pipeline.runtime.topics import scoped
+from pipeline.runtime.topics import record_key, scoped
 from streams import zones
 from streams.acks import Ack
 from streams.align import Aligner
@@ -56,15 +54,10 @@ Handler = Callable[[Context, Record, Event], Futures]
 # runtime's: a tick's samples, then the events stamped in it).
 TELEMETRY_TOPICS = ("telemetry.gpu", "telemetry.tpu", "telemetry.ici", "events.xid")
 HEALTH_TOPICS = ("findings", "events.node", "actions")
-# Which clock an event moves (clock.py: XIDs and ICI samples come from faster sources), and
-# which family its key belongs to.
-CLOCK_OF: dict[type[Event], Family] = {GpuSample: "gpu", TpuSample: "tpu"}
-FAMILY_OF: dict[type[Event], Family] = {
-    GpuSample: "gpu",
-    XidEvent: "gpu",
-    TpuSample: "tpu",
-    IciSample: "tpu",
-}
+# Membership, co-partitioned with telemetry (key cluster/name): kept with the key's state for
+# the door, and passed on to the policy stage's guard. Not event-time aligned: its time is
+# when the inventory was loaded, not when anything happened.
+INVENTORY = "inventory"
 # Inputs put in event-time order (align.py): a node's telemetry; findings and other people's
 # node events. Our own actions come back late whatever we do, and the zone stage's rule does
 # not depend on order, so those are processed as they come.
@@ -78,23 +71,52 @@ ALIGN_MAX_HELD = 20_000  # records held for ordering, at most, per agent
 def handle_telemetry(ctx: Context, record: Record, event: Event) -> Futures:
     if isinstance(event, NodeEvent | CapacityEvent):
         return handle_announcement(ctx, record, event)
+    if isinstance(event, Inventory):
+        return handle_inventory(ctx, record, event)
     assert isinstance(event, route.Telemetry)  # the topic's value type guarantees it
     key = route.telemetry_key(event)
-    check_key(record, key, "slice" if hasattr(event, "slice") else "node")
-    futures: Futures = []
-    clock = CLOCK_OF.get(type(event))
-    if clock is not None:
-        boundaries = ctx.clocks.observe(clock, record.partition, event.ts, time.monotonic())
-        futures += tick(ctx, clock, record.partition, boundaries)
+    check_key(record, key, "cluster/slice" if hasattr(event, "slice") else "cluster/node")
+    family = route.FAMILY_OF[type(event)]
     raw_key = key.encode()
     state = ctx.load("telemetry", raw_key, route.TelemetryState)
-    state, findings, rows = route.on_telemetry(state, event, ctx.settings)
+    wall_ms = int(time.time() * 1000)
+    clock = ctx.clocks.clock(family, record.partition)
+    state, admitted, refusal, skew = route.door(state, event, clock, ctx.settings, wall_ms)
+    futures = ctx.store("telemetry", record.partition, raw_key, state)
+    futures += [ctx.send_finding(finding) for finding in skew]
+    if refusal is not None or admitted is None:
+        reason = refusal.reason if refusal is not None else "refused"
+        message = refusal.message if refusal is not None else "refused at the door"
+        return [*futures, ctx.send_dead_letter(record, message, reason)]
+    if ctx.settings.inventory.enforce and state.inventory is None:
+        ctx.metrics.unknown_targets.inc()  # processed, never removed (pipeline/guard.py)
+    if isinstance(admitted, route.CLOCK_MOVERS):
+        wall = time.monotonic()
+        boundaries = ctx.clocks.observe(family, record.partition, key, admitted.ts, wall)
+        futures += tick(ctx, family, record.partition, boundaries)
+        state = ctx.load("telemetry", raw_key, route.TelemetryState)  # the tick may change it
+    state, findings, rows = route.on_telemetry(state, admitted, ctx.settings)
     futures += ctx.store("telemetry", record.partition, raw_key, state)
-    ctx.clocks.add_key(record.partition, raw_key, FAMILY_OF[type(event)])
+    ctx.clocks.add_key(record.partition, raw_key, family)
     futures += [ctx.send_finding(finding) for finding in findings]
     futures += [
         ctx.send("utilization", scoped(row.cluster, row.slice or row.node), row) for row in rows
     ]
+    return futures
+
+
+def handle_inventory(ctx: Context, record: Record, event: Inventory | None) -> Futures:
+    """What the fleet's owner says a target is (None: a tombstone, it left): kept for the door,
+    and passed to the policy stage, whose guard counts members for the budgets."""
+    if record.key is None:
+        raise DecodeError(field="key", expected="cluster/name", got="no key")
+    if event is not None:
+        check_key(record, record_key(event), "cluster/name")
+    raw_key = record.key
+    state = route.on_inventory(ctx.load("telemetry", raw_key, route.TelemetryState), event)
+    futures = ctx.store("telemetry", record.partition, raw_key, state)
+    if event is not None:
+        futures.append(ctx.send(POLICY_INPUT, route.GUARD_KEY, event))
     return futures
 
 
@@ -209,10 +231,12 @@ def handle_zone(ctx: Context, record: Record, event: Event) -> Futures:
 
 
 def handle_policy(ctx: Context, record: Record, signal: Event) -> Futures:
-    if not isinstance(signal, Proposal | NodeState | CapacityEvent):
+    """One partition for the whole fleet: every removal passes the guard in one order."""
+    if not isinstance(signal, Proposal | NodeState | CapacityEvent | Inventory | PolicyRelease):
         raise DecodeError(
             field="$.schema",
-            expected="'proposal/1', 'node_state/1' or 'capacity_event/1'",
+            expected="'proposal/1', 'node_state/1', 'capacity_event/1', 'inventory/1' or "
+            "'policy_release/1'",
             got=repr(type(signal).__struct_config__.tag),
         )
     if isinstance(signal, CapacityEvent):
@@ -220,13 +244,18 @@ def handle_policy(ctx: Context, record: Record, signal: Event) -> Futures:
         if record.key is None:
             raise DecodeError(field="key", expected="the pool", got="no key")
         pool = record.key.decode()
+    elif isinstance(signal, Inventory | PolicyRelease):
+        pool = route.GUARD_KEY
     else:
         pool = route.policy_key(signal)
         check_key(record, pool, "pool")
-    raw_key = pool.encode()
-    state = ctx.load("policy", raw_key, policy.PolicyState)
-    state, actions, alerts = route.on_policy(state, signal, ctx.settings)
-    futures = ctx.store("policy", record.partition, raw_key, state)
+    raw_key, guard_key = pool.encode(), route.GUARD_KEY.encode()
+    state = ctx.load("policy", raw_key, policy.PolicyState) if pool != route.GUARD_KEY else None
+    fleet = ctx.load("policy", guard_key, guard.GuardState)
+    state, fleet, actions, alerts = route.on_policy(state, fleet, signal, ctx.settings, pool)
+    futures = ctx.store("policy", record.partition, guard_key, fleet)
+    if state is not None:
+        futures += ctx.store("policy", record.partition, raw_key, state)
     futures += [ctx.send_action(action) for action in actions]
     futures += [ctx.send_alert(alert) for alert in alerts]
     return futures
@@ -241,9 +270,13 @@ def handle_record(ctx: Context, agent: str, handler: Handler, record: Record) ->
     started = time.perf_counter()
     try:
         value = ctx.decoded.pop((record.topic, record.partition, record.offset), None)
+        if value is None and record.value is None and record.topic == ctx.name(INVENTORY):
+            raise _TombstoneError  # normal on a compacted topic: the target left the inventory
         if value is None:
             value = decode_value(record, ctx.value_types[record.topic])
         return handler(ctx, record, value)
+    except _TombstoneError:
+        return handle_inventory(ctx, record, None)
     except DecodeError as exc:
         ctx.drop_cache()  # only raised before any state is touched, but cheap to be sure
         return [ctx.send_dead_letter(record, str(exc), "invalid")]
@@ -255,6 +288,10 @@ def handle_record(ctx: Context, agent: str, handler: Handler, record: Record) ->
     finally:
         ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
         ctx.metrics.latency.labels(agent).observe(time.perf_counter() - started)
+
+
+class _TombstoneError(Exception):
+    """An inventory tombstone: not a bad record."""
 
 
 Held = tuple[Record, Ack]
@@ -316,10 +353,14 @@ def _grace(ctx: Context, topics: list[str]) -> Callable[[int], float]:
 def register(ctx: Context) -> None:
     t = ctx.topics
     stages: list[tuple[str, list[Any], Handler]] = [
-        ("telemetry", [*(t[s] for s in TELEMETRY_TOPICS), t[ANNOUNCE_INPUT]], handle_telemetry),
+        (
+            "telemetry",
+            [*(t[s] for s in TELEMETRY_TOPICS), t[ANNOUNCE_INPUT], t[INVENTORY]],
+            handle_telemetry,
+        ),
         ("health", [t[s] for s in HEALTH_TOPICS], handle_health),
         ("zone", [t["events.capacity"], t[ZONE_INPUT]], handle_zone),
-        ("policy", [t[POLICY_INPUT]], handle_policy),
+        ("policy", [t[POLICY_INPUT], t["events.policy"]], handle_policy),
     ]
     for name, topics, handler in stages:
         names = [topic.get_topic_name() for topic in topics]

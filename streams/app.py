@@ -22,7 +22,7 @@ import faust
 from pipeline.config import Settings
 from streams import agents
 from streams.acks import Settler
-from streams.clock import Family
+from streams.clock import Family, PartitionClocks
 from streams.context import Context, declare_topics
 from streams.metrics import WorkerMetrics
 
@@ -74,6 +74,7 @@ def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Cont
     metrics = metrics or WorkerMetrics()
     settler = Settler(metrics, w.ack_batch)
     ctx = Context(settings=settings, app=app, metrics=metrics, settler=settler)
+    ctx.clocks = PartitionClocks(settings.clock)
     settler.flush = ctx.flush
     ctx.topics, ctx.value_types = declare_topics(app, settings)
     for name in TABLES:
@@ -82,7 +83,8 @@ def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Cont
             default=None,
             key_type=bytes,  # faust picks the changelog's serializers from these: raw
             value_type=bytes,
-            partitions=k.partitions,
+            # the policy stage is one partition: every removal in the fleet in one order
+            partitions=1 if name == "policy" else k.partitions,
             on_changelog_event=_recovered_key(ctx) if name == "telemetry" else None,
             help=f"FleetPulse {name} state per key (msgpack)",
         )

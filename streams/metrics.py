@@ -32,8 +32,14 @@ class WorkerMetrics:
         )
         self.dead_letters = Counter(
             "fleetpulse_worker_dead_letters",
-            "Records sent to the dead-letter topic",
+            "Records sent to the dead-letter topic, by reason (invalid, error, and the door's: "
+            "ahead, behind, late, inventory_mismatch)",
             ["topic", "reason"],
+            registry=r,
+        )
+        self.unknown_targets = Counter(
+            "fleetpulse_worker_unknown_targets",
+            "Telemetry of targets the inventory does not know (processed, never removed)",
             registry=r,
         )
         self.errors = Counter(

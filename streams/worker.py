@@ -19,13 +19,13 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from pipeline.config import Settings
 from pipeline.errors import FleetPulseError
 from pipeline.runtime.topics import TOPICS, topic_name
-from streams.agents import HEALTH_TOPICS, TELEMETRY_TOPICS
+from streams.agents import HEALTH_TOPICS, INVENTORY, TELEMETRY_TOPICS
 from streams.app import app_id, create_app
-from streams.context import INTERNAL_TOPICS
+from streams.context import INTERNAL_TOPICS, POLICY_INPUT
 from streams.metrics import WorkerMetrics, serve
 
 log = logging.getLogger("fleetpulse.worker")
-INPUTS = (*TELEMETRY_TOPICS, *HEALTH_TOPICS, "events.capacity")
+INPUTS = (*TELEMETRY_TOPICS, *HEALTH_TOPICS, "events.capacity", INVENTORY, "events.policy")
 
 
 def prepare_topics(settings: Settings) -> list[str]:
@@ -45,21 +45,33 @@ def prepare_topics(settings: Settings) -> list[str]:
             name = topic_name(k, spec.suffix)
             if name not in counts:
                 problems.append(f"{name} does not exist")
-            elif counts[name] != k.partitions and spec.suffix in INPUTS:
-                problems.append(f"{name} has {counts[name]} partitions, config says {k.partitions}")
+            elif counts[name] != spec.partitions(k) and spec.suffix in INPUTS:
+                problems.append(
+                    f"{name} has {counts[name]} partitions, wants {spec.partitions(k)}"
+                )
         if problems:
             raise FleetPulseError(
                 "topics not ready: " + "; ".join(problems) + " (run `fleetpulse topics create`)"
             )
-        internal = [f"{app_id(settings)}-{name}" for name in INTERNAL_TOPICS]
-        missing = [name for name in internal if name not in counts]
+        wanted = {
+            f"{app_id(settings)}-{name}": 1 if name == POLICY_INPUT else k.partitions
+            for name in INTERNAL_TOPICS
+        }
+        missing = [name for name in wanted if name not in counts]
+        wrong = [f"{n} has {counts[n]} partitions, wants {p}" for n, p in wanted.items()
+                 if n in counts and counts[n] != p]
+        if wrong:
+            raise FleetPulseError(
+                "internal topics of an older release: " + "; ".join(wrong)
+                + " (delete them, or set worker.group_id to start a new group)"
+            )
         if missing:
             # another worker of the group may have been first
             with contextlib.suppress(TopicAlreadyExistsError):
                 admin.create_topics(
-                    [NewTopic(name, k.partitions, k.replication) for name in missing]
+                    [NewTopic(name, wanted[name], k.replication) for name in missing]
                 )
-        return internal
+        return list(wanted)
     finally:
         admin.close()
 

@@ -13,8 +13,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from pipeline import health, policy
-from pipeline.codec import decode
+from pipeline import guard, health, policy
+from pipeline.codec import decode, encode
 from pipeline.config import Settings
 from pipeline.errors import DecodeError
 from pipeline.model import (
@@ -24,14 +24,16 @@ from pipeline.model import (
     Finding,
     GpuSample,
     IciSample,
+    Inventory,
     NodeEvent,
-    NodeState,
+    PolicyRelease,
     Proposal,
     TpuSample,
     XidEvent,
 )
 from pipeline.runtime import route
-from pipeline.runtime.topics import TOPICS
+from pipeline.runtime.clock import RobustClock
+from pipeline.runtime.topics import TOPICS, record_key
 
 Emit = Callable[[str, Event], None]
 
@@ -44,26 +46,52 @@ class _Work(NamedTuple):
 
 _TELEMETRY = (GpuSample, XidEvent, TpuSample, IciSample)
 _VALUE_BY_SUFFIX = {spec.suffix: spec.value for spec in TOPICS}
+_SUFFIX_BY_VALUE = {spec.value: spec.suffix for spec in TOPICS}
+
+
+def _family_of(state: route.TelemetryState) -> route.Family | None:
+    if state.gpu is not None or state.xid is not None:
+        return "gpu"
+    if state.tpu is not None or state.ici is not None:
+        return "tpu"
+    return None
 
 
 class EmbeddedRuntime:
-    """Feed events in event-time order; outputs are emitted as they are produced."""
+    """Feed events in event-time order; outputs are emitted as they are produced.
 
-    def __init__(self, settings: Settings, emit: Emit | None = None) -> None:
+    The whole fleet is one stream: one robust clock per source family (clock.py), as a Kafka
+    partition has. `wall_ms` (a callable) bounds how far ahead of the receiving process an
+    event may be, where that makes sense (not for a replay of history)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        emit: Emit | None = None,
+        wall_ms: Callable[[], int] | None = None,
+    ) -> None:
         self.settings = settings
         self._emit_to = emit
+        self._wall_ms = wall_ms
         self.telemetry: dict[str, route.TelemetryState] = {}
         self.health: dict[str, health.HealthState] = {}
         self.policy: dict[str, policy.PolicyState] = {}
+        self.guard: guard.GuardState | None = None
         self.pools_by_zone: dict[str, set[str]] = {}
         self.counts: Counter[str] = Counter()
-        self._tick_ms: int | None = None
+        self.clocks = {family: RobustClock(settings.clock) for family in route.FAMILIES}
+        self._offset = 0  # pseudo offsets for dead letters of events fed as objects
 
     def feed(self, event: Event) -> None:
         self.counts[f"in.{type(event).__name__}"] += 1
         if isinstance(event, _TELEMETRY):
-            self._advance_time(event.ts)
             self._on_telemetry(event)
+        elif isinstance(event, Inventory):
+            key = record_key(event)
+            self.telemetry[key] = route.on_inventory(self.telemetry.get(key), event)
+            self._cascade([_Work("policy", event, route.GUARD_KEY)])
+        elif isinstance(event, PolicyRelease):
+            self._cascade([_Work("policy", event, route.GUARD_KEY)])
         elif isinstance(event, NodeEvent):
             self._announce(event)
             self._cascade([_Work("health", event, event.pool)])
@@ -86,6 +114,7 @@ class EmbeddedRuntime:
         except DecodeError as exc:
             self._dead_letter(topic_suffix, raw, offset, key, str(exc))
             return
+        self._offset = offset
         self.feed(event)
 
     def finish(self) -> None:
@@ -96,17 +125,20 @@ class EmbeddedRuntime:
 
     # --- stages ---------------------------------------------------------------------------
 
-    def _advance_time(self, ts: int) -> None:
-        boundary = route.tick_boundary(ts)
-        if self._tick_ms is not None and boundary <= self._tick_ms:
-            return
-        self._tick_ms = boundary
-        for key in sorted(self.telemetry):
-            state, findings = route.on_time(self.telemetry[key], boundary, self.settings)
-            self.telemetry[key], rows = route.close_silent_windows(state, boundary, self.settings)
-            for row in rows:
-                self._emit("utilization", row)
-            self._cascade([_Work("health", finding, "") for finding in findings])
+    def _tick(self, family: route.Family, boundaries: list[int]) -> None:
+        """The family's clock crossed `boundaries`: check that family's keys for silence."""
+        for boundary in boundaries:
+            for key in sorted(self.telemetry):
+                state = self.telemetry[key]
+                if _family_of(state) != family:
+                    continue
+                state, findings = route.on_time(state, boundary, self.settings)
+                self.telemetry[key], rows = route.close_silent_windows(
+                    state, boundary, self.settings
+                )
+                for row in rows:
+                    self._emit("utilization", row)
+                self._cascade([_Work("health", finding, "") for finding in findings])
 
     def _announce(self, event: NodeEvent | CapacityEvent) -> None:
         key = route.announcement_key(event)
@@ -115,7 +147,27 @@ class EmbeddedRuntime:
 
     def _on_telemetry(self, event: route.Telemetry) -> None:
         key = route.telemetry_key(event)
-        state, findings, rows = route.on_telemetry(self.telemetry.get(key), event, self.settings)
+        family = route.FAMILY_OF[type(event)]
+        clock = self.clocks[family]
+        wall = self._wall_ms() if self._wall_ms is not None else None
+        state, admitted, refusal, skew = route.door(
+            self.telemetry.get(key), event, clock, self.settings, wall
+        )
+        self.telemetry[key] = state
+        self._cascade([_Work("health", finding, "") for finding in skew])
+        if refusal is not None or admitted is None:
+            self.counts[f"refused.{refusal.reason if refusal else 'unknown'}"] += 1
+            suffix = _SUFFIX_BY_VALUE[type(event)]
+            message = refusal.message if refusal else "refused"
+            self._dead_letter(suffix, encode(event), self._offset, key, message)
+            return
+        if self.settings.inventory.enforce and state.inventory is None:
+            self.counts["unknown_target"] += 1  # processed; never removed (guard.py)
+        if isinstance(admitted, route.CLOCK_MOVERS):
+            self._tick(family, clock.observe(key, admitted.ts))
+        state, findings, rows = route.on_telemetry(
+            self.telemetry.get(key), admitted, self.settings
+        )
         self.telemetry[key] = state
         for row in rows:
             self._emit("utilization", row)
@@ -146,11 +198,14 @@ class EmbeddedRuntime:
             next_work.append(_Work("policy", node_state, route.pool_key(target)))
         return next_work
 
-    def _on_policy(self, pool: str, signal: Proposal | NodeState | CapacityEvent) -> list[_Work]:
+    def _on_policy(self, pool: str, signal: route.PolicySignal) -> list[_Work]:
         if isinstance(signal, Proposal):
             self._emit("proposals", signal)
-        state, actions, alerts = route.on_policy(self.policy.get(pool), signal, self.settings)
-        self.policy[pool] = state
+        state, self.guard, actions, alerts = route.on_policy(
+            self.policy.get(pool), self.guard, signal, self.settings, pool
+        )
+        if state is not None:
+            self.policy[pool] = state
         for alert in alerts:
             self._emit("alerts", alert)
         for action in actions:
@@ -160,8 +215,9 @@ class EmbeddedRuntime:
     def _dead_letter(
         self, suffix: str, raw: bytes, offset: int, key: str | None, error: str
     ) -> None:
+        ticked = [clock.ticked for clock in self.clocks.values() if clock.ticked is not None]
         letter = DeadLetter(
-            ts=self._tick_ms or 1_000_000_000_000,
+            ts=max(ticked, default=1_000_000_000_000),
             topic=suffix,
             partition=0,
             offset=offset,

@@ -9,7 +9,7 @@ from kafka.errors import KafkaError
 
 from pipeline.config import KafkaSettings
 from pipeline.errors import FleetPulseError
-from pipeline.runtime.topics import TOPICS, topic_configs, topic_name
+from pipeline.runtime.topics import TOPICS, TopicSpec, topic_configs, topic_name
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def create_topics(settings: KafkaSettings) -> list[TopicResult]:
                 [
                     NewTopic(
                         name=topic_name(settings, spec.suffix),
-                        num_partitions=settings.partitions,
+                        num_partitions=spec.partitions(settings),
                         replication_factor=settings.replication,
                         topic_configs=topic_configs(settings, spec),
                     )
@@ -52,7 +52,7 @@ def create_topics(settings: KafkaSettings) -> list[TopicResult]:
             )
         created = {topic_name(settings, spec.suffix) for spec in missing}
         return [
-            _result(settings, topic_name(settings, spec.suffix), existing, created)
+            _result(settings, spec, existing, created)
             for spec in TOPICS
         ]
     finally:
@@ -65,14 +65,11 @@ def _partition_counts(admin: KafkaAdminClient) -> dict[str, int]:
 
 
 def _result(
-    settings: KafkaSettings, name: str, existing: dict[str, int], created: set[str]
+    settings: KafkaSettings, spec: TopicSpec, existing: dict[str, int], created: set[str]
 ) -> TopicResult:
+    name, wanted = topic_name(settings, spec.suffix), spec.partitions(settings)
     if name in created:
-        return TopicResult(name, settings.partitions, created=True)
+        return TopicResult(name, wanted, created=True)
     count = existing[name]
-    note = (
-        ""
-        if count == settings.partitions
-        else (f"has {count} partitions, config says {settings.partitions}; left unchanged")
-    )
+    note = "" if count == wanted else f"has {count} partitions, wants {wanted}; left unchanged"
     return TopicResult(name, count, created=False, note=note)

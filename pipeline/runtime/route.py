@@ -8,37 +8,55 @@ function takes the key's state (or None for a new key) and returns the new state
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import msgspec
 
-from pipeline import aggregate, detect, health, policy
+from pipeline import aggregate, detect, guard, health, policy
 from pipeline.config import Settings
+from pipeline.ids import stable_id
 from pipeline.model import (
     Action,
     Alert,
     CapacityEvent,
+    Entity,
+    Evidence,
     Finding,
     GpuSample,
     IciSample,
+    Inventory,
     NodeEvent,
     NodeState,
+    PolicyRelease,
     Proposal,
     Target,
     TpuSample,
     Utilization,
     XidEvent,
 )
+from pipeline.runtime.clock import RobustClock
 from pipeline.runtime.topics import record_key, scoped
 
 # Staleness is checked each time event time crosses a TICK_MS boundary; both runtimes use
 # the boundary itself as "now", so replays and the two runtimes agree on finding ids.
-TICK_MS = 10_000
 REPUBLISH_MS = 5 * 60_000
 Telemetry = GpuSample | XidEvent | TpuSample | IciSample
 HealthSignal = Finding | NodeEvent | Action
-PolicySignal = Proposal | NodeState | CapacityEvent
+PolicySignal = Proposal | NodeState | CapacityEvent | Inventory | PolicyRelease
 S = TypeVar("S")
+Family = Literal["gpu", "tpu"]
+FAMILIES: tuple[Family, ...] = ("gpu", "tpu")
+# Which clock an event belongs to; GPU and TPU samples move theirs. XIDs and ICI samples
+# come from other, faster sources: checked against their family's clock, they move none.
+FAMILY_OF: dict[type, Family] = {
+    GpuSample: "gpu",
+    XidEvent: "gpu",
+    TpuSample: "tpu",
+    IciSample: "tpu",
+}
+CLOCK_MOVERS = (GpuSample, TpuSample)
+CLOCK_SKEW = "clock_skew"
+GUARD_KEY = "*guard"  # the guard's key among the policy states (no pool name has a '*')
 
 
 class TelemetryState(msgspec.Struct, kw_only=True):
@@ -49,10 +67,16 @@ class TelemetryState(msgspec.Struct, kw_only=True):
     tpu: detect.TpuSliceState | None = None
     ici: detect.IciSliceState | None = None
     window: aggregate.WindowState | None = None
+    inventory: Inventory | None = None  # what the fleet's owner says this target is
+    heard_ms: int | None = None  # a refused record arrived then: talking, with a wrong clock
+    skew_since: int | None = None  # open clock_skew episode (reference time it opened)
 
 
-def tick_boundary(ts: int) -> int:
-    return ts - ts % TICK_MS
+class Refusal(NamedTuple):
+    """Why a record is not let in: `reason` for metrics, `message` for the dead letter."""
+
+    reason: str  # "ahead", "behind", "late", "inventory_mismatch"
+    message: str
 
 
 def telemetry_key(event: Telemetry) -> str:
@@ -77,10 +101,128 @@ def on_telemetry(
     return state, findings, rows
 
 
+def door(
+    state: TelemetryState | None,
+    event: Telemetry,
+    clock: RobustClock,
+    settings: Settings,
+    wall_ms: int | None = None,
+) -> tuple[TelemetryState, Telemetry | None, Refusal | None, list[Finding]]:
+    """Check a record at the door: its time against the stream's clock (and the wall clock,
+    where the driver has one), its identity against the inventory, its window against the
+    key's closed ones. Returns the state, the event to process (None when refused; with the
+    inventory's identity when mismatches are only flagged), the refusal, and a watch-only
+    clock_skew finding when the host's clock goes off or comes back."""
+    state = state or TelemetryState()
+    verdict = clock.check(event.ts, wall_ms)
+    reference = clock.reference()
+    if verdict is not None:
+        state.heard_ms = reference if reference is not None else state.heard_ms
+        skew = _skew_finding(state, event, reference, verdict.skew_ms, settings)
+        return state, None, Refusal(verdict.reason, verdict.message), skew
+    findings = _skew_finding(state, event, reference, clock.skew(event.ts), settings)
+    refusal = _identity(state.inventory, event)
+    if refusal is not None:
+        if settings.inventory.on_mismatch == "dead_letter":
+            return state, None, refusal, findings
+        assert state.inventory is not None  # a mismatch needs an inventory record
+        event = msgspec.structs.replace(
+            event, pool=state.inventory.pool, zone=state.inventory.zone
+        )
+    window = state.window
+    if isinstance(event, CLOCK_MOVERS) and window is not None and event.ts < window.closed_before:
+        late = Refusal(
+            "late",
+            f"$.ts: expected an event time at or after {window.closed_before} (the windows "
+            f"before it are closed and written), got {event.ts}",
+        )
+        return state, None, late, findings
+    return state, event, None, findings
+
+
+def _identity(inventory: Inventory | None, event: Telemetry) -> Refusal | None:
+    if inventory is None:
+        return None
+    for field, expected in (("pool", inventory.pool), ("zone", inventory.zone)):
+        got = getattr(event, field)
+        if got != expected:
+            return Refusal(
+                "inventory_mismatch",
+                f"$.{field}: expected {expected!r} (the inventory's {field} of "
+                f"{scoped(inventory.cluster, inventory.name)}), got {got!r}",
+            )
+    return None
+
+
+def _skew_finding(
+    state: TelemetryState,
+    event: Telemetry,
+    reference: int | None,
+    off_ms: int | None,
+    settings: Settings,
+) -> list[Finding]:
+    """Open a clock_skew episode when a host's clock is off, close it when it is back."""
+    if reference is None:
+        return []
+    is_off = off_ms is not None and abs(off_ms) > settings.clock.skew_finding_s * 1000
+    if is_off == (state.skew_since is not None):
+        return []
+    since = state.skew_since if state.skew_since is not None else reference
+    state.skew_since = reference if is_off else None
+    target = _target_of(event)
+    phase = "open" if is_off else "close"
+    fid = stable_id("fnd", CLOCK_SKEW, target.cluster, target.name, str(since), phase)
+    off_s = abs(off_ms or 0) / 1000
+    side = "ahead of" if (off_ms or 0) > 0 else "behind"
+    message = (
+        f"event time of {target.name} is {off_s:.0f} s {side} the partition's clock"
+        if is_off
+        else f"event time of {target.name} agrees with the partition's clock again"
+    )
+    evidence = Evidence(
+        metric="event_time_skew_s",
+        value=None if off_ms is None else off_ms / 1000,
+        baseline=0.0,
+        score=None,
+        window_s=0,
+    )
+    finding = Finding(
+        finding_id=fid,
+        ts=reference,
+        entity=Entity(kind=target.kind, target=target),
+        check=CLOCK_SKEW,
+        severity="warning" if is_off else "info",
+        healthy=not is_off,
+        recommended_action="watch" if is_off else "none",
+        evidence=evidence,
+        message=message,
+    )
+    return [finding]
+
+
+def _target_of(event: Telemetry) -> Target:
+    if isinstance(event, GpuSample | XidEvent):
+        return Target(
+            cluster=event.cluster, kind="node", name=event.node, pool=event.pool, zone=event.zone
+        )
+    return Target(
+        cluster=event.cluster, kind="slice", name=event.slice, pool=event.pool, zone=event.zone
+    )
+
+
+def on_inventory(state: TelemetryState | None, record: Inventory | None) -> TelemetryState:
+    """The fleet's owner says what this target is (None: it left the inventory)."""
+    state = state or TelemetryState()
+    state.inventory = record
+    return state
+
+
 def on_time(
     state: TelemetryState, now_ms: int, settings: Settings
 ) -> tuple[TelemetryState, list[Finding]]:
     """Event time moved on in this partition: a node or host that stopped reporting is news."""
+    if state.heard_ms is not None and now_ms - state.heard_ms <= settings.detect.node_down_s * 1000:
+        return state, []  # it reports, with a wrong clock: not silent (see door)
     findings: list[Finding] = []
     if state.gpu is not None:
         state.gpu, stale = detect.check_stale_gpu(state.gpu, now_ms, settings.detect)
@@ -189,9 +331,26 @@ def capacity_pools(event: CapacityEvent, pools_by_zone: Mapping[str, Iterable[st
 
 
 def on_policy(
-    state: policy.PolicyState | None, signal: PolicySignal, settings: Settings
-) -> tuple[policy.PolicyState, list[Action], list[Alert]]:
-    return policy.decide(state, signal, settings.policy)
+    state: policy.PolicyState | None,
+    fleet: guard.GuardState | None,
+    signal: PolicySignal,
+    settings: Settings,
+    pool: str,
+) -> tuple[policy.PolicyState | None, guard.GuardState, list[Action], list[Alert]]:
+    """One policy-stage input: the guard learns from it (membership, open checks, releases),
+    then the pool decides, gated by the guard (caps, common causes); the guard then learns
+    what the pool has out. Inventory records and releases concern the guard only."""
+    alerts: list[Alert] = []
+    if isinstance(signal, CapacityEvent):
+        fleet = fleet or guard.GuardState()
+    else:
+        fleet, alerts = guard.observe(fleet, signal, settings)
+    if isinstance(signal, Inventory | PolicyRelease):
+        return state, fleet, [], alerts
+    gate = guard.view(fleet, settings, pool)
+    state, actions, pool_alerts = policy.decide(state, signal, settings.policy, gate)
+    fleet = guard.settle(fleet, gate, pool, policy.out_for_faults(state, settings.policy))
+    return state, fleet, actions, alerts + pool_alerts
 
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -21,6 +21,7 @@ from pipeline.model import (
     Inventory,
     NodeEvent,
     NodeState,
+    PolicyRelease,
     Proposal,
     TpuSample,
     Utilization,
@@ -35,6 +36,10 @@ class TopicSpec:
     key: str  # what the record key is, for people and for the partitioning test
     compacted: bool = False
     retention_factor: int = 1  # multiples of settings.kafka.retention_ms
+    single: bool = False  # one partition: read in one order by the fleet-wide policy stage
+
+    def partitions(self, settings: KafkaSettings) -> int:
+        return 1 if self.single else settings.partitions
 
 
 TOPICS: tuple[TopicSpec, ...] = (
@@ -46,6 +51,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("events.capacity", CapacityEvent, "zone"),
     # Membership: who is in which cluster/pool/zone; the latest record per cluster/name.
     TopicSpec("inventory", Inventory, "cluster/name", compacted=True),
+    # People releasing a common-cause pause (pipeline/guard.py); read by the policy stage.
+    TopicSpec("events.policy", PolicyRelease, "scope", single=True),
     TopicSpec("findings", Finding, "cluster/target"),
     TopicSpec("proposals", Proposal, "cluster/pool"),
     TopicSpec("actions", Action, "cluster/target"),
@@ -88,4 +95,6 @@ def record_key(event: Event) -> str:
         return scoped(event.cluster, event.target)
     if isinstance(event, Inventory):
         return scoped(event.cluster, event.name)
+    if isinstance(event, PolicyRelease):
+        return f"{event.scope}:{event.name}"
     raise TypeError(f"no input key rule for {type(event).__name__}")

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, NodeState
-from pipeline.runtime.topics import topic_name
+from pipeline.runtime.topics import record_key, topic_name
 from streams.testing import (
     TopicReader,
     WorkerProcess,
@@ -113,7 +113,8 @@ def test_a_killed_worker_loses_no_action_and_no_state(kafka_bootstrap: str, tmp_
                 for a in want.values()
             ]
             raise AssertionError(f"{exc}\nwanted {wanted}\ngot {got}") from None
-        victim = next(w for w in workers if partitions[VICTIM_NODE] in w.assignment()[findings])
+        victim_key = next(record_key(e) for e in first if getattr(e, "node", None) == VICTIM_NODE)
+        victim = next(w for w in workers if partitions[victim_key] in w.assignment()[findings])
         survivor = workers[1 - workers.index(victim)]
         # the rest arrives while the victim dies, holding the node's episode in its tables
         before = _records_in(victim)

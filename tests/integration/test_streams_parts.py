@@ -100,24 +100,34 @@ def test_aligner_ties_follow_topic_order_and_the_cap_forces_release() -> None:
 
 def test_partition_clock_ticks_every_boundary_crossed_from_the_second_record_on() -> None:
     clocks = PartitionClocks()
-    assert clocks.observe("gpu", 0, T0 + 5_000, wall=0.0) == []  # first record: starts it
-    assert clocks.observe("gpu", 0, T0 + 9_000, wall=0.0) == []
-    assert clocks.observe("gpu", 0, T0 + 31_000, wall=0.0) == [
+    assert clocks.observe("gpu", 0, "n1", T0 + 5_000, wall=0.0) == []  # first record: starts it
+    assert clocks.observe("gpu", 0, "n1", T0 + 9_000, wall=0.0) == []
+    assert clocks.observe("gpu", 0, "n1", T0 + 31_000, wall=0.0) == [
         T0 + 10_000,
         T0 + 20_000,
         T0 + 30_000,
     ]
-    assert clocks.observe("gpu", 0, T0 + 25_000, wall=0.0) == []  # late record: no going back
-    assert clocks.observe("tpu", 0, T0 + 99_000, wall=0.0) == []  # families are separate
-    far = clocks.observe("gpu", 0, T0 + 31_000 + 3600_000, wall=0.0)
+    assert clocks.observe("gpu", 0, "n1", T0 + 25_000, wall=0.0) == []  # late: no going back
+    assert clocks.observe("tpu", 0, "s1", T0 + 99_000, wall=0.0) == []  # families are separate
+    far = clocks.observe("gpu", 0, "n1", T0 + 31_000 + 3600_000, wall=0.0)
     assert len(far) == MAX_TICKS and far[-1] == T0 + 3630_000
+
+
+def test_one_key_ahead_does_not_move_a_partition_clock_of_three() -> None:
+    clocks = PartitionClocks()
+    for key in ("n1", "n2", "n3"):
+        clocks.observe("gpu", 0, key, T0, wall=0.0)
+    assert clocks.observe("gpu", 0, "n3", T0 + 3600_000, wall=0.0) == []  # one host, an hour on
+    # with a second key the quorum (two) has reached T0 + 10 s, not the hour
+    assert clocks.observe("gpu", 0, "n1", T0 + 10_000, wall=0.0) == [T0 + 10_000]
+    assert clocks.observe("gpu", 0, "n2", T0 + 20_000, wall=0.0) == [T0 + 20_000]
 
 
 def test_a_quiet_partition_catches_up_only_when_idle_and_less_a_grace() -> None:
     clocks = PartitionClocks()
-    clocks.observe("gpu", 0, T0, wall=0.0)
-    clocks.observe("gpu", 1, T0, wall=0.0)
-    clocks.observe("gpu", 1, T0 + 600_000, wall=IDLE_S)  # the rest of the fleet moves on
+    clocks.observe("gpu", 0, "n1", T0, wall=0.0)
+    clocks.observe("gpu", 1, "n2", T0, wall=0.0)
+    clocks.observe("gpu", 1, "n2", T0 + 600_000, wall=IDLE_S)  # the rest of the fleet moves on
     assert clocks.catch_up("gpu", 0, wall=IDLE_S - 1) == []  # not idle long enough
     due = clocks.catch_up("gpu", 0, wall=IDLE_S + 1)
     assert due and due[-1] == T0 + 600_000 - CATCH_UP_GRACE_MS

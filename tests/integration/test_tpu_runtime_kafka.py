@@ -89,7 +89,7 @@ def test_ingest_command_publishes_to_kafka(
     found = _read(settings, ["telemetry.tpu", "telemetry.ici"], count=2)
     [(tpu_key, tpu_value)] = found["telemetry.tpu"]
     [(ici_key, ici_value)] = found["telemetry.ici"]
-    assert tpu_key == ici_key == tpu_slice.name.encode()
+    assert tpu_key == ici_key == f"{tpu_slice.cluster}/{tpu_slice.name}".encode()
     assert decode(ici_value, IciSample) == links
     unjobbed = [msgspec.structs.replace(chip, job=None) for chip in chips.chips]
     assert decode(tpu_value, TpuSample) == msgspec.structs.replace(chips, chips=unjobbed)

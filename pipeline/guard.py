@@ -1,0 +1,381 @@
+"""What the per-pool policy cannot see: membership, caps above the pool and common causes.
+
+One guard state for the whole fleet sits beside the pools' policy states (the policy stage is
+one partition, so every removal in the fleet passes through it in one order):
+
+- **Membership** comes from fleet.inventory. With `inventory.enforce`, a pool's budget counts
+  its inventory members, and a target the inventory does not know, or knows in another pool,
+  is never removed (withheld: not_in_inventory / inventory_mismatch). Without it, members are
+  the targets seen in node states, as before.
+- **Caps above the pool**: targets out of service for faults (ours, people's, dry-run cordons;
+  not scheduled maintenance) per zone and fleet-wide stay within
+  min(absolute, max(cap_floor, floor(pct x size))). Fatal faults are not exempt: past these caps the
+  cause is more likely systemic than many independent failures.
+- **Common causes**: when the same check (silence counts as one check, whichever stage of it)
+  opens on more than `common_cause_share` of a pool, a zone or the fleet within
+  `common_cause_window_s`, and on at least `common_cause_min_targets` targets, it is one cause
+  (a monitoring outage, a driver or firmware wave, a partition, an ingest bug), not many node
+  faults: one FleetPulseCommonCause alert names the check and the scope, and removals citing
+  that check stop after `common_cause_canaries`, until fewer targets keep it open (less than
+  half the share, or under the minimum) for a whole window, or a person releases it
+  (PolicyRelease). Anchors:
+  medik8s NHC minHealthy, NVSentinel's circuit breaker, Karpenter's disruption budgets.
+
+Pure: no I/O, no clock; the state passed in is left untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from pipeline import alerts
+from pipeline.config import Settings
+from pipeline.health import target_key
+from pipeline.model import Alert, Inventory, NodeState, PolicyRelease, Proposal, Target
+
+FLEET = "fleet"
+SCOPES = ("pool", "zone", "fleet")
+# Every stage of silence is one signal: a monitoring outage first makes nodes stale, then down.
+SILENCE = "silence"
+_SILENCE_CHECKS = frozenset(
+    {"node.stale", "node.down", "tpu.host.stale", "tpu.host.down", "tpu.slice.stale"}
+)
+COMMON_CAUSE = "FleetPulseCommonCause"
+_MS = 1000
+
+
+class Member(msgspec.Struct, frozen=True, kw_only=True):
+    pool: str  # cluster/pool
+    zone: str
+
+
+class Mark(msgspec.Struct, frozen=True, kw_only=True):
+    """A target with a check open, since `ts`."""
+
+    pool: str
+    zone: str
+    ts: int
+
+
+class Cause(msgspec.Struct, frozen=True, kw_only=True):
+    check: str
+    scope: str
+    name: str
+    since: int
+    removed: int = 0  # canaries let through
+    released: bool = False
+    quiet_since: int | None = None  # when fewer targets started to keep it open
+    alert: Alert | None = None
+
+
+class GuardState(msgspec.Struct, kw_only=True):
+    clock: int = 0
+    members: dict[str, Member] = {}  # from the inventory, by target key
+    seen: dict[str, Member] = {}  # named in node states or proposals
+    out: dict[str, dict[str, str]] = {}  # pool -> {target key: zone} out for faults
+    raised: dict[str, dict[str, Mark]] = {}  # cause check -> target key -> mark
+    causes: dict[str, Cause] = {}  # "check|scope|name" -> a cause seen now
+
+
+def cause_check(check: str) -> str:
+    return SILENCE if check in _SILENCE_CHECKS else check
+
+
+def pool_of(target: Target) -> str:
+    return f"{target.cluster}/{target.pool}"
+
+
+# --- learning ---------------------------------------------------------------------------
+
+
+Signal = Proposal | NodeState | Inventory | PolicyRelease
+
+
+def observe(
+    state: GuardState | None, signal: Signal, settings: Settings
+) -> tuple[GuardState, list[Alert]]:
+    """Learn from one policy-stage input; return the new state and common-cause alerts."""
+    st = _copy(state)
+    st.clock = max(st.clock, signal.ts)
+    if isinstance(signal, Inventory):
+        key = f"{signal.cluster}/{signal.kind}/{signal.name}"
+        st.members[key] = Member(pool=f"{signal.cluster}/{signal.pool}", zone=signal.zone)
+    elif isinstance(signal, NodeState):
+        _note_open_checks(st, signal)
+    elif isinstance(signal, Proposal):
+        _note_proposal(st, signal)
+    else:
+        _release(st, signal)
+    return st, _sync_causes(st, settings)
+
+
+def _copy(state: GuardState | None) -> GuardState:
+    if state is None:
+        return GuardState()
+    st = msgspec.structs.replace(state)
+    st.members, st.seen, st.causes = dict(state.members), dict(state.seen), dict(state.causes)
+    st.out = dict(state.out)
+    st.raised = {check: dict(marks) for check, marks in state.raised.items()}
+    return st
+
+
+def _note_open_checks(st: GuardState, ns: NodeState) -> None:
+    key = target_key(ns.target)
+    st.seen[key] = Member(pool=pool_of(ns.target), zone=ns.target.zone)
+    open_now = {cause_check(check) for check in ns.open_checks}
+    for check in open_now:
+        marks = st.raised.setdefault(check, {})
+        if key not in marks:
+            marks[key] = Mark(pool=pool_of(ns.target), zone=ns.target.zone, ts=ns.ts)
+    for check in list(st.raised):
+        if check not in open_now and key in st.raised[check]:
+            del st.raised[check][key]
+            if not st.raised[check]:
+                del st.raised[check]
+
+
+def _note_proposal(st: GuardState, proposal: Proposal) -> None:
+    # A fatal fault proposes at once, before its node state says the check is open.
+    key = target_key(proposal.target)
+    st.seen.setdefault(key, Member(pool=pool_of(proposal.target), zone=proposal.target.zone))
+    if proposal.kind != "cordon":
+        return
+    for check in {cause_check(check) for check in proposal.reason.checks}:
+        marks = st.raised.setdefault(check, {})
+        if key not in marks:
+            target = proposal.target
+            marks[key] = Mark(pool=pool_of(target), zone=target.zone, ts=proposal.ts)
+
+
+def _release(st: GuardState, release: PolicyRelease) -> None:
+    name = f"{cause_check(release.check)}|{release.scope}|{release.name}"
+    cause = st.causes.get(name)
+    if cause is not None:
+        st.causes[name] = msgspec.structs.replace(cause, released=True)
+
+
+# --- sizes and counts ---------------------------------------------------------------------
+
+
+def _scope_name(scope: str, member: Member | Mark) -> str:
+    if scope == "pool":
+        return member.pool
+    return member.zone if scope == "zone" else FLEET
+
+
+def sizes(st: GuardState, settings: Settings) -> dict[tuple[str, str], int]:
+    """Members per (scope, name): the inventory's when enforced, else the targets seen."""
+    members = st.members if settings.inventory.enforce else {**st.members, **st.seen}
+    counted: dict[tuple[str, str], int] = {}
+    for member in members.values():
+        for scope in SCOPES:
+            name = (scope, _scope_name(scope, member))
+            counted[name] = counted.get(name, 0) + 1
+    return counted
+
+
+def _cap(size: int, pct: float, absolute: int, floor: int) -> int:
+    return min(absolute, max(floor, math.floor(pct * size / 100)))
+
+
+# --- common causes ------------------------------------------------------------------------
+
+
+def _sync_causes(st: GuardState, settings: Settings) -> list[Alert]:
+    policy = settings.policy
+    counted = sizes(st, settings)
+    window_ms = policy.common_cause_window_s * _MS
+    seen_now: set[str] = set()
+    out: list[Alert] = []
+    for check in sorted(st.raised):
+        groups = _group(st.raised[check].values())
+        for (scope, name), marks in sorted(groups.items()):
+            size = max(counted.get((scope, name), 0), len(marks))
+            recent = sum(1 for mark in marks if st.clock - mark.ts <= window_ms)
+            key = f"{check}|{scope}|{name}"
+            cause = st.causes.get(key)
+            share = policy.common_cause_share * size
+            if cause is None and recent >= policy.common_cause_min_targets and recent > share:
+                cause = Cause(check=check, scope=scope, name=name, since=st.clock)
+            elif cause is not None:
+                cause = _quieten(cause, len(marks), share, st.clock, settings)
+            if cause is None:
+                continue
+            seen_now.add(key)
+            cause, alert = _cause_alert(cause, len(marks), size, st.clock)
+            st.causes[key] = cause
+            out += alert
+    for key in sorted(set(st.causes) - seen_now):
+        gone = st.causes.pop(key)
+        if gone.alert is not None:
+            out.append(alerts.resolve(gone.alert, st.clock))
+    return out
+
+
+def _quieten(
+    cause: Cause, open_on: int, share: float, now: int, settings: Settings
+) -> Cause | None:
+    """The cause, or None once it has stayed under half its share (or the minimum) for a
+    window: the hold lets every node's state catch up, so removals withheld through the
+    outage are judged on how the nodes read after it, not released in one burst."""
+    policy = settings.policy
+    if open_on >= policy.common_cause_min_targets and open_on > share / 2:
+        return msgspec.structs.replace(cause, quiet_since=None)
+    if cause.quiet_since is None:
+        return msgspec.structs.replace(cause, quiet_since=now)
+    if now - cause.quiet_since >= policy.common_cause_window_s * _MS:
+        return None
+    return cause
+
+
+def _group(marks: Iterable[Mark]) -> dict[tuple[str, str], list[Mark]]:
+    groups: dict[tuple[str, str], list[Mark]] = {}
+    for mark in marks:
+        for scope in SCOPES:
+            groups.setdefault((scope, _scope_name(scope, mark)), []).append(mark)
+    return groups
+
+
+def _cause_alert(cause: Cause, count: int, size: int, now: int) -> tuple[Cause, list[Alert]]:
+    labels = {
+        "alertname": COMMON_CAUSE,
+        "check": cause.check,
+        "scope": cause.scope,
+        "scope_name": cause.name,
+        "severity": "critical",
+        "source": alerts.SOURCE,
+    }
+    summary = (
+        f"{cause.check} on {count} of {size} targets in {cause.scope} {cause.name}: one "
+        "common cause, not node faults"
+    )
+    held = "released by a person" if cause.released else "removals paused beyond canaries"
+    annotations = {
+        "summary": summary,
+        "description": (
+            f"{summary}. FleetPulse {held} for this check in this scope until fewer targets "
+            f"keep it open, or `fleetpulse policy release --check {cause.check} --scope "
+            f"{cause.scope}:{cause.name}`. Look for a monitoring outage, a driver or firmware "
+            "wave, a network partition or an ingest bug."
+        ),
+        "targets": str(count),
+    }
+    if cause.alert is None:
+        alert = alerts.firing(labels, annotations, now)
+    elif (cause.alert.annotations.get("targets") != str(count) and (
+        count >= 2 * int(cause.alert.annotations.get("targets", "1"))
+    )) or (cause.alert.annotations.get("description") != annotations["description"] and (
+        cause.released
+    )):
+        alert = alerts.update(cause.alert, annotations, now)
+    else:
+        return cause, []
+    return msgspec.structs.replace(cause, alert=alert), [alert]
+
+
+# --- the view a pool's policy gates removals with ----------------------------------------
+
+
+@dataclass
+class GuardView:
+    """The fleet as one pool's decision sees it; remembers what it let through this pass."""
+
+    state: GuardState
+    settings: Settings
+    pool: str
+    counted: dict[tuple[str, str], int]
+    admitted: list[tuple[str, Proposal]] = field(default_factory=list)
+
+    def pool_size(self) -> int | None:
+        """The pool's size for its budget when the inventory decides membership."""
+        if not self.settings.inventory.enforce:
+            return None
+        return self.counted.get(("pool", self.pool), 0)
+
+    def admit(self, proposal: Proposal, already_out: bool) -> str:
+        """'' when removing the proposal's target is fine fleet-wide; else the reason."""
+        key = target_key(proposal.target)
+        verdict = self._membership(key, proposal.target)
+        if verdict or already_out:
+            return verdict
+        verdict = self._caps(proposal.target.zone) or self._cause(proposal)
+        if not verdict:
+            self.admitted.append((key, proposal))
+        return verdict
+
+    def _membership(self, key: str, target: Target) -> str:
+        if not self.settings.inventory.enforce:
+            return ""
+        member = self.state.members.get(key)
+        if member is None:
+            return "not_in_inventory"
+        if member.pool != pool_of(target) or member.zone != target.zone:
+            return "inventory_mismatch"
+        return ""
+
+    def _caps(self, zone: str) -> str:
+        policy = self.settings.policy
+        others = {k: z for pool, out in self.state.out.items() if pool != self.pool
+                  for k, z in out.items()}
+        mine = self.state.out.get(self.pool, {})
+        everyone = {**others, **mine, **{k: p.target.zone for k, p in self.admitted}}
+        in_zone = sum(1 for z in everyone.values() if z == zone)
+        zone_size = self.counted.get(("zone", zone), 0)
+        zone_cap = _cap(
+            zone_size, policy.zone_max_unavailable_pct, policy.zone_max_unavailable,
+            policy.cap_floor,
+        )
+        if in_zone + 1 > zone_cap:
+            return "zone_cap"
+        fleet_size = self.counted.get(("fleet", FLEET), 0)
+        fleet_cap = _cap(
+            fleet_size, policy.fleet_max_unavailable_pct, policy.fleet_max_unavailable,
+            policy.cap_floor,
+        )
+        if len(everyone) + 1 > fleet_cap:
+            return "fleet_cap"
+        return ""
+
+    def _cause(self, proposal: Proposal) -> str:
+        target = proposal.target
+        member = Member(pool=pool_of(target), zone=target.zone)
+        for check in {cause_check(check) for check in proposal.reason.checks}:
+            for scope in SCOPES:
+                cause = self.state.causes.get(f"{check}|{scope}|{_scope_name(scope, member)}")
+                if cause is None or cause.released:
+                    continue
+                let_through = cause.removed + sum(
+                    1 for _, p in self.admitted if check in _checks(p)
+                )
+                if let_through >= self.settings.policy.common_cause_canaries:
+                    return "common_cause"
+        return ""
+
+
+def _checks(proposal: Proposal) -> set[str]:
+    return {cause_check(check) for check in proposal.reason.checks}
+
+
+def view(state: GuardState, settings: Settings, pool: str) -> GuardView:
+    return GuardView(state=state, settings=settings, pool=pool, counted=sizes(state, settings))
+
+
+def settle(state: GuardState, done: GuardView, pool: str, out: dict[str, str]) -> GuardState:
+    """After a pool's decision: its targets out for faults now, and the canaries spent."""
+    st = _copy(state)
+    st.out[pool] = out
+    for key, cause in list(st.causes.items()):
+        spent = sum(
+            1
+            for _, proposal in done.admitted
+            if cause.check in _checks(proposal)
+            and _scope_name(cause.scope, Member(pool=pool_of(proposal.target),
+                                                zone=proposal.target.zone)) == cause.name
+        )
+        if spent:
+            st.causes[key] = msgspec.structs.replace(cause, removed=cause.removed + spent)
+    return st
