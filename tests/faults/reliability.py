@@ -1,10 +1,11 @@
 """The README's "Reliability" table, written from what the fault scenarios measured.
 
 Each scenario test calls `record(suite, scenario, figures)`; the figures land as one JSON file
-per scenario under `out/reliability/` (or `$FLEETPULSE_RELIABILITY_DIR`). After a test run,
+per scenario under `out/reliability/` (or `$RELIABILITY_DIR`). After a test run,
 `python -m tests.faults.reliability` rewrites the README section between the markers from those
 files, so the table is never typed by hand. Suites: "input" (hostile or faulty records, the
-fail-safe issue) and "infrastructure" (broker, process, network and disk faults).
+fail-safe issue), "poison" (undecodable records in every consumer), "lake" (corrupt Parquet
+files) and "infrastructure" (broker, process, network and disk faults).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 START = "<!-- reliability:start -->"
 END = "<!-- reliability:end -->"
-SUITES = ("input", "infrastructure")
+SUITES = ("input", "poison", "lake", "infrastructure")
 
 
 def results_dir() -> Path:
-    return Path(os.environ.get("FLEETPULSE_RELIABILITY_DIR", ROOT / "out" / "reliability"))
+    return Path(os.environ.get("RELIABILITY_DIR", ROOT / "out" / "reliability"))
 
 
 def record(suite: str, scenario: str, figures: dict[str, int | float | str]) -> None:

@@ -1,0 +1,155 @@
+"""The input-fault scenarios on the real broker: `fleetpulse worker` against the embedded runtime.
+
+One worker (inventory enforced) reads a small fleet's inventory from the compacted
+fleet.inventory topic, then a recording with three kinds of bad input mixed in: a host whose
+clock runs a day ahead, fatal XIDs that each name a pool the inventory does not know, and a node
+name that a second cluster also uses. The worker must refuse and dead-letter the same records
+as the embedded runtime and take exactly the same actions (same ids): the logic the
+embedded scenarios test (test_input_faults.py) is the logic the worker runs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pipeline.codec import encode
+from pipeline.config import KafkaSettings, Settings, load_settings
+from pipeline.model import Action, DeadLetter, Event, GpuSample, Inventory
+from pipeline.runtime.embedded import EmbeddedRuntime
+from pipeline.runtime.topics import record_key, topic_name
+from streams.testing import (
+    INPUT_SUFFIX,
+    TopicReader,
+    WorkerProcess,
+    create_topics,
+    produce_events,
+    producer,
+    scenario,
+    worker_env,
+)
+from tests.faults import reliability
+from tests.faults.hostile import (
+    DAY,
+    MINUTE,
+    fatal_xid,
+    first_samples,
+    inventory_of,
+    merge,
+    skew_host,
+)
+from tests.integration.test_streams_pipeline import _metric_sum
+
+pytestmark = pytest.mark.kafka
+
+
+def _hostile(events: list[Event], inventory: list[Inventory], start_ms: int):  # type: ignore[no-untyped-def]
+    """The recording with the three bad inputs, and the inventory with the twin added."""
+    samples = first_samples(events)
+    nodes = sorted(samples)
+    skewed = skew_host(events, nodes[1][1], start_ms + 5 * MINUTE, DAY)
+    hops = [
+        fatal_xid(sample, start_ms + 8 * MINUTE + i * 1000, pool=f"hop-{i:02d}")
+        for i, (_, sample) in enumerate(sorted(samples.items())[2:5])
+    ]
+    (cluster, node), original = nodes[0], samples[nodes[0]]
+    other = next(c for c, _ in nodes if c != cluster)
+    twins = [
+        msgspec.structs.replace(e, cluster=other)
+        for e in events
+        if isinstance(e, GpuSample) and e.node == node
+    ]
+    twin_record = next(r for r in inventory if r.name == node and r.cluster == cluster)
+    inventory = [*inventory, msgspec.structs.replace(twin_record, cluster=other)]
+    xid = fatal_xid(original, start_ms + 6 * MINUTE)
+    return merge(skewed, [*hops, *twins, xid]), inventory
+
+
+def _embedded(settings: Settings, inventory: list[Inventory], events: list[Event]):  # type: ignore[no-untyped-def]
+    outputs: dict[str, list[Event]] = {}
+    runtime = EmbeddedRuntime(settings, lambda s, e: outputs.setdefault(s, []).append(e))
+    for record in inventory:
+        runtime.feed(record)
+    for offset, event in enumerate(events):
+        runtime.feed_raw(INPUT_SUFFIX[type(event)], encode(event), offset, record_key(event))
+    return outputs
+
+
+def _produce_inventory(settings: Settings, inventory: list[Inventory]) -> None:
+    kafka = producer(settings.kafka.bootstrap)
+    topic = topic_name(settings.kafka, "inventory")
+    for record in inventory:
+        kafka.send(topic, key=record_key(record).encode(), value=encode(record))
+    kafka.flush()
+    kafka.close()
+
+
+def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    kafka = KafkaSettings(
+        bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3
+    )
+    base = load_settings(environ={})
+    settings = msgspec.structs.replace(
+        base, kafka=kafka, inventory=msgspec.structs.replace(base.inventory, enforce=True)
+    )
+    sim = scenario()
+    clean = list(sim.events())
+    events, inventory = _hostile(clean, inventory_of(sim.fleet, sim.start_ms), sim.start_ms)
+    expected = _embedded(settings, inventory, events)
+    want = {a.action_id for a in expected.get("actions", []) if isinstance(a, Action)}
+    want_letters = Counter(
+        d.error.split(":")[0] for d in expected.get("dlq", []) if isinstance(d, DeadLetter)
+    )
+    assert want and sum(want_letters.values()) > 0
+
+    env = worker_env(settings, tmp_path, FLEETPULSE_INVENTORY__ENFORCE="true")
+    create_topics(env)
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    reader = TopicReader(kafka_bootstrap, [topic_name(kafka, s) for s in ("actions", "dlq")])
+    try:
+        worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=120)
+        port = worker.metrics_port()
+        _produce_inventory(settings, inventory)
+        deadline = time.monotonic() + 120  # every target is known before its first sample
+        while _metric_sum(port, "fleetpulse_worker_records_in_total", r"\.inventory") < len(
+            inventory
+        ):
+            assert time.monotonic() < deadline, worker.tail()
+            time.sleep(0.3)
+        produce_events(settings, events)
+        reader.until(
+            lambda: want <= {a.action_id for a in reader.values(reader.topics[0], Action)}
+            and sum(want_letters.values()) <= len(reader.values(reader.topics[1], DeadLetter)),
+            240,
+            "the embedded runtime's actions and dead letters",
+        )
+        time.sleep(3)
+        reader.poll()
+        consumed = _metric_sum(port, "fleetpulse_worker_records_in_total", r"\.telemetry\.|\.events\.")
+    finally:
+        reader.close()
+        assert worker.stop() == 0, worker.tail()
+    got = {a.action_id for a in reader.values(reader.topics[0], Action)}
+    letters = reader.values(reader.topics[1], DeadLetter)
+    assert got == want
+    assert Counter(d.error.split(":")[0] for d in letters) == want_letters
+    removals = [a for a in reader.values(reader.topics[0], Action) if a.kind == "cordon"]
+    lost = len(events) - int(consumed)  # each input is consumed once: processed or a letter
+    assert lost == 0
+    reliability.record(
+        "input",
+        "clock +1 day, pool hopping and a shared node name (real broker)",
+        {
+            "removals": len(removals),
+            "dead-lettered": len(letters),
+            "actions same as embedded": "yes" if got == want else "no",
+            "lost": lost,
+        },
+    )
