@@ -80,6 +80,23 @@ def _embedded(settings: Settings, inventory: list[Inventory], events: list[Event
     return outputs
 
 
+def _difference(expected: dict[str, list[Event]], reader: TopicReader) -> str:
+    def actions(values: list[Action]) -> set[tuple[str, str, str]]:
+        return {(a.action_id, a.kind, a.target.name) for a in values}
+
+    def letters(values: list[DeadLetter]) -> Counter[str]:
+        return Counter(d.error[:90] for d in values)
+
+    want = actions([a for a in expected.get("actions", []) if isinstance(a, Action)])
+    got = actions(reader.values(reader.topics[0], Action))
+    want_dlq = letters([d for d in expected.get("dlq", []) if isinstance(d, DeadLetter)])
+    got_dlq = letters(reader.values(reader.topics[1], DeadLetter))
+    return (
+        f"actions missing {sorted(want - got)}, extra {sorted(got - want)}\n"
+        f"letters missing {dict(want_dlq - got_dlq)}, extra {dict(got_dlq - want_dlq)}"
+    )
+
+
 def _produce_inventory(settings: Settings, inventory: list[Inventory]) -> None:
     kafka = producer(settings.kafka.bootstrap)
     topic = topic_name(settings.kafka, "inventory")
@@ -124,12 +141,15 @@ def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
             assert time.monotonic() < deadline, worker.tail()
             time.sleep(0.3)
         produce_events(settings, events)
-        reader.until(
-            lambda: want <= {a.action_id for a in reader.values(reader.topics[0], Action)}
-            and sum(want_letters.values()) <= len(reader.values(reader.topics[1], DeadLetter)),
-            240,
-            "the embedded runtime's actions and dead letters",
-        )
+        try:
+            reader.until(
+                lambda: want <= {a.action_id for a in reader.values(reader.topics[0], Action)}
+                and sum(want_letters.values()) <= len(reader.values(reader.topics[1], DeadLetter)),
+                240,
+                "the embedded runtime's actions and dead letters",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_difference(expected, reader)}") from None
         time.sleep(3)
         reader.poll()
         consumed = _metric_sum(port, "fleetpulse_worker_records_in_total", r"\.telemetry\.|\.events\.")
