@@ -61,11 +61,11 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     root = Path(args.lake or settings.lake.path)
     unreadable = []
     for name in TABLES:
-        files, bad = readable_files(root, name, deep=args.verify)
+        files, broken = readable_files(root, name, deep=args.verify)
         rows = sum(pq.read_metadata(path).num_rows for path in files)
-        extra = f" {len(bad):6} unreadable" if bad else ""
+        extra = f" {len(broken):6} unreadable" if broken else ""
         print(f"{name:12} {len(files):6} files {rows:12} rows{extra}")
-        unreadable += bad
+        unreadable += broken
     if unreadable:
         command = "fleetpulse lake compact" + (" --verify" if args.verify else "")
         print(f"\nunreadable, skipped by readers ({len(unreadable)}; `{command}` quarantines "

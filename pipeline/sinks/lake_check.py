@@ -32,7 +32,7 @@ MAGIC = b"PAR1"
 _SMALLEST = 12  # magic, footer length, magic: the bytes of a Parquet file with an empty footer
 
 
-class UnreadableFile(FleetPulseError):
+class UnreadableFileError(FleetPulseError):
     """A lake file that cannot be read as Parquet; the message names it and says why."""
 
     def __init__(self, path: Path, reason: str) -> None:
@@ -71,7 +71,7 @@ def check_file(path: Path, deep: bool = False) -> str | None:
     if reason is None and deep:
         try:
             read_checked(path)
-        except UnreadableFile as exc:
+        except UnreadableFileError as exc:
             reason = exc.reason
     _verdicts[str(path)] = _Verdict(stamp, deep, reason)
     return reason
@@ -108,7 +108,7 @@ def _check_ends(path: Path, size: int) -> str | None:
 
 
 def read_checked(path: Path) -> pa.Table:
-    """Every row of `path`, its pages decoded and validated (UTF-8 included), or UnreadableFile."""
+    """Every row of `path`, pages decoded and validated (UTF-8 too); else UnreadableFileError."""
     try:
         with pq.ParquetFile(path) as file:
             table = file.read()
@@ -116,7 +116,7 @@ def read_checked(path: Path) -> pa.Table:
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:
-        raise UnreadableFile(path, f"damaged data: {_first_line(exc)}") from None
+        raise UnreadableFileError(path, f"damaged data: {_first_line(exc)}") from None
     return table
 
 

@@ -43,7 +43,7 @@ from pipeline.sinks.lake import (
 )
 from pipeline.sinks.lake_check import (
     BadFile,
-    UnreadableFile,
+    UnreadableFileError,
     check_dir,
     check_file,
     quarantine,
@@ -112,7 +112,7 @@ def _merge_all(root: Path, spec: TableSpec, directory: Path, committed: Position
                 report.files_merged += len(run)
                 report.files_written += 1
             return
-        except UnreadableFile as exc:
+        except UnreadableFileError as exc:
             _quarantine(root, exc.path, exc.reason, report)
 
 
@@ -139,7 +139,7 @@ def _runs(directory: Path, committed: Positions, settings: LakeSettings) -> list
 
 
 def _merge(spec: TableSpec, directory: Path, run: list[LakeFile], settings: LakeSettings) -> int:
-    tables = [read_checked(f.path) for f in run]  # UnreadableFile: the caller quarantines it
+    tables = [read_checked(f.path) for f in run]  # UnreadableFileError: the caller quarantines it
     last = max(_last_offset(f) for f in run)
     merged = _conform(pa.concat_tables(tables, promote_options="permissive"), spec)
     metadata = {
