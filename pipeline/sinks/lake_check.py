@@ -3,10 +3,11 @@
 One damaged file (zero bytes after a disk-full, cut short by a copy, overwritten with garbage)
 must not take every query down with it. `check_file` says why a file cannot be read, cheaply:
 its size, the 'PAR1' magic at both ends, the footer length, and the footer itself as pyarrow
-parses it. Verdicts are kept per (path, size, mtime), so a process that opens many `Lake`s
-checks each file once. Damage inside the data pages with an intact footer only shows when the
-pages are read: `read_checked` reads and validates a whole file (compaction does so anyway),
-and `check_file(deep=True)` records what it finds, so readers skip that file from then on.
+parses it. Verdicts are kept per (path, inode, size, mtime), so a process that opens many
+`Lake`s checks each file once. Damage inside the data pages with an intact footer only shows
+when the pages are read: `read_checked` reads and validates a whole file (compaction does so
+anyway), and `check_file(deep=True)` records what it finds, so readers skip that file from then
+on (`fleetpulse lake status --verify` and `lake compact --verify` read every file this way).
 
 `readable_files` is `visible_files` (pipeline/sinks/lake.py) less the unreadable files: a
 compacted file that cannot be read supersedes nothing, so the files it merged stay visible for
@@ -48,7 +49,7 @@ class BadFile:
 
 @dataclass(frozen=True)
 class _Verdict:
-    stamp: tuple[int, int]  # (size, mtime_ns): a rewritten file is checked again
+    stamp: tuple[int, int, int]  # (inode, size, mtime_ns): a replaced file is checked again
     deep: bool  # the data pages were read too
     reason: str | None
 
@@ -63,7 +64,7 @@ def check_file(path: Path, deep: bool = False) -> str | None:
     FileNotFoundError if the file is gone (a compaction may delete files at any time).
     """
     stat = path.stat()
-    stamp = (stat.st_size, stat.st_mtime_ns)
+    stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
     known = _verdicts.get(str(path))
     if known is not None and known.stamp == stamp and (known.deep or known.reason or not deep):
         return known.reason
