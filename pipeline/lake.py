@@ -248,7 +248,7 @@ class Lake:
                 if attempt == _RETRIES - 1:
                     raise QueryError(f"lake files kept changing while listed: {exc}") from None
                 time.sleep(0.02 * attempt)
-            except duckdb.Error as exc:  # DuckDB refused a footer pyarrow read: name the file
+            except duckdb.Error as exc:  # DuckDB refused a footer that pyarrow read: name it
                 raise QueryError(f"cannot open the lake: {_first_line(exc)}") from None
 
     def _raw_relation(self, spec: TableSpec) -> duckdb.DuckDBPyRelation:
@@ -276,7 +276,7 @@ class Lake:
         error names first). True if one was found (and is left out from now on)."""
         listed = [path for paths in self._files.values() for path in paths]
         named = [path for path in listed if str(path) in error]
-        if not named:
+        if listed and not named:
             log.warning("warning: a query failed (%s); reading every lake file in full to find "
                         "a damaged one", _first_line(error))
         for group in (named, listed):
