@@ -8,11 +8,18 @@ DuckDB through its Python API, never pasted into SQL text. Each table first appe
 `raw_<table>` with every column of its current schema (NULL where old files lack one), and the
 view in sql/<table>.sql builds on that.
 
+A file that cannot be read (pipeline/sinks/lake_check.py) is left out of the views and named in
+a warning (`Lake.skipped`); queries answer over the rest. If a query fails on damage the cheap
+check cannot see (data pages behind an intact footer), the files are read in full to find the
+damaged one, which is then left out too, and the query runs again.
+
 Query parameters are always bound (`$since`, `$until`, `$pool`, `$bucket`, `$idle_pct`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -29,6 +36,7 @@ from pipeline.catalog import accelerator_prices, xid_catalog
 from pipeline.config import LakeSettings
 from pipeline.errors import FleetPulseError
 from pipeline.sinks.lake import visible_files
+from pipeline.sinks.lake_check import check_file, readable_files
 from pipeline.sinks.lake_tables import TABLES, TableSpec
 
 _PARAM = re.compile(r"\$([a-z_]+)\b")
@@ -43,6 +51,13 @@ _SQL_TYPES = {
     pa.map_(pa.string(), pa.string()): "MAP(VARCHAR, VARCHAR)",
 }
 _RETRIES = 5  # a compaction may delete a file between our listing and DuckDB opening it
+# Errors in the query itself: no lake file is to blame, so none is looked for.
+_QUERY_FAULTS = (
+    duckdb.ParserException, duckdb.SyntaxException, duckdb.BinderException,
+    duckdb.CatalogException, duckdb.ConversionException, duckdb.OutOfRangeException,
+    duckdb.NotImplementedException, duckdb.TypeMismatchException,
+)
+log = logging.getLogger(__name__)
 
 
 class QueryError(FleetPulseError):
@@ -128,6 +143,8 @@ class Lake:
         if not self.root.is_dir():
             raise QueryError(f"lake folder {self.root} does not exist (see lake.path or --lake)")
         self.settings = settings or LakeSettings()
+        self.skipped: dict[Path, str] = {}  # unreadable files left out of the views, and why
+        self._files: dict[str, list[Path]] = {}  # the files each raw_<table> reads
         self.con = duckdb.connect(":memory:")
         self.con.execute("SET TimeZone = 'UTC'")
         self._register_reference_tables()
@@ -145,20 +162,27 @@ class Lake:
     def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
         """Run any SQL over the views; `params` are bound to `$name` placeholders."""
         started = time.perf_counter()
-        for attempt in range(_RETRIES):
+        moved = 0
+        while True:  # each turn returns, raises, or has one more file listed anew or left out
             try:
                 cursor = self.con.execute(query, dict(params) if params else None)
                 columns = [d[0] for d in cursor.description] if cursor.description else []
                 rows = cursor.fetchall() if cursor.description else []
                 return Result(columns, rows, time.perf_counter() - started)
+            except _QUERY_FAULTS as exc:
+                raise QueryError(_first_line(exc)) from None
             except duckdb.IOException as exc:
-                if attempt == _RETRIES - 1:
-                    raise QueryError(f"lake files kept changing under the query: {exc}") from None
-                time.sleep(0.02 * attempt)
+                moved += 1
+                if moved == _RETRIES:
+                    raise QueryError(
+                        f"lake files kept changing under the query: {_first_line(exc)}"
+                    ) from None
+                time.sleep(0.02 * moved)
                 self._register_tables()  # a compaction moved files: list them again
             except duckdb.Error as exc:
-                raise QueryError(str(exc).splitlines()[0]) from None
-        raise AssertionError("unreachable")
+                if not self._find_damaged(str(exc)):
+                    raise QueryError(_first_line(exc)) from None
+                self._register_tables()
 
     def run(self, name: str, **params: Any) -> Result:
         """Run a canned analysis. since/until default to the last 24 h of data in the lake."""
@@ -224,9 +248,15 @@ class Lake:
                 if attempt == _RETRIES - 1:
                     raise QueryError(f"lake files kept changing while listed: {exc}") from None
                 time.sleep(0.02 * attempt)
+            except duckdb.Error as exc:  # DuckDB refused a footer that pyarrow read: name it
+                raise QueryError(f"cannot open the lake: {_first_line(exc)}") from None
 
     def _raw_relation(self, spec: TableSpec) -> duckdb.DuckDBPyRelation:
-        files = [str(path) for path in visible_files(self.root, spec.name)]
+        paths, bad = readable_files(self.root, spec.name)
+        for damaged in bad:
+            self._skip(damaged.path, damaged.reason)
+        self._files[spec.name] = paths
+        files = [str(path) for path in paths]
         if not files:
             empty = self.con.from_arrow(spec.schema.empty_table())
             partitions = "NULL::DATE AS date, NULL::BIGINT AS hour"
@@ -235,6 +265,31 @@ class Lake:
         found = set(relation.columns)
         extras = [c for c in ("date", "hour") if c in found]
         return relation.project(", ".join([_projection(spec, found), *extras]))
+
+    def _skip(self, path: Path, reason: str) -> None:
+        if path not in self.skipped:
+            self.skipped[path] = reason
+            log.warning("warning: skipped unreadable lake file %s: %s", path, reason)
+
+    def _find_damaged(self, error: str) -> bool:
+        """After a failed read: read the files in full to find the damaged ones (the files the
+        error names first). True if one was found (and is left out from now on)."""
+        listed = [path for paths in self._files.values() for path in paths]
+        named = [path for path in listed if str(path) in error]
+        if listed and not named:
+            log.warning("warning: a query failed (%s); reading every lake file in full to find "
+                        "a damaged one", _first_line(error))
+        for group in (named, listed):
+            found = False
+            for path in group:
+                with contextlib.suppress(FileNotFoundError):
+                    reason = check_file(path, deep=True)
+                    if reason is not None:
+                        self._skip(path, reason)
+                        found = True
+            if found:
+                return True
+        return False
 
     def _register_reference_tables(self) -> None:
         self.con.from_arrow(self._prices()).create_view("raw_prices", replace=True)
@@ -262,6 +317,11 @@ def _projection(spec: TableSpec, found: set[str]) -> str:
         else:
             parts.append(f'NULL::{_SQL_TYPES[field.type]} AS "{field.name}"')
     return ", ".join(parts)
+
+
+def _first_line(error: BaseException | str) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _view_sql(name: str) -> str:

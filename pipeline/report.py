@@ -91,6 +91,8 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
                lake.sql("SELECT accelerator, usd_per_hour, source, as_of FROM prices "
                         "ORDER BY priority")),
     ]
+    if lake.skipped:  # last: a query may have found a damaged file on the way
+        sections.insert(0, _skipped(lake.skipped))
     return _page(f"FleetPulse report {since:%Y-%m-%d %H:%M} – {until:%Y-%m-%d %H:%M} UTC",
                  sections)
 
@@ -184,6 +186,14 @@ def _summary(result: Result, since: datetime, until: datetime, pool: str | None)
     scope = f"pool {escape(pool)}" if pool else "all pools"
     return (f"<p class=\"period\">{since:%Y-%m-%d %H:%M} to {until:%Y-%m-%d %H:%M} UTC, {scope}"
             f"</p><div class=\"cards\">{cards}</div>")
+
+
+def _skipped(skipped: dict[Path, str]) -> str:
+    items = "".join(f"<li><code>{escape(str(path))}</code>: {escape(reason)}</li>"
+                    for path, reason in sorted(skipped.items()))
+    return (f'<section data-table="skipped-files" class="skipped"><h2>{len(skipped)} unreadable '
+            "lake files skipped (their rows are not in this report)</h2>"
+            f"<ul>{items}</ul></section>")
 
 
 def _figure(name: str, caption: str, svg: str) -> str:

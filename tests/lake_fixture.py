@@ -188,3 +188,27 @@ def build_lake(root: Path, settings: LakeSettings | None = None) -> Path:
             writer.add(table, event, (f"t.{table}", 0, offset))
     writer.checkpoint()
     return root
+
+
+DAMAGES = ("corrupt", "truncated", "zero-byte", "damaged pages")
+
+
+def damage(path: Path, how: str) -> None:
+    """Break a lake file the way disks and copies do.
+
+    corrupt: garbage of the same size; truncated: cut in half; zero-byte: emptied; damaged
+    pages: every data page scrambled, the footer left intact (only a full read notices).
+    """
+    data = path.read_bytes()
+    if how == "corrupt":
+        broken = bytes((i * 131 + 7) % 256 for i in range(len(data)))
+    elif how == "truncated":
+        broken = data[: len(data) // 2]
+    elif how == "zero-byte":
+        broken = b""
+    elif how == "damaged pages":
+        footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+        broken = data[:4] + bytes(b ^ 0x5A for b in data[4:footer_start]) + data[footer_start:]
+    else:
+        raise ValueError(f"damage: expected one of {DAMAGES}, got {how!r}")
+    path.write_bytes(broken)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from pipeline.config import Settings
@@ -20,35 +21,60 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "lake.compact_rows rows, once a partition holds lake.compact_min_files of them. Only "
         "files the sink has committed are touched, so it is safe to run while the sink writes; "
         "readers never see a row twice or miss one. Also removes temporary files older than "
-        "lake.stale_tmp_s (left by a crash).",
+        "lake.stale_tmp_s (left by a crash). Unreadable (damaged) committed files are moved to "
+        "<lake>/_quarantine/<same path>, where no reader looks.",
     )
     compact.add_argument("--lake", help="lake folder (default: lake.path from the config)")
     compact.add_argument("--table", action="append", choices=sorted(TABLES),
                          help="only this table (repeatable; default: all)")
+    compact.add_argument("--verify", action="store_true",
+                         help="read every file in full first, to find damaged data pages too")
     compact.set_defaults(handler=_compact)
-    status = actions.add_parser("status", help="files and rows per table")
+    status = actions.add_parser(
+        "status", help="files and rows per table; unreadable and quarantined files")
     status.add_argument("--lake", help="lake folder (default: lake.path from the config)")
+    status.add_argument("--verify", action="store_true",
+                        help="read every file in full, to find damaged data pages too")
     status.set_defaults(handler=_status)
 
 
 def _compact(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sinks.lake_check import QUARANTINE_DIR
     from pipeline.sinks.lake_compact import compact
 
-    report = compact(args.lake or settings.lake.path, settings.lake, args.table)
+    root = Path(args.lake or settings.lake.path)
+    report = compact(root, settings.lake, args.table, verify=args.verify)
+    for moved in report.quarantined:
+        print(f"quarantined {moved.path.relative_to(root)} (moved under {QUARANTINE_DIR}/): "
+              f"{moved.reason}", file=sys.stderr)
     print(f"{report.directories} partitions: merged {report.files_merged} files into "
           f"{report.files_written} ({report.rows} rows); removed {report.tmp_removed} stale "
-          "temporary files")
+          f"temporary files; quarantined {len(report.quarantined)} unreadable files")
     return 0
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
     import pyarrow.parquet as pq
 
-    from pipeline.sinks.lake import visible_files
+    from pipeline.sinks.lake_check import QUARANTINE_DIR, quarantined_files, readable_files
 
     root = Path(args.lake or settings.lake.path)
+    unreadable = []
     for name in TABLES:
-        files = visible_files(root, name)
-        rows = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
-        print(f"{name:12} {len(files):6} files {rows:12} rows")
+        files, broken = readable_files(root, name, deep=args.verify)
+        rows = sum(pq.read_metadata(path).num_rows for path in files)
+        extra = f" {len(broken):6} unreadable" if broken else ""
+        print(f"{name:12} {len(files):6} files {rows:12} rows{extra}")
+        unreadable += broken
+    if unreadable:
+        command = "fleetpulse lake compact" + (" --verify" if args.verify else "")
+        print(f"\nunreadable, skipped by readers ({len(unreadable)}; `{command}` quarantines "
+              "them once committed):")
+        for bad in unreadable:
+            print(f"  {bad.path.relative_to(root)}: {bad.reason}")
+    quarantined = quarantined_files(root)
+    if quarantined:
+        print(f"\nquarantined under {root / QUARANTINE_DIR} ({len(quarantined)}):")
+        for path in quarantined:
+            print(f"  {path.relative_to(root / QUARANTINE_DIR)} ({path.stat().st_size} bytes)")
     return 0

@@ -33,7 +33,9 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     with Lake(args.lake or settings.lake.path, settings.lake) as lake:
         window = window_params(args, lake)
         html = build_report(lake, window["since"], window["until"], args.pool)
+        skipped = len(lake.skipped)
     with open(args.out, "w", encoding="utf-8") as out:
         out.write(html)
-    print(f"wrote {args.out} ({len(html) // 1024} KiB)", file=sys.stderr)
+    note = f"; {skipped} unreadable lake files skipped" if skipped else ""
+    print(f"wrote {args.out} ({len(html) // 1024} KiB{note})", file=sys.stderr)
     return 0

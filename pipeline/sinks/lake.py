@@ -100,19 +100,19 @@ def partition_dirs(root: Path, table: str) -> Iterator[Path]:
 
 def files_in(directory: Path) -> list[LakeFile]:
     """The finished Parquet files of one partition directory that no compacted file supersedes."""
-    found = _scan(directory)
+    found = scan_dir(directory)
     ranges = [f for f in found if f.compacted]
-    return sorted(f for f in found if not any(_supersedes(r, f) for r in ranges))
+    return sorted(f for f in found if not any(supersedes(r, f) for r in ranges))
 
 
 def superseded_in(directory: Path) -> list[tuple[LakeFile, LakeFile]]:
     """(file, the compacted file that holds its rows) for files readers no longer read."""
-    found = _scan(directory)
+    found = scan_dir(directory)
     ranges = [f for f in found if f.compacted]
-    return sorted((f, r) for f in found for r in ranges if _supersedes(r, f))
+    return sorted((f, r) for f in found for r in ranges if supersedes(r, f))
 
 
-def _scan(directory: Path) -> list[LakeFile]:
+def scan_dir(directory: Path) -> list[LakeFile]:
     found = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
@@ -122,7 +122,7 @@ def _scan(directory: Path) -> list[LakeFile]:
     return found
 
 
-def _supersedes(compacted: LakeFile, other: LakeFile) -> bool:
+def supersedes(compacted: LakeFile, other: LakeFile) -> bool:
     return (
         compacted.path.name != other.path.name
         and (compacted.topic, compacted.partition) == (other.topic, other.partition)

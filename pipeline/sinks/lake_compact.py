@@ -7,6 +7,13 @@ order into `<topic>-<partition>-<first>-to-<last>.parquet`; once that file is re
 place, readers (`visible_files`) ignore the files it holds. Those are deleted only after
 lake.compact_keep_s, by a later run, so a query that listed them just before the swap can still
 read them. No moment exists at which a row is missing or counted twice.
+
+Unreadable files (pipeline/sinks/lake_check.py) are moved to `<lake>/_quarantine/<same relative
+path>` instead, once committed (an uncommitted one may yet be replaced by a replay; readers skip
+it meanwhile): those the cheap check finds first, then any whose pages fail to decode while a
+merge reads them, after which the partition is planned again without them. A compacted file is
+read in full before the files it holds are deleted, so a damaged one is quarantined while its
+rows still exist in those files, which readers then see again.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
@@ -22,16 +29,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import LakeSettings
+from pipeline.errors import SinkError
 from pipeline.sinks.lake import (
     LakeFile,
     Positions,
     compacted_file_name,
-    files_in,
+    parse_file,
     partition_dirs,
     read_committed,
     superseded_in,
     write_atomically,
     write_parquet,
+)
+from pipeline.sinks.lake_check import (
+    BadFile,
+    UnreadableFileError,
+    check_dir,
+    check_file,
+    quarantine,
+    read_checked,
 )
 from pipeline.sinks.lake_tables import TABLES, TableSpec
 
@@ -44,12 +60,17 @@ class CompactionReport:
     rows: int = 0
     tmp_removed: int = 0
     superseded_removed: int = 0
+    quarantined: list[BadFile] = field(default_factory=list)  # files moved away, and why
 
 
 def compact(
-    root: Path | str, settings: LakeSettings, tables: list[str] | None = None
+    root: Path | str, settings: LakeSettings, tables: list[str] | None = None,
+    verify: bool = False,
 ) -> CompactionReport:
-    """Compact every partition directory of `tables` (default: all) under `root`."""
+    """Compact every partition directory of `tables` (default: all) under `root`.
+
+    With `verify`, every file is read in full first, to quarantine damaged data pages too.
+    """
     root = Path(root)
     report = CompactionReport()
     committed = read_committed(root)
@@ -57,17 +78,48 @@ def compact(
         for directory in partition_dirs(root, name):
             report.directories += 1
             report.tmp_removed += _remove_stale_tmp(directory, settings.stale_tmp_s)
+            for bad in check_dir(directory, deep=verify)[1]:
+                if _committed(bad.path, committed):
+                    _quarantine(root, bad.path, bad.reason, report)
+            _merge_all(root, TABLES[name], directory, committed, settings, report)
+            report.superseded_removed += _remove_superseded(root, directory,
+                                                            settings.compact_keep_s, report)
+    return report
+
+
+def _committed(path: Path, committed: Positions) -> bool:
+    lake_file = parse_file(path)
+    return lake_file is not None and lake_file.first < committed.get(
+        (lake_file.topic, lake_file.partition), 0)
+
+
+def _quarantine(root: Path, path: Path, reason: str, report: CompactionReport) -> None:
+    try:
+        quarantine(root, path)
+        report.quarantined.append(BadFile(path, reason))
+    except FileNotFoundError:
+        pass  # gone already: nothing left to move
+    except OSError as exc:
+        raise SinkError(f"lake: cannot quarantine {path} ({reason}): {exc}") from exc
+
+
+def _merge_all(root: Path, spec: TableSpec, directory: Path, committed: Positions,
+               settings: LakeSettings, report: CompactionReport) -> None:
+    while True:  # planned again after each damaged file, which has then left the directory
+        try:
             for run in _runs(directory, committed, settings):
-                report.rows += _merge(TABLES[name], directory, run, settings)
+                report.rows += _merge(spec, directory, run, settings)
                 report.files_merged += len(run)
                 report.files_written += 1
-            report.superseded_removed += _remove_superseded(directory, settings.compact_keep_s)
-    return report
+            return
+        except UnreadableFileError as exc:
+            _quarantine(root, exc.path, exc.reason, report)
 
 
 def _runs(directory: Path, committed: Positions, settings: LakeSettings) -> list[list[LakeFile]]:
     """Groups of committed files to merge: per (topic, partition), contiguous, size-capped."""
-    done = [f for f in files_in(directory) if f.first < committed.get((f.topic, f.partition), 0)]
+    done = [f for f in check_dir(directory)[0]
+            if f.first < committed.get((f.topic, f.partition), 0)]
     runs: list[list[LakeFile]] = []
     for _, group in groupby(done, key=lambda f: (f.topic, f.partition)):
         files = list(group)
@@ -87,7 +139,7 @@ def _runs(directory: Path, committed: Positions, settings: LakeSettings) -> list
 
 
 def _merge(spec: TableSpec, directory: Path, run: list[LakeFile], settings: LakeSettings) -> int:
-    tables = [pq.ParquetFile(f.path).read() for f in run]
+    tables = [read_checked(f.path) for f in run]  # UnreadableFileError: the caller quarantines it
     last = max(_last_offset(f) for f in run)
     merged = _conform(pa.concat_tables(tables, promote_options="permissive"), spec)
     metadata = {
@@ -129,14 +181,21 @@ def _last_offset(lake_file: LakeFile) -> int:
     return int(value) if value is not None else lake_file.last
 
 
-def _remove_superseded(directory: Path, keep_s: int) -> int:
+def _remove_superseded(root: Path, directory: Path, keep_s: int,
+                       report: CompactionReport) -> int:
     removed = 0
     cutoff = time.time() - keep_s
     for lake_file, holder in superseded_in(directory):
         with contextlib.suppress(FileNotFoundError):
-            if holder.path.stat().st_mtime <= cutoff:
-                lake_file.path.unlink()
-                removed += 1
+            if holder.path.stat().st_mtime > cutoff:
+                continue
+            # the holder's rows must be readable before the only other copy of them goes
+            reason = check_file(holder.path, deep=True)
+            if reason is not None:
+                _quarantine(root, holder.path, reason, report)
+                continue
+            lake_file.path.unlink()
+            removed += 1
     return removed
 
 
