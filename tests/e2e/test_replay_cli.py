@@ -178,3 +178,13 @@ def test_every_new_command_has_help() -> None:
         assert run.returncode == 0, run.stderr
         for word in words:
             assert word in text, (command, word)
+
+
+def test_the_demo_enforces_its_inventory_unless_told_not_to(tmp_path: Path) -> None:
+    small = ["--gpu-nodes", "4", "--tpu-slices", "1", "--hours", "0.1", "--no-report"]
+    default = _cli("demo", "--out", str(tmp_path / "a"), *small)
+    assert default.returncode == 0, default.stderr
+    assert "no inventory" not in default.stderr
+    old = _cli("demo", "--out", str(tmp_path / "b"), *small, "--no-inventory")
+    assert old.returncode == 0, old.stderr
+    assert "budgets come from telemetry" in old.stderr
