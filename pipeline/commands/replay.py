@@ -63,6 +63,12 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
             "from telemetry",
             file=sys.stderr,
         )
+    elif inventory is None:
+        print(
+            "fleetpulse replay: [inventory] enforce is set but no --inventory FILE was given: "
+            "no target is known, so none will be removed",
+            file=sys.stderr,
+        )
     result = replay(settings, args.files, inventory, _Progress())
     if args.inventory is not None:
         result.inventory_file = str(args.inventory)
