@@ -30,6 +30,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.alerts",
     "pipeline.commands.serve",
     "pipeline.commands.backtest",
+    "pipeline.commands.replay",
+    "pipeline.commands.inventory",
+    "pipeline.commands.policy",
 )
 
 

@@ -11,8 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from pipeline import codec
 from pipeline.config import Settings
+from pipeline.inventory import from_fleet
 from pipeline.model import Action, Alert, CapacityEvent, Event, Finding, Proposal, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.score import Score, score
@@ -54,8 +57,14 @@ def run_demo(
     progress: Progress | None = None,
     every: int = 5000,
     faults: Sequence[ForcedFault] = (),
+    inventory: bool = False,
 ) -> DemoResult:
+    """With `inventory`, the simulated fleet's inventory is fed first and enforced, as
+    `fleetpulse inventory load` and `[inventory] enforce` do on Kafka."""
     sim = Simulation(settings.sim, faults)
+    if inventory:
+        membership = msgspec.structs.replace(settings.inventory, enforce=True)
+        settings = msgspec.structs.replace(settings, inventory=membership)
     lake_dir = out_dir / "lake"
     result = DemoResult(
         out_dir, lake_dir, out_dir / "actions.jsonl", sim.ground_truth, sim.node_days
@@ -78,6 +87,8 @@ def run_demo(
             to_lake(suffix, event)
 
         runtime = EmbeddedRuntime(settings, emit)
+        for record in from_fleet(sim.fleet, sim.start_ms) if inventory else []:
+            runtime.feed(record)
         for event in sim.events():
             if isinstance(event, XidEvent | CapacityEvent):
                 to_lake("events.xid" if isinstance(event, XidEvent) else "events.capacity", event)

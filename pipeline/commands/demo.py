@@ -46,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(repeatable; `fleetpulse simulate --list-faults` lists the types)",
     )
     parser.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    parser.add_argument(
+        "--no-inventory",
+        action="store_true",
+        help="do not feed and enforce the simulated fleet's inventory: pools, zones and "
+        "budgets come from telemetry (the behaviour before inventories)",
+    )
     parser.set_defaults(handler=_demo)
 
 
@@ -69,8 +75,14 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         forced = [parse_forced(spec) for spec in args.inject]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if args.no_inventory:
+        print(
+            "fleetpulse demo: no inventory (--no-inventory): pools, zones and budgets come from "
+            "telemetry",
+            file=sys.stderr,
+        )
     started = time.monotonic()
-    result = _run_with_progress(settings, args.out, console, forced)
+    result = _run_with_progress(settings, args.out, console, forced, not args.no_inventory)
     if not args.no_report:
         from pipeline.report import write_report  # DuckDB only when a report is wanted
 
@@ -80,7 +92,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _run_with_progress(
-    settings: Settings, out: Path, console: Console, forced: list[ForcedFault]
+    settings: Settings, out: Path, console: Console, forced: list[ForcedFault], inventory: bool
 ) -> DemoResult:
     total_ms = settings.sim.duration_s * 1000
     columns = (
@@ -103,7 +115,7 @@ def _run_with_progress(
                 task, completed=elapsed_ms, clock=f"{minutes // 60}:{minutes % 60:02d}", stats=stats
             )
 
-        return run_demo(settings, out, update, faults=forced)
+        return run_demo(settings, out, update, faults=forced, inventory=inventory)
 
 
 def _summary(console: Console, result: DemoResult, seconds: float) -> None:

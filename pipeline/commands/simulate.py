@@ -5,9 +5,11 @@
     fleetpulse simulate --to jsonl --out quiet --no-random-faults --inject G8/thermal@60
 
 Outputs: `--to jsonl` writes OUT/events.jsonl (one topic value per line, event-time order),
-OUT/events.truth.jsonl (one injected fault per line) and OUT/fleet.json (nodes, slices, jobs,
-settings); `--to kafka` sends each event to its topic (keyed by node, slice, zone or target,
-acks=all) and writes the ground truth to OUT if given; `--to stdout` prints the events.
+OUT/events.truth.jsonl (one injected fault per line), OUT/fleet.json (nodes, slices, jobs,
+settings) and OUT/inventory.jsonl (one inventory/1 value per node and slice: what
+`fleetpulse inventory load` and `fleetpulse replay --inventory` read); `--to kafka` sends each
+event to its topic (keyed by node, slice, zone or target, acks=all) and writes the ground
+truth, fleet.json and inventory.jsonl to OUT if given; `--to stdout` prints the events.
 Flags override the [sim] section of the config. Same settings and seed: identical output.
 
 Fault specs for --inject: TYPE[/VARIANT]@SECONDS[:TARGET[:DEVICE]], TARGET being a GPU node,
@@ -32,6 +34,8 @@ import msgspec
 from pipeline import codec
 from pipeline.config import Settings, SimSettings
 from pipeline.errors import ConfigError
+from pipeline.inventory import FILE_NAME as INVENTORY_FILE
+from pipeline.inventory import from_fleet, write_inventory
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -269,6 +273,7 @@ def _write_manifest(out: Path, sim: Any) -> None:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "fleet.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_inventory(out / INVENTORY_FILE, from_fleet(fleet, sim.start_ms))
 
 
 def _summary(sim: Any, count: int, elapsed: float, args: argparse.Namespace) -> None:
@@ -289,8 +294,8 @@ def _summary(sim: Any, count: int, elapsed: float, args: argparse.Namespace) -> 
     print(f"injected: {faults}", file=stream)
     if args.out is not None:
         print(
-            f"wrote {args.out}/events.jsonl, events.truth.jsonl, fleet.json"
+            f"wrote {args.out}/events.jsonl, events.truth.jsonl, fleet.json, {INVENTORY_FILE}"
             if args.to == "jsonl"
-            else f"wrote {args.out}/events.truth.jsonl, fleet.json",
+            else f"wrote {args.out}/events.truth.jsonl, fleet.json, {INVENTORY_FILE}",
             file=stream,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from pipeline.config import Settings
 
@@ -30,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    if not settings.inventory.enforce:
+        print(
+            "fleetpulse worker: no inventory enforced ([inventory] enforce = false): pools, zones "
+            "and budgets come from telemetry; see `fleetpulse inventory load`",
+            file=sys.stderr,
+            flush=True,
+        )
     from streams.worker import run  # faust only when a worker runs; pipeline/ never imports it
 
     return run(settings, loglevel=args.loglevel)

@@ -117,6 +117,10 @@ class EmbeddedRuntime:
         self._offset = offset
         self.feed(event)
 
+    def reject(self, topic: str, raw: bytes, offset: int, error: str) -> None:
+        """A record that never reached a topic (a bad line of a recording): a dead letter."""
+        self._dead_letter(topic, raw, offset, None, error)
+
     def finish(self) -> None:
         """End of input: close the utilization windows still open."""
         for key in sorted(self.telemetry):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError
 
 from pipeline.config import KafkaSettings
@@ -73,3 +74,42 @@ def _result(
     count = existing[name]
     note = "" if count == wanted else f"has {count} partitions, wants {wanted}; left unchanged"
     return TopicResult(name, count, created=False, note=note)
+
+
+def require_topic(settings: KafkaSettings, suffix: str) -> str:
+    """The topic's name, once the broker says it exists in the shape its spec wants (compacted
+    where it must be). Checked before producing because a broker that creates topics on first
+    use would make a plain, uncompacted one, and the mistake would only show much later."""
+    spec = next(spec for spec in TOPICS if spec.suffix == suffix)
+    name = topic_name(settings, suffix)
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=settings.bootstrap,
+            client_id=f"{settings.client_id}-admin",
+            request_timeout_ms=30_000,
+        )
+    except KafkaError as exc:
+        raise FleetPulseError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
+    try:
+        if name not in _partition_counts(admin):
+            raise FleetPulseError(
+                f"topic {name} does not exist on {settings.bootstrap}: run `fleetpulse topics "
+                "create` first"
+            )
+        resource = ConfigResource(ConfigResourceType.TOPIC, name)
+        described = admin.describe_configs([resource])
+        policy = _config_value(described, name, "cleanup.policy")
+        wanted = topic_configs(settings, spec)["cleanup.policy"]
+        if policy is not None and wanted not in policy.split(","):
+            raise FleetPulseError(
+                f"topic {name} has cleanup.policy={policy}, FleetPulse needs {wanted}: it was "
+                "not created by `fleetpulse topics create`; fix it before writing to it"
+            )
+    finally:
+        admin.close()
+    return name
+
+
+def _config_value(described: dict[str, Any], name: str, key: str) -> str | None:
+    entry = described.get("topic", {}).get(name, {}).get(key)
+    return None if entry is None else str(entry.get("value"))

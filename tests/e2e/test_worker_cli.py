@@ -69,6 +69,10 @@ def test_missing_topics_are_named_with_the_fix(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "does not exist" in done.stderr and "fleetpulse topics create" in done.stderr
     assert env["FLEETPULSE_KAFKA__TOPIC_PREFIX"] + ".telemetry.gpu" in done.stderr
+    # and it says, first, that without an enforced inventory telemetry names the pools
+    assert done.stderr.startswith("fleetpulse worker: no inventory enforced"), done.stderr
+    enforced = _cli("worker", env={**env, "FLEETPULSE_INVENTORY__ENFORCE": "true"})
+    assert enforced.returncode == 2 and "no inventory" not in enforced.stderr
 
 
 @pytest.mark.kafka

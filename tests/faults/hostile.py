@@ -16,6 +16,7 @@ import msgspec
 
 from pipeline.codec import encode
 from pipeline.config import Settings, SimSettings, load_settings
+from pipeline.inventory import from_fleet
 from pipeline.model import (
     Action,
     Alert,
@@ -52,34 +53,9 @@ def simulate(sim_settings: SimSettings) -> tuple[Simulation, list[Event]]:
 
 
 def inventory_of(fleet: Fleet, ts: int) -> list[Inventory]:
-    """Every GPU node and TPU slice of the simulated fleet, as its owner would list it."""
-    nodes = [
-        Inventory(
-            ts=ts,
-            cluster=node.cluster,
-            kind="node",
-            name=node.name,
-            pool=node.pool,
-            zone=node.zone,
-            accelerator=node.model.gke_accelerator,
-            capacity=len(node.uuids),
-        )
-        for node in fleet.gpu_nodes
-    ]
-    slices = [
-        Inventory(
-            ts=ts,
-            cluster=tpu.cluster,
-            kind="slice",
-            name=tpu.name,
-            pool=tpu.pool,
-            zone=tpu.zone,
-            accelerator="tpu",
-            capacity=len(tpu.coords),
-        )
-        for tpu in fleet.slices
-    ]
-    return nodes + slices
+    """Every GPU node and TPU slice of the simulated fleet, as its owner would list it (the
+    same records `fleetpulse simulate` writes to inventory.jsonl)."""
+    return from_fleet(fleet, ts)
 
 
 @dataclass
