@@ -265,6 +265,7 @@ class Recording(msgspec.Struct, kw_only=True):
 
     records: int = 0
     bad_lines: int = 0
+    bad_reasons: dict[str, int] = {}  # DecodeError.reason -> lines
     first_bad: str = ""
     ignored: int = 0
     findings: int = 0
@@ -293,6 +294,7 @@ def run_recording(path: Path, settings: DetectSettings) -> tuple[list[SeriesResu
                 event = decode(line.strip(), Event)
             except DecodeError as exc:
                 stats.bad_lines += 1
+                stats.bad_reasons[exc.reason] = stats.bad_reasons.get(exc.reason, 0) + 1
                 stats.first_bad = stats.first_bad or f"{path}:{number}: {exc}"
                 continue
             stats.records += 1

@@ -64,7 +64,7 @@ def test_topics_create_is_idempotent_with_the_right_shape(kafka_settings: KafkaS
 def _samples() -> list[tuple[str, Event]]:
     samples = []
     for name, cls in TOPIC_VALUES.items():
-        raw = (schemas_tool.SCHEMA_DIR / "samples" / f"{name}.v1.json").read_bytes()
+        raw = (schemas_tool.SCHEMA_DIR / "samples" / schemas_tool.file_name(cls)).read_bytes()
         samples.append((name, codec.decode(raw, cls)))
     return samples
 
