@@ -53,7 +53,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     recordings: list[bt.Recording] = []
     for path in _inputs(args.files):
         if path.suffix == ".jsonl":
-            found, stats = bt.run_recording(path, settings.detect)
+            found, stats = bt.run_recording(path, settings.detect, settings.kafka.max_value_bytes)
             results.extend(found)
             recordings.append(stats)
         else:
