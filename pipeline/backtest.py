@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from pipeline.codec import decode
+from pipeline.codec import MAX_VALUE_BYTES, decode
 from pipeline.config import DetectSettings
 from pipeline.detect.replay import Detectors
 from pipeline.detect.series import SeriesParams, SeriesState, series_step
@@ -265,6 +265,7 @@ class Recording(msgspec.Struct, kw_only=True):
 
     records: int = 0
     bad_lines: int = 0
+    bad_reasons: dict[str, int] = {}  # DecodeError.reason -> lines
     first_bad: str = ""
     ignored: int = 0
     findings: int = 0
@@ -272,11 +273,14 @@ class Recording(msgspec.Struct, kw_only=True):
     heartbeats: int = 0
 
 
-def run_recording(path: Path, settings: DetectSettings) -> tuple[list[SeriesResult], Recording]:
+def run_recording(
+    path: Path, settings: DetectSettings, max_bytes: int = MAX_VALUE_BYTES
+) -> tuple[list[SeriesResult], Recording]:
     """Replay a JSONL recording of topic values through the device detectors.
 
     Series are targets (node or slice names); flags are unhealthy findings. Lines that do not
-    decode are counted and skipped, as the stream would send them to the dead-letter topic.
+    decode (whatever they hold, `max_bytes` at most) are counted by reason and skipped, as the
+    stream would send them to the dead-letter topic.
     """
     detectors = Detectors(settings)
     results: dict[str, SeriesResult] = {}
@@ -290,9 +294,10 @@ def run_recording(path: Path, settings: DetectSettings) -> tuple[list[SeriesResu
             if not line.strip():
                 continue
             try:
-                event = decode(line.strip(), Event)
+                event = decode(line.strip(), Event, max_bytes)
             except DecodeError as exc:
                 stats.bad_lines += 1
+                stats.bad_reasons[exc.reason] = stats.bad_reasons.get(exc.reason, 0) + 1
                 stats.first_bad = stats.first_bad or f"{path}:{number}: {exc}"
                 continue
             stats.records += 1

@@ -1,7 +1,10 @@
 """Encode and decode topic values; bad input becomes one typed error the runtime routes to the DLQ.
 
-The error message always says which field was wrong, what was expected and what arrived, so
-whoever reads the dead-letter topic can fix the producer without a debugger.
+`decode` turns ANY bytes into a value or a DecodeError, never another exception: a consumer that
+catches DecodeError can dead-letter the record and go on. The error's `reason` says what kind of
+bad it is (see pipeline.errors: tombstone, too_large, too_deep, invalid), and its message says
+which field was wrong, what was expected and what arrived, so whoever reads the dead-letter topic
+can fix the producer without a debugger.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import re
 from typing import Any, TypeVar
 
 import msgspec
+import msgspec.inspect as mi
 
 from pipeline.errors import DecodeError
 from pipeline.model import TOPIC_VALUES, Event
@@ -21,6 +25,8 @@ _GENERIC = msgspec.json.Decoder()
 _PATH_PART = re.compile(r"\.(\w+)|\[(\d+)\]|\[\.\.\.\]")
 _MSGSPEC_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.S)
 _MAX_SHOWN = 80
+# The default size limit, for callers without settings (backtest): KafkaSettings.max_value_bytes.
+MAX_VALUE_BYTES = 1 << 20
 
 
 def _union_decoder() -> msgspec.json.Decoder[Any]:
@@ -39,8 +45,23 @@ def encode(event: Event) -> bytes:
     return _ENCODER.encode(event)
 
 
-def decode(raw: bytes, expected: type[E]) -> E:
-    """Decode one topic value of type `expected`, or raise DecodeError saying what is wrong."""
+def decode(raw: bytes | None, expected: type[E], max_bytes: int = MAX_VALUE_BYTES) -> E:
+    """Decode one topic value of type `expected`, or raise DecodeError saying what is wrong.
+
+    Whatever `raw` holds: None (a tombstone), more than `max_bytes`, nesting too deep for the
+    parser, invalid UTF-8 or plain garbage all end as a DecodeError with its `reason`."""
+    if raw is None:
+        raise DecodeError(
+            field="$", expected="a JSON object", got="a null value (tombstone)", reason="tombstone"
+        )
+    if len(raw) > max_bytes:
+        # refused before parsing: a huge value costs memory and time even when it is garbage
+        raise DecodeError(
+            field="$",
+            expected=f"at most {max_bytes} bytes (kafka.max_value_bytes)",
+            got=f"{len(raw)} bytes",
+            reason="too_large",
+        )
     try:
         event = _DECODER.decode(raw)
     except msgspec.ValidationError as exc:
@@ -49,6 +70,10 @@ def decode(raw: bytes, expected: type[E]) -> E:
         raise DecodeError(
             field="$", expected="a JSON object", got=_near_error(raw, str(exc))
         ) from None
+    except RecursionError:
+        # msgspec guards its recursion with the interpreter's limit: a few kB of brackets
+        # reach it. Our values nest a handful of levels, so this is never a real record.
+        raise _too_deep(raw) from None
     if not isinstance(event, expected):
         raise DecodeError(
             field="$.schema",
@@ -56,6 +81,15 @@ def decode(raw: bytes, expected: type[E]) -> E:
             got=repr(event.__struct_config__.tag),
         )
     return event
+
+
+def _too_deep(raw: bytes) -> DecodeError:
+    return DecodeError(
+        field="$",
+        expected="a JSON object nested a few levels deep",
+        got=f"{_shown(raw)} (nesting beyond the parser's recursion limit)",
+        reason="too_deep",
+    )
 
 
 def _validation_error(raw: bytes, message: str) -> DecodeError:
@@ -68,6 +102,10 @@ def _validation_error(raw: bytes, message: str) -> DecodeError:
         return DecodeError(field=field, expected="a value (required field)", got="nothing")
     if what.startswith("Invalid value") and path == "$.schema":
         return DecodeError(field=path, expected="a known '<name>/<version>' schema", got=what[14:])
+    if what.startswith("Invalid enum value "):
+        # "Invalid enum value 'zap'": say which values the field takes
+        got = what.removeprefix("Invalid enum value ")
+        return DecodeError(field=path, expected=_allowed_at(raw, path), got=got)
     if ": expected " in what:
         # raised by a model's __post_init__: "<where>: expected ..., got ..."
         where, _, rest = what.partition(": expected ")
@@ -78,14 +116,24 @@ def _validation_error(raw: bytes, message: str) -> DecodeError:
             field=path, expected="a finite number", got="a number beyond float range"
         )
     expected, _, got_type = what.removeprefix("Expected ").partition(", got ")
-    got = _value_at(raw, path)
+    try:
+        got = _value_at(raw, path)
+    except RecursionError:  # valid at the top, too deep further down: decoded generically here
+        return _too_deep(raw)
     return DecodeError(field=path, expected=expected, got=f"{got_type} {got}" if got_type else got)
 
 
-def _value_at(raw: bytes, path: str) -> str:
+def _generic(raw: bytes) -> Any:
+    """The value as plain JSON, or None when it is not JSON (RecursionError passes through)."""
     try:
-        node: Any = _GENERIC.decode(raw)
+        return _GENERIC.decode(raw)
     except (msgspec.DecodeError, ValueError):
+        return None
+
+
+def _value_at(raw: bytes, path: str) -> str:
+    node: Any = _generic(raw)
+    if node is None:
         return _shown(raw)
     for name, index in (m.groups() for m in _PATH_PART.finditer(path[1:])):
         if name is not None and isinstance(node, dict):
@@ -97,6 +145,39 @@ def _value_at(raw: bytes, path: str) -> str:
         else:
             return "nothing"
     return _shown(_ENCODER.encode(node))
+
+
+def _allowed_at(raw: bytes, path: str) -> str:
+    """"one of 'a', 'b'": the values of the Literal field at `path` of the value's own type."""
+    try:
+        tag = _generic(raw).get("schema")
+    except (AttributeError, RecursionError):
+        tag = None
+    cls = next((c for c in TOPIC_VALUES.values() if c.__struct_config__.tag == tag), None)
+    if cls is None:
+        return "a known value"
+    node: Any = mi.type_info(cls)
+    for name, index in (m.groups() for m in _PATH_PART.finditer(path[1:])):
+        node = _inner(node)
+        if name is not None and isinstance(node, mi.StructType):
+            node = next((f.type for f in node.fields if f.encode_name == name), None)
+        elif index is not None and isinstance(node, mi.ListType):
+            node = node.item_type
+        elif isinstance(node, mi.DictType):
+            node = node.value_type
+        else:
+            return "a known value"
+    node = _inner(node)
+    if not isinstance(node, mi.LiteralType):
+        return "a known value"
+    return "one of " + ", ".join(repr(value) for value in node.values)
+
+
+def _inner(node: Any) -> Any:
+    # `X | None` and Annotated wrappers: the part that is not None
+    if isinstance(node, mi.UnionType):
+        return next((t for t in node.types if not isinstance(t, mi.NoneType)), node)
+    return node
 
 
 def _near_error(raw: bytes, message: str) -> str:

@@ -37,6 +37,11 @@ class KafkaSettings(Section, frozen=True):
     replication: PositiveInt = 1
     retention_ms: PositiveInt = 7 * 24 * 3600 * 1000
     topic_prefix: str = "fleet"
+    # Every consumer refuses a value larger than this before parsing it (a dead letter with
+    # reason "too_large"): our largest values, a big node's GPU scrape, are tens of kB, and a
+    # runaway producer must not cost a consumer its memory. The broker's own limit
+    # (message.max.bytes, 1 MiB by default) usually stops larger ones first.
+    max_value_bytes: PositiveInt = 1 << 20
 
 
 class MetricsSettings(Section, frozen=True):

@@ -21,11 +21,17 @@ class ConfigError(FleetPulseError):
 class DecodeError(FleetPulseError):
     """A record does not match its schema.
 
-    Carries the field path, what was expected and what arrived, so a dead letter explains itself.
+    Carries the field path, what was expected and what arrived, so a dead letter explains itself,
+    and a short machine-readable `reason` for metrics and the dead letter's `reason` field:
+    "tombstone" (a null value), "too_large" (over kafka.max_value_bytes), "too_deep" (nesting
+    beyond the parser's limit) or "invalid" (anything else: not JSON, not UTF-8, wrong schema).
     """
 
-    def __init__(self, field: str, expected: str, got: str, detail: str = "") -> None:
+    def __init__(
+        self, field: str, expected: str, got: str, detail: str = "", reason: str = "invalid"
+    ) -> None:
         self.field, self.expected, self.got, self.detail = field, expected, got, detail
+        self.reason = reason
         extra = f" ({detail})" if detail else ""
         super().__init__(f"{field}: expected {expected}, got {got}{extra}")
 

@@ -386,8 +386,12 @@ class Utilization(Event, frozen=True, kw_only=True, tag_field="schema", tag="uti
     samples: Annotated[int, Meta(ge=1)]
 
 
-class DeadLetter(Event, frozen=True, kw_only=True, tag_field="schema", tag="dead_letter/1"):
-    """A record that could not be processed (fleet.dlq): coordinates, reason, raw bytes."""
+class DeadLetter(Event, frozen=True, kw_only=True, tag_field="schema", tag="dead_letter/2"):
+    """A record that could not be processed (fleet.dlq): coordinates, reason, raw bytes.
+
+    v2 adds `reason`, short and machine-readable: "tombstone", "too_large", "too_deep",
+    "invalid" (pipeline.errors.DecodeError), "error" (a stage raised), the door's refusals
+    (ahead, behind, late, inventory_mismatch), "refused" (an alert sink said no for good)."""
 
     ts: TimestampMs
     topic: ShortText
@@ -396,6 +400,7 @@ class DeadLetter(Event, frozen=True, kw_only=True, tag_field="schema", tag="dead
     key: ShortText | None
     error: Text
     raw_b64: str
+    reason: Annotated[str, Meta(max_length=64)] = ""
 
 
 INPUT_TYPES: tuple[type[Event], ...] = (

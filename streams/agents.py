@@ -273,13 +273,15 @@ def handle_record(ctx: Context, agent: str, handler: Handler, record: Record) ->
         if value is None and record.value is None and record.topic == ctx.name(INVENTORY):
             raise _TombstoneError  # normal on a compacted topic: the target left the inventory
         if value is None:
-            value = decode_value(record, ctx.value_types[record.topic])
+            limit = ctx.settings.kafka.max_value_bytes
+            value = decode_value(record, ctx.value_types[record.topic], limit)
         return handler(ctx, record, value)
     except _TombstoneError:
+        ctx.metrics.tombstones.labels(record.topic).inc()
         return handle_inventory(ctx, record, None)
     except DecodeError as exc:
         ctx.drop_cache()  # only raised before any state is touched, but cheap to be sure
-        return [ctx.send_dead_letter(record, str(exc), "invalid")]
+        return [ctx.send_dead_letter(record, str(exc), exc.reason)]
     except Exception as exc:
         log.exception("%s: record %s[%d]@%d", agent, record.topic, record.partition, record.offset)
         ctx.metrics.errors.labels(agent).inc()
@@ -313,8 +315,9 @@ class Stage:
             self.process([(record, ack)])
             return
         try:
-            value = decode_value(record, ctx.value_types[record.topic])
-        except DecodeError:
+            limit = ctx.settings.kafka.max_value_bytes
+            value = decode_value(record, ctx.value_types[record.topic], limit)
+        except Exception:  # handle_record makes it a dead letter with the reason
             self.process([(record, ack)])  # order is moot: it goes to the dead letters
             return
         ctx.decoded[(record.topic, record.partition, record.offset)] = value

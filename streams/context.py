@@ -166,7 +166,7 @@ class Context:
         log.warning(
             "dead letter from %s[%d]@%d: %s", record.topic, record.partition, record.offset, error
         )
-        letter = dead_letter(record, error)
+        letter = dead_letter(record, error, reason)
         key = "" if record.key is None else record.key.decode("utf-8", errors="replace")
         return self.send("dlq", key, letter)
 

@@ -32,9 +32,15 @@ class WorkerMetrics:
         )
         self.dead_letters = Counter(
             "fleetpulse_worker_dead_letters",
-            "Records sent to the dead-letter topic, by reason (invalid, error, and the door's: "
-            "ahead, behind, late, inventory_mismatch)",
+            "Records sent to the dead-letter topic, by reason (tombstone, too_large, too_deep, "
+            "invalid, error, and the door's: ahead, behind, late, inventory_mismatch)",
             ["topic", "reason"],
+            registry=r,
+        )
+        self.tombstones = Counter(
+            "fleetpulse_worker_tombstones",
+            "Null values on the compacted inventory topic (a target left): processed, not errors",
+            ["topic"],
             registry=r,
         )
         self.unknown_targets = Counter(

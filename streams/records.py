@@ -7,18 +7,14 @@ goes on. Nothing here talks to Kafka; the agents pass in what faust hands them.
 
 from __future__ import annotations
 
-import base64
 from typing import Protocol, TypeVar
 
-from pipeline.codec import decode
+from pipeline import deadletter
+from pipeline.codec import MAX_VALUE_BYTES, decode
 from pipeline.errors import DecodeError
 from pipeline.model import DeadLetter, Event
 
 E = TypeVar("E", bound=Event)
-
-_MAX_KEY = 256  # DeadLetter.key is ShortText
-_MAX_ERROR = 4096  # DeadLetter.error is Text
-_NO_TIMESTAMP_MS = 1_000_000_000_000  # the smallest TimestampMs: "the record had none"
 
 
 class Record(Protocol):
@@ -32,11 +28,10 @@ class Record(Protocol):
     value: bytes | None
 
 
-def decode_value(record: Record, expected: type[E]) -> E:
-    """The record's value as `expected`, or DecodeError naming what is wrong (tombstones too)."""
-    if record.value is None:
-        raise DecodeError(field="$", expected="a JSON object", got="a null value (tombstone)")
-    return decode(record.value, expected)
+def decode_value(record: Record, expected: type[E], max_bytes: int = MAX_VALUE_BYTES) -> E:
+    """The record's value as `expected`, or DecodeError naming what is wrong (tombstones too:
+    reason "tombstone")."""
+    return decode(record.value, expected, max_bytes)
 
 
 def key_text(record: Record) -> str | None:
@@ -56,18 +51,18 @@ def check_key(record: Record, expected: str, what: str) -> None:
         )
 
 
-def dead_letter(record: Record, error: str) -> DeadLetter:
+def dead_letter(record: Record, error: str, reason: str) -> DeadLetter:
     """A DeadLetter for `record`; its ts is the record's broker timestamp, so a replay of the
     same bad record produces the same letter."""
-    key = key_text(record)
-    return DeadLetter(
-        ts=max(_NO_TIMESTAMP_MS, int(record.timestamp * 1000)),
+    return deadletter.dead_letter(
+        ts_ms=int(record.timestamp * 1000),
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
-        key=None if key is None else key[:_MAX_KEY],
-        error=error[:_MAX_ERROR],
-        raw_b64=base64.b64encode(record.value or b"").decode("ascii"),
+        key=record.key,
+        raw=record.value,
+        error=error,
+        reason=reason,
     )
 
 

@@ -5,13 +5,13 @@ each sink has either answered 2xx or refused the payload for good (4xx: the aler
 fleet.dlq with the sink's answer). When a sink is unreachable or answers 5xx after its
 retries, nothing is committed: the consumer seeks back to the batch and tries again after a
 backoff, so an outage delays alerts but never drops them. Records that do not decode go to
-fleet.dlq. Repeats of the same alert within a batch are sent once.
+fleet.dlq with their reason; null values (tombstones) are counted and skipped. Repeats of the
+same alert within a batch are sent once.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import logging
 import threading
 import time
@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from pipeline.codec import decode, encode
 from pipeline.config import Settings
+from pipeline.deadletter import dead_letter
 from pipeline.errors import ConfigError, DecodeError
 from pipeline.model import Alert, DeadLetter
 from pipeline.runtime.topics import topic_name
@@ -96,6 +97,7 @@ class RunStats:
     batches: int = 0
     alerts: int = 0
     dead_letters: int = 0
+    tombstones: int = 0  # null values: nothing to deliver, not an error
     retries: int = 0
 
 
@@ -161,12 +163,20 @@ def _handle(
 ) -> bool:
     alerts: list[Alert] = []
     dead: list[DeadLetter] = []
+    tombstones = 0
     now_ms = int(time.time() * 1000)
+    limit = settings.kafka.max_value_bytes
+    decoded: set[tuple[str, int, int]] = set()  # the records that are alerts
     for record in records:
         try:
-            alerts.append(decode(record.value, Alert))
+            alerts.append(decode(record.value, Alert, limit))
         except DecodeError as exc:
-            dead.append(_dead_letter(record, str(exc), now_ms))
+            if exc.reason == "tombstone":
+                tombstones += 1
+            else:
+                dead.append(_dead_letter(record, str(exc), exc.reason, now_ms))
+        else:
+            decoded.add((record.topic, record.partition, record.offset))
     batch = unique_alerts(alerts)
     try:
         outcome = deliver_to_all(batch, sinks)
@@ -175,33 +185,30 @@ def _handle(
         return False
     for name, error in outcome.refused:
         log.error("%s refused %d alerts: %s", name, len(batch), error)
-        dead += [_dead_letter(r, f"{name}: {error}", now_ms) for r in records if _is_alert(r)]
+        dead += [
+            _dead_letter(r, f"{name}: {error}", "refused", now_ms)
+            for r in records
+            if (r.topic, r.partition, r.offset) in decoded
+        ]
     dlq = topic_name(settings.kafka, "dlq")
     for letter in dead:
         producer.send(dlq, value=encode(letter)).get(timeout=30)
     stats.alerts += len(batch)
     stats.dead_letters += len(dead)
+    stats.tombstones += tombstones
     return True
 
 
-def _is_alert(record: Any) -> bool:
-    try:
-        decode(record.value, Alert)
-    except DecodeError:
-        return False
-    return True
-
-
-def _dead_letter(record: Any, error: str, now_ms: int) -> DeadLetter:
-    key = record.key.decode("utf-8", errors="replace")[:256] if record.key else None
-    return DeadLetter(
-        ts=now_ms,
+def _dead_letter(record: Any, error: str, reason: str, now_ms: int) -> DeadLetter:
+    return dead_letter(
+        ts_ms=now_ms,
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
-        key=key,
-        error=error[:4096],
-        raw_b64=base64.b64encode(record.value or b"").decode("ascii"),
+        key=record.key,
+        raw=record.value,
+        error=error,
+        reason=reason,
     )
 
 
@@ -238,6 +245,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     run_alerts(settings, sinks, idle_exit_s=args.idle_exit, stats=stats)
     print(
         f"alerts: {stats.alerts} delivered in {stats.batches} batches, "
-        f"{stats.dead_letters} dead letters, {stats.retries} retried batches"
+        f"{stats.dead_letters} dead letters, {stats.tombstones} tombstones skipped, "
+        f"{stats.retries} retried batches"
     )
     return 0

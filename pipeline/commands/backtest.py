@@ -53,7 +53,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     recordings: list[bt.Recording] = []
     for path in _inputs(args.files):
         if path.suffix == ".jsonl":
-            found, stats = bt.run_recording(path, settings.detect)
+            found, stats = bt.run_recording(path, settings.detect, settings.kafka.max_value_bytes)
             results.extend(found)
             recordings.append(stats)
         else:
@@ -171,8 +171,11 @@ def _print_text(
             hits = sum(hit is not None for hit in result.hits)
             print(f"  windows hit {hits}/{len(result.windows)}, false alarms {result.false_alarms}")
     for rec in recordings:
+        reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(rec.bad_reasons.items()))
         print(
-            f"recording: {rec.records} records, {rec.bad_lines} undecodable lines, "
+            f"recording: {rec.records} records, {rec.bad_lines} undecodable lines"
+            + (f" ({reasons})" if reasons else "")
+            + ", "
             f"{rec.findings} findings, {rec.clears} clears, {rec.heartbeats} heartbeats"
             + (f"; first bad line {rec.first_bad}" if rec.first_bad else "")
         )

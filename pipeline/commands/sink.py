@@ -34,5 +34,6 @@ def _lake(args: argparse.Namespace, settings: Settings) -> int:
     root = args.to or settings.lake.path
     stats = run_until_signalled(settings, root, args.exit_when_idle)
     print(f"lake sink: {stats.records} records, {stats.rows} rows in {stats.files} files, "
-          f"{stats.dead_letters} dead letters, {stats.commits} commits → {root}")
+          f"{stats.dead_letters} dead letters, {stats.tombstones} tombstones skipped, "
+          f"{stats.commits} commits → {root}")
     return 0

@@ -8,7 +8,6 @@ writes them to the lake; tests collect them.
 
 from __future__ import annotations
 
-import base64
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -16,10 +15,10 @@ from typing import NamedTuple
 from pipeline import guard, health, policy
 from pipeline.codec import decode, encode
 from pipeline.config import Settings
+from pipeline.deadletter import dead_letter
 from pipeline.errors import DecodeError
 from pipeline.model import (
     CapacityEvent,
-    DeadLetter,
     Event,
     Finding,
     GpuSample,
@@ -107,12 +106,21 @@ class EmbeddedRuntime:
             self.feed(event)
         self.finish()
 
-    def feed_raw(self, topic_suffix: str, raw: bytes, offset: int, key: str | None = None) -> None:
-        """Decode like a Kafka consumer would; bad records become dead letters, never errors."""
+    def feed_raw(
+        self, topic_suffix: str, raw: bytes | None, offset: int, key: str | None = None
+    ) -> None:
+        """Decode like a Kafka consumer would; bad records become dead letters, never errors.
+        A tombstone on the compacted inventory topic is a target leaving it, as in the worker."""
+        limit = self.settings.kafka.max_value_bytes
         try:
-            event = decode(raw, _VALUE_BY_SUFFIX[topic_suffix])
+            event = decode(raw, _VALUE_BY_SUFFIX[topic_suffix], limit)
         except DecodeError as exc:
-            self._dead_letter(topic_suffix, raw, offset, key, str(exc))
+            if exc.reason == "tombstone" and topic_suffix == "inventory" and key is not None:
+                self.counts["tombstones"] += 1
+                self.telemetry[key] = route.on_inventory(self.telemetry.get(key), None)
+                return
+            self.counts[f"dead.{exc.reason}"] += 1
+            self._dead_letter(topic_suffix, raw, offset, key, str(exc), exc.reason)
             return
         self._offset = offset
         self.feed(event)
@@ -163,7 +171,8 @@ class EmbeddedRuntime:
             self.counts[f"refused.{refusal.reason if refusal else 'unknown'}"] += 1
             suffix = _SUFFIX_BY_VALUE[type(event)]
             message = refusal.message if refusal else "refused"
-            self._dead_letter(suffix, encode(event), self._offset, key, message)
+            reason = refusal.reason if refusal else "refused"
+            self._dead_letter(suffix, encode(event), self._offset, key, message, reason)
             return
         if self.settings.inventory.enforce and state.inventory is None:
             self.counts["unknown_target"] += 1  # processed; never removed (guard.py)
@@ -217,17 +226,18 @@ class EmbeddedRuntime:
         return [_Work("health", action, pool) for action in actions]
 
     def _dead_letter(
-        self, suffix: str, raw: bytes, offset: int, key: str | None, error: str
+        self, suffix: str, raw: bytes | None, offset: int, key: str | None, error: str, reason: str
     ) -> None:
         ticked = [clock.ticked for clock in self.clocks.values() if clock.ticked is not None]
-        letter = DeadLetter(
-            ts=max(ticked, default=1_000_000_000_000),
+        letter = dead_letter(
+            ts_ms=max(ticked, default=0),
             topic=suffix,
             partition=0,
             offset=offset,
             key=key,
+            raw=raw,
             error=error,
-            raw_b64=base64.b64encode(raw).decode(),
+            reason=reason,
         )
         self._emit("dlq", letter)
 

@@ -8,7 +8,6 @@ rebalance the sink flushes and commits what it holds before giving partitions aw
 
 from __future__ import annotations
 
-import base64
 import logging
 import signal
 import threading
@@ -22,9 +21,9 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from pipeline.codec import decode, encode
 from pipeline.config import Settings
+from pipeline.deadletter import dead_letter
 from pipeline.errors import DecodeError
-from pipeline.model import DeadLetter
-from pipeline.runtime.topics import topic_name
+from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.selfmetrics import serve_stats
 from pipeline.sinks.lake import LakeWriter, Positions
 from pipeline.sinks.lake_tables import TABLES, TableSpec
@@ -37,6 +36,7 @@ class SinkStats:
     records: int = 0
     rows: int = 0
     dead_letters: int = 0
+    tombstones: int = 0  # null values on a compacted topic (node-state): skipped, not errors
     commits: int = 0
     files: int = 0
     tables: dict[str, int] = field(default_factory=dict)
@@ -52,6 +52,9 @@ class LakeSink:
         self.stop = threading.Event()
         self._tables: dict[str, TableSpec] = {
             topic_name(settings.kafka, spec.topic_suffix): spec for spec in TABLES.values()
+        }
+        self._compacted_topics = {
+            topic_name(settings.kafka, spec.suffix) for spec in TOPICS if spec.compacted
         }
         self._positions: Positions = {}
         self.last_activity = time.monotonic()
@@ -108,35 +111,46 @@ class LakeSink:
         source = (record.topic, record.partition, record.offset)
         self.stats.records += 1
         try:
-            event = decode(record.value, spec.event)
+            event = decode(record.value, spec.event, self.settings.kafka.max_value_bytes)
         except DecodeError as exc:
-            self._dead_letter(record, str(exc))
+            if exc.reason == "tombstone" and self._compacted(record.topic):
+                self.stats.tombstones += 1  # compaction's delete marker: there is no row
+            else:
+                self._dead_letter(record, str(exc), exc.reason)
         else:
             self.writer.add(spec.name, event, source)
             self.stats.tables[spec.name] = self.stats.tables.get(spec.name, 0) + 1
         self._positions[(record.topic, record.partition)] = record.offset + 1
 
-    def _dead_letter(self, record: Any, error: str) -> None:
+    def _compacted(self, topic: str) -> bool:
+        return topic in self._compacted_topics
+
+    def _dead_letter(self, record: Any, error: str, reason: str) -> None:
         assert self._producer is not None
-        key = record.key.decode("utf-8", errors="replace")[:256] if record.key else None
         # the broker's timestamp; a record without a sane one gets the time we saw it
         stamp = record.timestamp or 0
         ts = stamp if stamp >= 10**12 else int(time.time() * 1000)
-        letter = DeadLetter(
-            ts=ts,
+        letter = dead_letter(
+            ts_ms=ts,
             topic=record.topic,
             partition=record.partition,
             offset=record.offset,
-            key=key,
+            key=record.key,
+            raw=record.value,
             error=error,
-            raw_b64=base64.b64encode(record.value or b"").decode(),
+            reason=reason,
         )
         self._producer.send(
             topic_name(self.settings.kafka, "dlq"), value=encode(letter), key=record.key
         )
         self.stats.dead_letters += 1
         log.warning(
-            "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, error
+            "dead letter %s[%d]@%d (%s): %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            reason,
+            error[:500],
         )
 
     def commit(self) -> None:

@@ -7,12 +7,12 @@ source name in place of a topic (they never were on one) and partition/offset -1
 
 from __future__ import annotations
 
-import base64
 import sys
 import time
 from collections.abc import Sequence
 from typing import IO
 
+from pipeline import deadletter
 from pipeline.codec import encode
 from pipeline.config import KafkaSettings
 from pipeline.errors import SourceError
@@ -27,14 +27,15 @@ _SEND_TIMEOUT_S = 30.0
 
 
 def dead_letter(source: str, bad: BadRecord, now_ms: int) -> DeadLetter:
-    return DeadLetter(
-        ts=now_ms,
+    return deadletter.dead_letter(
+        ts_ms=now_ms,
         topic=f"source.{source}",
         partition=-1,
         offset=-1,
         key=None,
+        raw=bad.raw,
         error=str(bad.error),
-        raw_b64=base64.b64encode(bad.raw).decode("ascii"),
+        reason=bad.error.reason,
     )
 
 

@@ -68,7 +68,7 @@ def test_topics_create_is_idempotent_with_the_right_shape(kafka_settings: KafkaS
 def _samples() -> list[tuple[str, Event]]:
     samples = []
     for name, cls in TOPIC_VALUES.items():
-        raw = (schemas_tool.SCHEMA_DIR / "samples" / f"{name}.v1.json").read_bytes()
+        raw = (schemas_tool.SCHEMA_DIR / "samples" / schemas_tool.file_name(cls)).read_bytes()
         samples.append((name, codec.decode(raw, cls)))
     return samples
 
@@ -120,4 +120,4 @@ def test_json_values_are_plain_utf8_objects(kafka_settings: KafkaSettings) -> No
     # Consumers in other languages read these bytes with a JSON parser and the schema files.
     for name, event in _samples():
         body = json.loads(codec.encode(event).decode("utf-8"))
-        assert body["schema"] == f"{name}/1"
+        assert body["schema"] == schemas_tool.schema_tag(TOPIC_VALUES[name])

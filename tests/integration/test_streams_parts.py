@@ -148,17 +148,19 @@ def test_a_dead_letter_carries_the_coordinates_the_bytes_and_the_reason() -> Non
     record = _Record()
     with pytest.raises(DecodeError) as raised:
         decode_value(record, NodeState)
-    letter = dead_letter(record, str(raised.value))
+    letter = dead_letter(record, str(raised.value), raised.value.reason)
     assert (letter.topic, letter.partition, letter.offset, letter.key) == (
         "p.telemetry.gpu", 2, 41, "node-1"
     )  # fmt: skip
     assert base64.b64decode(letter.raw_b64) == record.value
     assert letter.ts == 1_767_225_600_500 and "$.ts" in letter.error
-    with pytest.raises(DecodeError, match="tombstone"):
+    assert letter.reason == "invalid"
+    with pytest.raises(DecodeError, match="tombstone") as raised:
         decode_value(_Record(value=None), NodeState)
+    assert raised.value.reason == "tombstone"
     with pytest.raises(DecodeError, match="keys decide partitions"):
         check_key(_Record(key=b"node-2"), "node-1", "node")
-    assert dead_letter(_Record(key=None, value=None), "x").raw_b64 == ""
+    assert dead_letter(_Record(key=None, value=None), "x", "tombstone").raw_b64 == ""
 
 
 def test_the_settler_acks_only_what_the_broker_acknowledged() -> None:

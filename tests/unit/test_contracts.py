@@ -21,11 +21,12 @@ NAMES = sorted(TOPIC_VALUES)
 
 
 def _schema(name: str) -> dict[str, Any]:
-    return json.loads((SCHEMAS / f"{name}.v1.json").read_text())
+    return json.loads((SCHEMAS / schemas_tool.file_name(TOPIC_VALUES[name])).read_text())
 
 
 def _sample(name: str) -> dict[str, Any]:
-    return json.loads((SCHEMAS / "samples" / f"{name}.v1.json").read_text())
+    path = SCHEMAS / "samples" / schemas_tool.file_name(TOPIC_VALUES[name])
+    return json.loads(path.read_text())
 
 
 def test_committed_schemas_match_the_model() -> None:
@@ -40,7 +41,7 @@ def test_committed_schemas_match_the_model() -> None:
 def test_every_topic_value_has_a_schema_and_a_sample() -> None:
     files = {p.name for p in SCHEMAS.glob("*.v*.json")}
     samples = {p.name for p in (SCHEMAS / "samples").glob("*.json")}
-    expected = {f"{name}.v1.json" for name in NAMES}
+    expected = {schemas_tool.file_name(TOPIC_VALUES[name]) for name in NAMES}
     assert files == expected
     assert samples == expected
 

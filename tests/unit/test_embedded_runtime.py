@@ -10,13 +10,13 @@ from pipeline import codec
 from pipeline.config import load_settings
 from pipeline.model import Action, CapacityEvent, Event, GpuSample, NodeState, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime, collect
-from pipeline.schemas_tool import SCHEMA_DIR
+from pipeline.schemas_tool import SCHEMA_DIR, file_name
 
 SETTINGS = load_settings(environ={})
 
 
 def _sample(name: str, cls: type[Event]) -> Event:
-    return codec.decode((SCHEMA_DIR / "samples" / f"{name}.v1.json").read_bytes(), cls)
+    return codec.decode((SCHEMA_DIR / "samples" / file_name(cls)).read_bytes(), cls)
 
 
 def _fatal_xid_run(node: str = "gke-a3-mega-pool-7c1f-k2x9") -> list[Event]:

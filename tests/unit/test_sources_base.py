@@ -147,5 +147,5 @@ def test_keys_and_dead_letters() -> None:
     StdoutPublisher(out).publish("xid", [XID], [bad])
     first, second = out.getvalue().splitlines()
     assert decode(first.encode(), XidEvent) == XID
-    assert json.loads(second)["schema"] == "dead_letter/1"
+    assert json.loads(second)["schema"] == "dead_letter/2"
     assert decode(second.encode(), DeadLetter).topic == "source.xid"
