@@ -127,7 +127,7 @@ class EmbeddedRuntime:
 
     def reject(self, topic: str, raw: bytes, offset: int, error: str) -> None:
         """A record that never reached a topic (a bad line of a recording): a dead letter."""
-        self._dead_letter(topic, raw, offset, None, error)
+        self._dead_letter(topic, raw, offset, None, error, "invalid")
 
     def finish(self) -> None:
         """End of input: close the utilization windows still open."""

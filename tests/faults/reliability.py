@@ -30,7 +30,9 @@ def record(suite: str, scenario: str, figures: dict[str, int | float | str]) -> 
     """Keep one scenario's measured figures (called by the scenario tests)."""
     if suite not in SUITES:
         raise ValueError(f"suite must be one of {SUITES}, got {suite!r}")
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{suite}-{scenario}".lower()).strip("-")
+    # "+1 day" and "-1 day" are two scenarios: keep the signs apart in the file name
+    named = f"{suite}-{scenario}".lower().replace("+", " plus ").replace("-1", " minus 1")
+    slug = re.sub(r"[^a-z0-9]+", "-", named).strip("-")
     folder = results_dir()
     folder.mkdir(parents=True, exist_ok=True)
     document = {"suite": suite, "scenario": scenario, "figures": figures}

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from pipeline.config import PolicySettings, load_settings
 from pipeline.model import Action, Event, GpuSample, Inventory
+from tests.faults import reliability
 from tests.faults.hostile import (
     DAY,
     MINUTE,
@@ -33,6 +34,7 @@ from tests.faults.hostile import (
     zeroed,
 )
 
+_SEEN: Counter[str] = Counter()  # over the examples run, for the Reliability table
 MINUTES = 20
 NODES = 24
 
@@ -45,8 +47,8 @@ def _fleet() -> tuple[int, tuple[Event, ...], tuple[Inventory, ...]]:
 
 _node = st.integers(0, NODES - 1)
 _minute = st.integers(2, MINUTES - 2)
-_ops = st.one_of(
-    st.tuples(st.just("fatal"), _node, _minute),
+_fatal = st.tuples(st.just("fatal"), _node, _minute)  # a real fault on a real node
+_hostile_ops = st.one_of(
     st.tuples(st.just("hop"), _node, _minute, st.integers(0, 5)),
     st.tuples(st.just("ghost"), _node, _minute, st.integers(1, 30)),
     st.tuples(st.just("twin"), _node, _minute),
@@ -121,9 +123,15 @@ def _limits(policy: PolicySettings, inventory: tuple[Inventory, ...]) -> tuple[
     )
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(_ops, min_size=1, max_size=8))
-def test_removals_stay_within_every_cap_and_the_inventory(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    valid=st.lists(_fatal, max_size=12, unique_by=lambda op: op[1]),
+    hostile=st.lists(_hostile_ops, max_size=5),
+)
+def test_removals_stay_within_every_cap_and_the_inventory(
+    valid: list[tuple], hostile: list[tuple]  # type: ignore[type-arg]
+) -> None:
+    ops = [*valid, *hostile]
     _, _, inventory = _fleet()
     config = load_settings(environ={})
     pool_cap, zone_cap, fleet_cap = _limits(config.policy, inventory)
@@ -131,6 +139,7 @@ def test_removals_stay_within_every_cap_and_the_inventory(ops: list[tuple]) -> N
     outcome = run(_hostile(ops), list(inventory), config)
 
     out: set[tuple[str, str]] = set()
+    peak = 0
     for action in outcome.of("actions"):
         assert isinstance(action, Action)
         key = (action.target.cluster, action.target.name)
@@ -139,6 +148,7 @@ def test_removals_stay_within_every_cap_and_the_inventory(ops: list[tuple]) -> N
             continue
         assert key in known, f"{action.kind} of {key}, which the inventory does not list"
         out.add(key)
+        peak = max(peak, len(out))
         members = [known[k] for k in out]
         by_pool = Counter((m.cluster, m.pool) for m in members)
         by_zone = Counter(m.zone for m in members)
@@ -148,3 +158,12 @@ def test_removals_stay_within_every_cap_and_the_inventory(ops: list[tuple]) -> N
         for zone, n in by_zone.items():
             assert n <= zone_cap[zone], f"zone {zone}: {n} out, cap {zone_cap[zone]}: {ops}"
     assert outcome.lost == 0
+    _SEEN["examples"] += 1
+    _SEEN["removals"] += len(outcome.removals)
+    _SEEN["hostile records"] += len(hostile)
+    _SEEN["most out at once"] = max(_SEEN["most out at once"], peak)
+    reliability.record(
+        "input",
+        "random mixes of hostile and valid records (hypothesis)",
+        {**_SEEN, "above a cap": 0, "unknown target removed": 0, "lost": 0},
+    )
