@@ -113,8 +113,16 @@ def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
         bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3
     )
     base = load_settings(environ={})
+    # The fleet-wide cap (cap_floor 3 of this 10-target fleet) would bind at the 4th removal,
+    # and the policy stage admits proposals from different partitions in arrival order, not
+    # event-time order: which one gets the last slot is not reproducible against the embedded
+    # runtime (both are within the caps; test_fail_safe_property covers the caps). Here the cap
+    # leaves room, so every difference is a real one.
     settings = msgspec.structs.replace(
-        base, kafka=kafka, inventory=msgspec.structs.replace(base.inventory, enforce=True)
+        base,
+        kafka=kafka,
+        inventory=msgspec.structs.replace(base.inventory, enforce=True),
+        policy=msgspec.structs.replace(base.policy, cap_floor=5),
     )
     sim = scenario()
     clean = list(sim.events())
@@ -126,7 +134,9 @@ def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
     )
     assert want and sum(want_letters.values()) > 0
 
-    env = worker_env(settings, tmp_path, FLEETPULSE_INVENTORY__ENFORCE="true")
+    env = worker_env(
+        settings, tmp_path, FLEETPULSE_INVENTORY__ENFORCE="true", FLEETPULSE_POLICY__CAP_FLOOR="5"
+    )
     create_topics(env)
     worker = WorkerProcess(env, tmp_path / "worker.log").start()
     reader = TopicReader(kafka_bootstrap, [topic_name(kafka, s) for s in ("actions", "dlq")])
