@@ -149,7 +149,8 @@ def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) ->
                 if known != family:
                     continue
             try:
-                state, findings = route.on_time(state, now_ms, ctx.settings)
+                resumed = ctx.clocks.clock(family, partition).resumed
+                state, findings = route.on_time(state, now_ms, ctx.settings, resumed)
             except Exception:  # no record is to blame: log it, count it, keep the old state
                 log.exception("staleness check of %r at %d failed", raw_key, now_ms)
                 ctx.metrics.errors.labels("telemetry-tick").inc()

@@ -15,6 +15,15 @@ ahead of it than `max_ahead_s`, or further behind than `max_behind_s`, is dead-l
 reference is trusted once `min_keys` keys report; before that only the wall clock (where the
 driver has one) bounds how far ahead a record may be.
 
+A record refused as ahead still leaves its key's claim (`claim`): when a quorum of keys claims
+a time that far ahead, the stream itself has moved on (a monitoring outage of the whole
+stream has ended, a backlog resumes), and records that time are admitted again, so the clock
+follows. Without this, a stream silent for longer than `max_ahead_s` would refuse every
+record after it, forever. Until the quorum is reached, the first records are dead letters
+(visible, counted), never silently dropped. The clock then jumps to the quorum's time in one
+tick and remembers it as `resumed`: nothing was known about any key during the gap, so the
+staleness checks measure a key's silence from there (route.on_time), not from before it.
+
 Cost: O(1) per record. The k-th newest time is computed (O(n log k)) only when k keys have
 passed the next tick boundary, so about once per tick.
 """
@@ -51,7 +60,9 @@ class RobustClock:
     def __init__(self, settings: ClockSettings) -> None:
         self.settings = settings
         self.latest: dict[str, int] = {}
+        self.claims: dict[str, int] = {}  # newest refused-as-ahead time per key (see claim)
         self.ticked: int | None = None  # the last boundary ticked at ("now" of the stream)
+        self.resumed: int | None = None  # where the stream last resumed after a gap (see above)
         self._ahead = 0  # keys whose newest time is at or past the next boundary
 
     def quorum(self) -> int:
@@ -66,7 +77,7 @@ class RobustClock:
             return None
         return self.ticked + TICK_MS - 1  # the clock is somewhere in the ticked interval
 
-    def check(self, ts: int, wall_ms: int | None = None) -> Verdict | None:
+    def check(self, ts: int, wall_ms: int | None = None, key: str | None = None) -> Verdict | None:
         """None when `ts` is plausible; else why not. Pure: the clock does not change."""
         ahead_ms = self.settings.max_ahead_s * 1000
         if wall_ms is not None and ts > wall_ms + ahead_ms:
@@ -74,12 +85,29 @@ class RobustClock:
         reference = self.reference()
         if reference is None:
             return None
-        if ts > reference + ahead_ms:
+        if ts > reference + ahead_ms and not self._agreed(key, ts - ahead_ms):
             return _verdict("ahead", ts - reference, "the partition's clock", ahead_ms)
         behind_ms = self.settings.max_behind_s * 1000
         if ts < reference - behind_ms:
             return _verdict("behind", ts - reference, "the partition's clock", behind_ms)
         return None
+
+    def claim(self, key: str, ts: int) -> None:
+        """`key` sent a record at `ts` that was refused as ahead of this clock."""
+        if ts > self.claims.get(key, ts - 1):
+            self.claims[key] = ts
+
+    def _agreed(self, key: str | None, since: int) -> bool:
+        """Do a quorum of keys (this one included) claim or have reached `since`? O(keys),
+        only on the rare path of a record far ahead of the clock."""
+        if key is None:
+            return False
+        others = sum(
+            1
+            for k in self.latest.keys() | self.claims.keys()
+            if k != key and max(self.latest.get(k, 0), self.claims.get(k, 0)) >= since
+        )
+        return others + 1 >= self.quorum()
 
     def skew(self, ts: int) -> int | None:
         """How far `ts` is off the trusted reference (ms), for the clock_skew finding."""
@@ -92,6 +120,8 @@ class RobustClock:
         if before is not None and ts <= before:
             return []
         self.latest[key] = ts
+        if self.claims.get(key, ts + 1) <= ts:
+            del self.claims[key]  # caught up with what it claimed
         if self.ticked is None:
             self.ticked = tick_boundary(ts)  # the first record only starts the clock
             self._recount()
@@ -119,6 +149,7 @@ class RobustClock:
     def forget(self, key: str) -> None:
         """The key left this stream (its partition was revoked)."""
         self.latest.pop(key, None)
+        self.claims.pop(key, None)
         self._recount()
 
     def _advance(self) -> list[int]:
@@ -131,6 +162,9 @@ class RobustClock:
         self._recount()
         if boundary <= last:
             return []
+        if boundary - last > self.settings.max_ahead_s * 1000:  # admitted only by agreement
+            self.resumed = boundary
+            return [boundary]
         first = max(last + TICK_MS, boundary - (MAX_TICKS - 1) * TICK_MS)
         return list(range(first, boundary + 1, TICK_MS))
 

@@ -144,7 +144,8 @@ class EmbeddedRuntime:
                 state = self.telemetry[key]
                 if _family_of(state) != family:
                     continue
-                state, findings = route.on_time(state, boundary, self.settings)
+                resumed = self.clocks[family].resumed
+                state, findings = route.on_time(state, boundary, self.settings, resumed)
                 self.telemetry[key], rows = route.close_silent_windows(
                     state, boundary, self.settings
                 )

@@ -114,9 +114,12 @@ def door(
     inventory's identity when mismatches are only flagged), the refusal, and a watch-only
     clock_skew finding when the host's clock goes off or comes back."""
     state = state or TelemetryState()
-    verdict = clock.check(event.ts, wall_ms)
+    key = telemetry_key(event)
+    verdict = clock.check(event.ts, wall_ms, key)
     reference = clock.reference()
     if verdict is not None:
+        if verdict.reason == "ahead":
+            clock.claim(key, event.ts)  # a quorum of such claims moves the clock (clock.py)
         state.heard_ms = reference if reference is not None else state.heard_ms
         skew = _skew_finding(state, event, reference, verdict.skew_ms, settings)
         return state, None, Refusal(verdict.reason, verdict.message), skew
@@ -218,11 +221,14 @@ def on_inventory(state: TelemetryState | None, record: Inventory | None) -> Tele
 
 
 def on_time(
-    state: TelemetryState, now_ms: int, settings: Settings
+    state: TelemetryState, now_ms: int, settings: Settings, resumed_ms: int | None = None
 ) -> tuple[TelemetryState, list[Finding]]:
-    """Event time moved on in this partition: a node or host that stopped reporting is news."""
-    if state.heard_ms is not None and now_ms - state.heard_ms <= settings.detect.node_down_s * 1000:
-        return state, []  # it reports, with a wrong clock: not silent (see door)
+    """Event time moved on in this partition: a node or host that stopped reporting is news.
+    `resumed_ms`: where the stream resumed after a gap of the whole stream (clock.py); a key
+    is not judged silent for the gap, only from there."""
+    heard = max(state.heard_ms or 0, resumed_ms or 0)
+    if heard and now_ms - heard <= settings.detect.node_down_s * 1000:
+        return state, []  # it reports with a wrong clock (see door), or the stream just resumed
     findings: list[Finding] = []
     if state.gpu is not None:
         state.gpu, stale = detect.check_stale_gpu(state.gpu, now_ms, settings.detect)

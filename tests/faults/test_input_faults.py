@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from pipeline.config import load_settings
-from pipeline.model import Event, Finding, GpuSample
+from pipeline.model import Event, Finding, GpuSample, Utilization
 from tests.faults import reliability
 from tests.faults.hostile import (
     DAY,
@@ -97,6 +97,13 @@ def test_a_monitoring_outage_is_one_common_cause_not_thirty_removals(
     assert out.common_cause_alerts, "no FleetPulseCommonCause alert"
     assert len(out.removals) <= POLICY.common_cause_canaries, [a.target.name for a in out.removals]
     assert out.lost == 0
+    # when telemetry comes back the clock follows it: a few records are dead letters until a
+    # quorum of nodes has reported the new time, then every node is processed again
+    assert 0 < len(out.dead_letters) < len(inventory) // 4, Counter(d.reason for d in out.dead_letters)
+    after = {
+        u.node for u in out.of("utilization") if isinstance(u, Utilization) and u.window_start >= _t(26)
+    }
+    assert len(after) == len(inventory)
     reliability.record("input", "monitoring outage: all GPU telemetry stops 15 min", out.figures())
 
 
