@@ -210,7 +210,8 @@ def _table(title: str, result: Result, hide: tuple[str, ...] = ()) -> str:
         body = f'<tr><td colspan="{len(shown)}" class="none">none</td></tr>'
     name = title.split(" (")[0].lower().replace(" ", "-")
     return (f'<section data-table="{escape(name)}"><h2>{escape(title)}</h2>'
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>")
+            f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            "</table></div></section>")
 
 
 def _cell(value: Any) -> str:
@@ -232,6 +233,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px}.period{col
 figure{margin:24px 0}figcaption{font-weight:600;margin-bottom:6px}
 table{border-collapse:collapse;font-size:12px}th,td{border:1px solid #ddd;padding:3px 6px;
 text-align:left;white-space:nowrap}th{background:#f4f4f4}td.none{color:#888}
+.scroll{overflow-x:auto;max-width:100%}
+svg.chart{max-width:100%;height:auto}
 """
 
 # Counts errors from the first moment, then marks each chart that drew marks (or says it has

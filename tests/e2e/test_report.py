@@ -19,6 +19,42 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CHARTS = {"utilization", "health", "xid", "capacity", "cost"}
+WIDTH = 1280
+# Injected into a copy of the page: after layout, every text box of each chart against every
+# other (any two that intersect by more than half a pixel both ways are unreadable), and how
+# wide the page is compared with the window; the answers go into the DOM for --dump-dom.
+LAYOUT_PROBE = """
+(function () {
+  function overlap(a, b) {
+    var w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+    var h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+    return w > 0.5 && h > 0.5;
+  }
+  function measure() {
+    var figures = document.querySelectorAll('figure[data-chart]');
+    for (var i = 0; i < figures.length; i++) {
+      var texts = figures[i].querySelectorAll('svg.chart text'), boxes = [], pairs = [];
+      for (var j = 0; j < texts.length; j++) { boxes.push(texts[j].getBoundingClientRect()); }
+      for (var a = 0; a < boxes.length; a++) {
+        for (var b = a + 1; b < boxes.length; b++) {
+          if (overlap(boxes[a], boxes[b])) {
+            pairs.push(texts[a].textContent + ' / ' + texts[b].textContent);
+          }
+        }
+      }
+      figures[i].setAttribute('data-texts', String(texts.length));
+      figures[i].setAttribute('data-overlaps', pairs.join(' ; '));
+    }
+    var root = document.documentElement;
+    document.body.setAttribute('data-scroll-width', String(root.scrollWidth));
+    document.body.setAttribute('data-inner-width', String(window.innerWidth));
+  }
+  window.addEventListener('load', measure);
+})();
+"""
+# the fixture's window; one where the XID heatmap has 15 columns of 5 min (labels of the old
+# code, one per column, ran into each other); a week, mostly empty, of 6 h columns
+WINDOWS = [(), ("--since", "2026-01-01T01:00", "--until", "2026-01-01T02:15"), ("--since", "7d")]
 
 
 def chromium(tmp_path: Path, page: Path, *args: str) -> str:
@@ -114,3 +150,44 @@ def test_the_page_check_catches_a_script_error_and_a_broken_chart(tmp_path: Path
     assert body["data-charts-rendered"] == str(len(CHARTS) - 1)
     cost = next(f for f in attributes(dom, "figure") if f["data-chart"] == "cost")
     assert cost["data-rendered"] == "no"
+
+
+def laid_out(tmp_path: Path, page: Path) -> str:
+    """The DOM of `page` with LAYOUT_PROBE's answers, opened at WIDTH px."""
+    probed = page.with_name(f"probed-{page.name}")
+    probed.write_text(page.read_text().replace("</body>", f"<script>{LAYOUT_PROBE}</script></body>"))
+    return chromium(tmp_path, probed, "--dump-dom", f"--window-size={WIDTH},2000")
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=["fixture", "75min", "7d"])
+def test_chart_text_never_overlaps_and_the_page_does_not_scroll_sideways(
+    tmp_path: Path, window: tuple[str, ...]
+) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    dom = laid_out(tmp_path, report(lake, tmp_path / "report.html", *window))
+    (body,) = attributes(dom, "body")
+    assert body["data-inner-width"] == str(WIDTH)
+    assert int(body["data-scroll-width"]) <= WIDTH, "the page scrolls sideways"
+    figures = {f["data-chart"]: f for f in attributes(dom, "figure")}
+    assert set(figures) >= CHARTS
+    for name, figure in figures.items():
+        assert int(figure["data-texts"]) > 0, name
+        assert figure["data-overlaps"] == "", f"{name}: overlapping labels {figure['data-overlaps']}"
+
+
+def test_wide_tables_scroll_inside_their_box_not_the_page(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    dom = laid_out(tmp_path, report(lake, tmp_path / "report.html"))
+    tables = re.findall(r'<section data-table="[^"]*"><h2>[^<]*</h2>(<[^>]*>)<table>', dom)
+    assert tables and all(t == '<div class="scroll">' for t in tables)
+
+
+def test_the_xid_heatmap_has_a_colour_scale(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    html = report(lake, tmp_path / "report.html").read_text()
+    xid = re.search(r'<svg class="chart" data-chart="xid".*?</svg>', html, flags=re.S)
+    assert xid and "XID events per cell" in xid.group(0)
+    swatches = [float(o) for o in re.findall(r'class="legend"[^>]*fill-opacity="([\d.]+)"',
+                                             xid.group(0))]
+    # the busiest fixture cell holds 3 events: one swatch per count, darker as it grows
+    assert len(swatches) == 3 and swatches == sorted(swatches) and swatches[-1] == 1.0

@@ -148,13 +148,15 @@ def test_actions_and_health_timelines(lake: Lake) -> None:
     assert [r["action_id"] for r in actions] == [a.action_id for a in expected]
     assert [r["dry_run"] for r in actions] == [a.dry_run for a in expected]
     health = run(lake, "health_timeline")
+    # a target's first appearance counts as a change from healthy: arriving healthy is none
     last: dict[str, str] = {}
     entered = 0
     for row in sorted(fx.NODE_STATES, key=lambda s: s.ts):
-        entered += last.get(row.target.name) != row.state
+        entered += last.get(row.target.name, "healthy") != row.state
         last[row.target.name] = row.state
-    assert entered == len(fx.NODE_STATES) - 1
+    assert entered == len(fx.NODE_STATES) - 3  # g1, s1 arrive healthy; g1 re-reports healthy
     assert sum(r["transitions"] for r in health) == entered
+    assert (HOUR_STARTS[0], "healthy") not in {(r["bucket"], r["state"]) for r in health}
     cordoned = [r for r in health if r["state"] == "cordoned"]
     assert cordoned == [{"bucket": HOUR_STARTS[1], "state": "cordoned", "transitions": 2,
                          "targets": 2}]
