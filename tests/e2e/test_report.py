@@ -270,3 +270,14 @@ def test_pool_filters_the_alert_count(tmp_path: Path) -> None:
     infer = report(lake, tmp_path / "infer.html", "--pool", "infer").read_text()
     train = report(lake, tmp_path / "train.html", "--pool", "train").read_text()
     assert (alerts_fired(everything), alerts_fired(infer), alerts_fired(train)) == ("1", "0", "1")
+
+
+def test_health_changes_leave_out_targets_arriving_healthy(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    html = report(lake, tmp_path / "report.html").read_text()
+    health = re.search(r'<svg class="chart" data-chart="health".*?</svg>', html, flags=re.S)
+    assert health
+    bars = re.findall(r'<rect class="mark"[^>]*><title>([^<]*)</title>', health.group(0))
+    # g1 and s1 arrive healthy at 00:00 (no change); the real changes are all there
+    assert not any(b.startswith("2026-01-01 00:00 healthy") for b in bars)
+    assert sum(float(b.rsplit(": ", 1)[1]) for b in bars) == 8
