@@ -2,8 +2,12 @@
 
 Charts (inline SVG, pipeline/report_charts.py): fleet utilization over time per pool, health
 changes and actions over time, XIDs by node × time, capacity headroom, cost of idle. Tables: top
-offenders, open actions, quota headroom, the prices used. Everything comes from the canned
-analyses in sql/analyses, so the report and `fleetpulse sql --query …` never disagree.
+offenders, open actions, TPU slice availability, degraded ICI links, cost per useful
+accelerator-hour, MTBF per pool, quota headroom, the prices used. The tables come from the canned
+analyses in sql/analyses, so the report and `fleetpulse sql --query …` never disagree. A row that
+names a node or slice links to that target's section at the end (its findings, actions,
+utilization and XIDs over the window, from _TARGET_SQL). Wide tables scroll in their own box so
+the page itself never scrolls sideways.
 
 The page runs one small inline script that checks each chart drew something and counts script
 errors, and writes the result into the DOM (`<body data-charts-rendered=… data-errors=…>`, and
@@ -12,6 +16,9 @@ errors, and writes the result into the DOM (`<body data-charts-rendered=… data
 
 from __future__ import annotations
 
+import hashlib
+import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from html import escape
 from pathlib import Path
@@ -72,6 +79,8 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
         query_params = {k: v for k, v in params.items() if k in _params_of(name)}
         return lake.run(name, **query_params)
 
+    offenders, open_actions = run("top_offenders"), run("open_actions")
+    slices, ici = run("tpu_slice_availability"), run("ici_degraded_links")
     sections = [
         _summary(run("fleet_summary"), since, until, pool),
         _figure("utilization", "Fleet utilization over time, per pool",
@@ -84,12 +93,18 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
                 _capacity(run("capacity_headroom"))),
         _figure("cost", "Cost of idle at list price, per pool and accelerator (USD)",
                 _cost(run("cost_of_idle"))),
-        _table("Top offenders", run("top_offenders")),
-        _table("Open actions", run("open_actions"), hide=("action_id",)),
+        _table("Top offenders", offenders, link=_target_link),
+        _table("Open actions", open_actions, hide=("action_id",), link=_target_link),
+        _table("TPU slice availability", slices, link=_slice_link),
+        _table("Degraded ICI links", ici, link=_slice_link),
+        _table("Cost per useful accelerator-hour (list price / utilization achieved)",
+               run("cost_per_useful_hour")),
+        _table("MTBF per pool (node- or slice-hours per failure)", run("mtbf_by_pool")),
         _table("Quota headroom", run("quota_headroom")),
         _table("Prices used (on-demand list prices per accelerator-hour)",
                lake.sql("SELECT accelerator, usd_per_hour, source, as_of FROM prices "
                         "ORDER BY priority")),
+        _targets(lake, _linked(offenders, open_actions, slices, ici), since, until),
     ]
     if lake.skipped:  # last: a query may have found a damaged file on the way
         sections.insert(0, _skipped(lake.skipped))
@@ -201,16 +216,172 @@ def _figure(name: str, caption: str, svg: str) -> str:
             f"</figcaption>{svg}</figure>")
 
 
-def _table(title: str, result: Result, hide: tuple[str, ...] = ()) -> str:
+Link = Callable[[dict[str, Any]], tuple[str, str, str] | None]
+
+
+def _table(title: str, result: Result, hide: tuple[str, ...] = (), link: Link | None = None
+           ) -> str:
+    """A table; `link` says which cell of a row names a target, and so links to its section."""
     shown = [i for i, c in enumerate(result.columns) if c not in hide]
     head = "".join(f"<th>{escape(result.columns[i])}</th>" for i in shown)
-    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(row[i]))}</td>" for i in shown) + "</tr>"
-                   for row in result.rows)
+    rows = []
+    for row, record in zip(result.rows, result.records(), strict=True):
+        target = link(record) if link else None
+        cells = []
+        for i in shown:
+            text = escape(_cell(row[i]))
+            if target and result.columns[i] == target[0]:
+                text = f'<a href="#{anchor(target[1], target[2])}">{text}</a>'
+            cells.append(f"<td>{text}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    body = "".join(rows)
     if not result.rows:
         body = f'<tr><td colspan="{len(shown)}" class="none">none</td></tr>'
     name = title.split(" (")[0].lower().replace(" ", "-")
     return (f'<section data-table="{escape(name)}"><h2>{escape(title)}</h2>'
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>")
+            f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            "</table></div></section>")
+
+
+def anchor(kind: str, name: str) -> str:
+    """The id of a target's section: readable where the name is, unique where it is not."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    if clean != name:  # two names may clean to one: keep them apart
+        clean += "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    return f"target-{kind}-{clean}"
+
+
+def _target_link(row: dict[str, Any]) -> tuple[str, str, str] | None:
+    if row.get("target_kind") and row.get("target_name"):
+        return "target_name", row["target_kind"], row["target_name"]
+    return None
+
+
+def _slice_link(row: dict[str, Any]) -> tuple[str, str, str] | None:
+    return ("slice", "slice", row["slice"]) if row.get("slice") else None
+
+
+def _linked(*results: Result) -> list[tuple[str, str]]:
+    """Every (kind, name) a table row links to, in the order the tables name them."""
+    seen: dict[tuple[str, str], None] = {}
+    for result in results:
+        for row in result.records():
+            target = _target_link(row) or _slice_link(row)
+            if target:
+                seen[(target[1], target[2])] = None
+    return list(seen)
+
+
+# Per-target detail for the sections table rows link to, over the report's window. $names:
+# the targets' names (nodes and slices); a node's rows match `node`, a slice's match `slice`.
+DETAIL_ROWS = 20
+_TARGET_SQL = {
+    "state": """
+        SELECT target_kind, target_name, any_value(target_pool) AS pool,
+               any_value(target_zone) AS zone, arg_max(state, ts) AS state_now
+        FROM node_state
+        WHERE ts < $until AND list_contains($names, target_name)
+        GROUP BY ALL""",
+    "findings": """
+        SELECT target_kind, target_name, ts, "check", severity, entity_kind, device, message,
+               count(*) OVER (PARTITION BY target_kind, target_name) AS total
+        FROM findings
+        WHERE NOT healthy AND "check" <> 'heartbeat' AND ts >= $since AND ts < $until
+          AND list_contains($names, target_name)
+        QUALIFY row_number() OVER (PARTITION BY target_kind, target_name ORDER BY ts DESC)
+                <= $limit
+        ORDER BY ts DESC""",
+    "actions": """
+        SELECT target_kind, target_name, ts, kind, dry_run, reason_summary,
+               count(*) OVER (PARTITION BY target_kind, target_name) AS total
+        FROM actions
+        WHERE ts >= $since AND ts < $until AND list_contains($names, target_name)
+        QUALIFY row_number() OVER (PARTITION BY target_kind, target_name ORDER BY ts DESC)
+                <= $limit
+        ORDER BY ts DESC""",
+    "utilization": """
+        SELECT CASE WHEN list_contains($names, slice) THEN 'slice' ELSE 'node' END
+                   AS target_kind,
+               CASE WHEN list_contains($names, slice) THEN slice ELSE node END AS target_name,
+               node, device, any_value(accelerator) AS accelerator,
+               round(sum(hours), 2) AS device_hours,
+               round(sum(util_mean * hours) / nullif(sum(hours), 0), 2) AS util_mean_pct,
+               round(max(util_max), 2) AS util_max_pct,
+               round(100 * coalesce(sum(hours) FILTER (WHERE allocated), 0)
+                     / nullif(sum(hours), 0), 2) AS allocated_pct
+        FROM utilization
+        WHERE window_start >= $since AND window_start < $until
+          AND (list_contains($names, slice) OR list_contains($names, node))
+        GROUP BY ALL
+        ORDER BY node, device""",
+    "xids": """
+        SELECT 'node' AS target_kind, node AS target_name, xid, any_value(mnemonic) AS mnemonic,
+               count(*) AS events, string_agg(DISTINCT gpu_index::VARCHAR, ',') AS gpus,
+               min(ts) AS first_seen, max(ts) AS last_seen,
+               count(*) OVER (PARTITION BY node) AS total
+        FROM xid
+        WHERE ts >= $since AND ts < $until AND list_contains($names, node)
+        GROUP BY node, xid
+        ORDER BY events DESC, xid""",
+}
+
+
+def _targets(lake: Lake, targets: list[tuple[str, str]], since: datetime, until: datetime
+             ) -> str:
+    """One section per target a table row links to: what happened to it over the window."""
+    if not targets:
+        return ""
+    names = sorted({name for _, name in targets})
+    params = {"since": since, "until": until, "names": names, "limit": DETAIL_ROWS}
+    found = {
+        part: _by_target(lake.sql(sql, {k: v for k, v in params.items() if f"${k}" in sql}))
+        for part, sql in _TARGET_SQL.items()
+    }
+    sections = "".join(_target_section(kind, name, found) for kind, name in targets)
+    return f'<section data-table="targets"><h2>Nodes and slices</h2>{sections}</section>'
+
+
+def _by_target(result: Result) -> dict[tuple[str, str], Result]:
+    """Split a result by (target_kind, target_name), dropping those two columns."""
+    keep = [i for i, c in enumerate(result.columns) if c not in ("target_kind", "target_name")]
+    kind_at, name_at = result.columns.index("target_kind"), result.columns.index("target_name")
+    split: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+    for row in result.rows:
+        split.setdefault((row[kind_at], row[name_at]), []).append(tuple(row[i] for i in keep))
+    columns = [result.columns[i] for i in keep]
+    return {key: Result(columns, rows) for key, rows in split.items()}
+
+
+def _target_section(kind: str, name: str, found: dict[str, dict[tuple[str, str], Result]]
+                    ) -> str:
+    empty = Result([], [])
+    state = found["state"].get((kind, name), empty).records()
+    about = state[0] if state else {}
+    facts = ", ".join(f"{label} {escape(_cell(about[key]))}" for key, label in
+                      (("pool", "pool"), ("zone", "zone"), ("state_now", "state now"))
+                      if about.get(key))
+    parts = []
+    for part, title in (("findings", "Unhealthy findings"), ("actions", "Actions"),
+                        ("utilization", "Utilization per device"), ("xids", "XIDs")):
+        if part == "xids" and kind != "node":
+            continue  # XIDs are NVIDIA GPU errors: a TPU slice has none
+        parts.append(_detail(part, title, found[part].get((kind, name), empty)))
+    return (f'<section class="target" id="{anchor(kind, name)}" '
+            f'data-target="{escape(kind)}:{escape(name)}"><h3>{escape(kind)} {escape(name)}</h3>'
+            f'<p class="period">{facts or "no health state recorded"}</p>{"".join(parts)}'
+            "</section>")
+
+
+def _detail(part: str, title: str, result: Result) -> str:
+    """A target's small table; says how many rows there were in all when it shows fewer."""
+    total = result.records()[0].get("total", len(result.rows)) if result.rows else 0
+    shown = [i for i, c in enumerate(result.columns) if c != "total"]
+    more = f" (latest {len(result.rows)} of {total})" if total > len(result.rows) else ""
+    head = "".join(f"<th>{escape(result.columns[i])}</th>" for i in shown)
+    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(row[i]))}</td>" for i in shown) + "</tr>"
+                   for row in result.rows) or '<tr><td class="none">none</td></tr>'
+    return (f'<div data-part="{part}"><h4>{escape(title)}{more}</h4><div class="scroll">'
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div></div>")
 
 
 def _cell(value: Any) -> str:
@@ -232,6 +403,10 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px}.period{col
 figure{margin:24px 0}figcaption{font-weight:600;margin-bottom:6px}
 table{border-collapse:collapse;font-size:12px}th,td{border:1px solid #ddd;padding:3px 6px;
 text-align:left;white-space:nowrap}th{background:#f4f4f4}td.none{color:#888}
+.scroll{overflow-x:auto;max-width:100%}h3{font-size:15px;margin:22px 0 2px}
+h4{font-size:13px;margin:10px 0 4px}section.target{border-top:1px solid #ddd;margin-top:18px}
+section.target:target{background:#fffbe6}
+svg.chart{max-width:100%;height:auto}
 """
 
 # Counts errors from the first moment, then marks each chart that drew marks (or says it has

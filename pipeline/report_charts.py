@@ -6,6 +6,7 @@ Every chart is an `<svg class="chart">` whose data marks carry `class="mark"` an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -183,7 +184,8 @@ def heatmap(name: str, title: str, rows: list[str], columns: list[datetime],
             values: dict[tuple[str, datetime], float], labels: dict[tuple[str, datetime], str]
             ) -> str:
     cell_h = 16
-    height = TOP + max(len(rows), 1) * cell_h + BOTTOM + 10
+    # tall enough for the rows and for the colour scale beside them
+    height = max(TOP + max(len(rows), 1) * cell_h + BOTTOM + 10, TOP + 14 * 7 + 10)
     x0, x1 = LEFT + 110, WIDTH - RIGHT
     cell_w = (x1 - x0) / max(len(columns), 1)
     top = max(values.values(), default=0) or 1
@@ -204,12 +206,51 @@ def heatmap(name: str, title: str, rows: list[str], columns: list[datetime],
                         f'{column:%Y-%m-%d %H:%M}: {value:g} '
                         f'({escape(labels.get((row, column), ""))})</title></rect>')
     bottom = TOP + len(rows) * cell_h
-    step = max(1, len(columns) // 8)
-    for c in range(0, len(columns), step):
-        body.append(_text(x0 + c * cell_w, bottom + 14, f"{columns[c]:%m-%d %H:%M}", size=10))
+    body.extend(_column_labels(columns, x0, x1, cell_w, bottom + 14))
     body.append(f'<rect x="{x0}" y="{TOP}" width="{x1 - x0}" height="{max(bottom - TOP, 1)}" '
                 'fill="none" stroke="#ccc"/>')
+    if rows:
+        body.extend(_shade_legend(top, "events"))
     return _svg(name, height, body, title)
+
+
+def _column_labels(columns: list[datetime], x0: float, x1: float, cell_w: float,
+                   y: float) -> list[str]:
+    """Time labels under heatmap columns, every so many columns that no two touch."""
+    if not columns:
+        return []
+    same_day = columns[0].date() == columns[-1].date()
+    fmt = "%H:%M" if same_day else "%m-%d %H:%M"
+    width = _text_width(columns[0].strftime(fmt), 10) + 8  # room between two labels
+    step = max(1, math.ceil(width / cell_w))
+    marks = []
+    for c in range(0, len(columns), step):
+        x = x0 + c * cell_w
+        if x + width - 8 > x1:  # would run past the grid into the legend
+            break
+        marks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y - 14}" y2="{y - 10}" '
+                     'stroke="#999"/>')
+        marks.append(_text(x, y, columns[c].strftime(fmt), size=10))
+    return marks
+
+
+def _text_width(text: str, size: int) -> float:
+    """A generous guess at a label's width in a sans-serif font: digits are ~0.56 em."""
+    return len(text) * size * 0.62
+
+
+def _shade_legend(top: float, unit: str) -> list[str]:
+    """The heatmap's colour scale: five swatches from one event to the busiest cell."""
+    x = WIDTH - RIGHT + 12
+    marks = [_text(x, TOP + 6, f"XID {unit} per cell", size=10)]
+    values = sorted({max(1, round(top * i / 4)) for i in range(1, 5)} | {1})
+    for i, value in enumerate(values):
+        y = TOP + 14 * (i + 1) + 6
+        shade = 0.15 + 0.85 * value / top
+        marks.append(f'<rect class="legend" x="{x}" y="{y - 8}" width="10" height="10" '
+                     f'fill="#e15759" fill-opacity="{shade:.2f}"/>')
+        marks.append(_text(x + 14, y + 1, f"{value:g}", size=10))
+    return marks
 
 
 def bar_chart(name: str, title: str, labels: list[str], parts: Sequence[Part],

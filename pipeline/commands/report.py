@@ -14,8 +14,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write an HTML fleet report (utilization, health, XIDs, capacity, cost of idle)",
         description="Write one self-contained HTML file (no network needed to view it) with "
         "charts of fleet utilization per pool, health changes and actions, XIDs by node and "
-        "time, capacity headroom and cost of idle, and tables of top offenders, open actions and "
-        "quota headroom, over --since/--until (default: the last 24 h of data in the lake).",
+        "time, capacity headroom and cost of idle; tables of top offenders, open actions, TPU "
+        "slice availability and degraded ICI links, cost per useful accelerator-hour, MTBF "
+        "per pool and quota headroom; and a section per node or slice those tables link to, over "
+        "--since/--until (default: the last 24 h of data in the lake).",
     )
     parser.add_argument("--out", "-o", default="report.html", help="file to write")
     parser.add_argument("--lake", help="lake folder (default: lake.path from the config)")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.catalog import price_for
 from tests import lake_fixture as fx
 
 pytestmark = pytest.mark.chromium
@@ -19,6 +20,49 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CHARTS = {"utilization", "health", "xid", "capacity", "cost"}
+WIDTH = 1280
+# Injected into a copy of the page: after layout, every text box of each chart against every
+# other (any two that intersect by more than half a pixel both ways are unreadable), and how
+# wide the page is compared with the window; the answers go into the DOM for --dump-dom.
+LAYOUT_PROBE = """
+(function () {
+  function overlap(a, b) {
+    var w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+    var h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+    return w > 0.5 && h > 0.5;
+  }
+  function measure() {
+    var figures = document.querySelectorAll('figure[data-chart]');
+    for (var i = 0; i < figures.length; i++) {
+      var texts = figures[i].querySelectorAll('svg.chart text'), boxes = [], pairs = [];
+      for (var j = 0; j < texts.length; j++) { boxes.push(texts[j].getBoundingClientRect()); }
+      for (var a = 0; a < boxes.length; a++) {
+        for (var b = a + 1; b < boxes.length; b++) {
+          if (overlap(boxes[a], boxes[b])) {
+            pairs.push(texts[a].textContent + ' / ' + texts[b].textContent);
+          }
+        }
+      }
+      figures[i].setAttribute('data-texts', String(texts.length));
+      figures[i].setAttribute('data-overlaps', pairs.join(' ; '));
+    }
+    var links = document.querySelectorAll('a[href^="#"]'), broken = [];
+    for (var k = 0; k < links.length; k++) {
+      var id = decodeURIComponent(links[k].getAttribute('href').slice(1));
+      if (!document.getElementById(id)) { broken.push(id); }
+    }
+    document.body.setAttribute('data-links', String(links.length));
+    document.body.setAttribute('data-broken-links', broken.join(' '));
+    var root = document.documentElement;
+    document.body.setAttribute('data-scroll-width', String(root.scrollWidth));
+    document.body.setAttribute('data-inner-width', String(window.innerWidth));
+  }
+  window.addEventListener('load', measure);
+})();
+"""
+# the fixture's window; one where the XID heatmap has 15 columns of 5 min (labels of the old
+# code, one per column, ran into each other); a week, mostly empty, of 6 h columns
+WINDOWS = [(), ("--since", "2026-01-01T01:00", "--until", "2026-01-01T02:15"), ("--since", "7d")]
 
 
 def chromium(tmp_path: Path, page: Path, *args: str) -> str:
@@ -114,3 +158,126 @@ def test_the_page_check_catches_a_script_error_and_a_broken_chart(tmp_path: Path
     assert body["data-charts-rendered"] == str(len(CHARTS) - 1)
     cost = next(f for f in attributes(dom, "figure") if f["data-chart"] == "cost")
     assert cost["data-rendered"] == "no"
+
+
+def laid_out(tmp_path: Path, page: Path) -> str:
+    """The DOM of `page` with LAYOUT_PROBE's answers, opened at WIDTH px."""
+    probed = page.with_name(f"probed-{page.name}")
+    probed.write_text(page.read_text().replace("</body>", f"<script>{LAYOUT_PROBE}</script></body>"))
+    return chromium(tmp_path, probed, "--dump-dom", f"--window-size={WIDTH},2000")
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=["fixture", "75min", "7d"])
+def test_chart_text_never_overlaps_and_the_page_does_not_scroll_sideways(
+    tmp_path: Path, window: tuple[str, ...]
+) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    dom = laid_out(tmp_path, report(lake, tmp_path / "report.html", *window))
+    (body,) = attributes(dom, "body")
+    assert body["data-inner-width"] == str(WIDTH)
+    assert int(body["data-scroll-width"]) <= WIDTH, "the page scrolls sideways"
+    assert body["data-broken-links"] == "", "links to sections that are not there"
+    figures = {f["data-chart"]: f for f in attributes(dom, "figure")}
+    assert set(figures) >= CHARTS
+    for name, figure in figures.items():
+        assert int(figure["data-texts"]) > 0, name
+        assert figure["data-overlaps"] == "", f"{name}: overlapping labels {figure['data-overlaps']}"
+
+
+def test_wide_tables_scroll_inside_their_box_not_the_page(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    dom = laid_out(tmp_path, report(lake, tmp_path / "report.html"))
+    tables = re.findall(r'<section data-table="[^"]*"><h2>[^<]*</h2>(<[^>]*>)<table>', dom)
+    assert tables and all(t == '<div class="scroll">' for t in tables)
+
+
+def test_the_xid_heatmap_has_a_colour_scale(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    html = report(lake, tmp_path / "report.html").read_text()
+    xid = re.search(r'<svg class="chart" data-chart="xid".*?</svg>', html, flags=re.S)
+    assert xid and "XID events per cell" in xid.group(0)
+    swatches = [float(o) for o in re.findall(r'class="legend"[^>]*fill-opacity="([\d.]+)"',
+                                             xid.group(0))]
+    # the busiest fixture cell holds 3 events: one swatch per count, darker as it grows
+    assert len(swatches) == 3 and swatches == sorted(swatches) and swatches[-1] == 1.0
+
+
+def table(html: str, name: str) -> list[dict[str, str]]:
+    """The rows of the table `data-table=name` as {column: cell text}."""
+    section = html.split(f'data-table="{name}"')[1].split("</table>")[0]
+    columns = re.findall(r"<th>(.*?)</th>", section)
+    rows = re.findall(r"<tr>(.*?)</tr>", section.split("<tbody>")[1])
+    cells = [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
+             for r in rows]
+    return [dict(zip(columns, c, strict=True)) for c in cells if len(c) == len(columns)]
+
+
+def target_section(html: str, section_id: str) -> str:
+    return html.split(f'id="{section_id}"')[1].split('<section class="target"')[0]
+
+
+def test_table_rows_link_to_a_section_per_target_with_its_window(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    html = report(lake, tmp_path / "report.html").read_text()
+    offenders = html.split('data-table="top-offenders"')[1].split("</table>")[0]
+    links = re.findall(r'<a href="#([^"]+)">([^<]+)</a>', offenders)
+    assert links == [("target-node-g1", "g1"), ("target-slice-s1", "s1"),
+                     ("target-node-g3", "g3")]
+    assert '<a href="#target-node-g1">g1</a>' in html.split('data-table="open-actions"')[1]
+    g1 = target_section(html, "target-node-g1")
+    assert "pool train, zone z-a, state now degraded" in g1
+    parts = {part: table(f'data-table="{part}"' + body, part)
+             for part, body in re.findall(r'data-part="(\w+)"(.*?</table>)', g1, flags=re.S)}
+    unhealthy = [f for f in fx.FINDINGS if f.entity.target.name == "g1" and not f.healthy]
+    assert len(parts["findings"]) == len(unhealthy) == 3
+    assert [a["kind"] for a in parts["actions"]] == ["cordon", "repair", "cordon"]
+    assert [(u["device"], u["util_mean_pct"]) for u in parts["utilization"]] == [
+        ("0", f"{fx.BUSY:.2f}"), ("1", f"{fx.BUSY:.2f}")]
+    assert [(x["xid"], x["events"]) for x in parts["xids"]] == [("79", "2")]
+    s1 = target_section(html, "target-slice-s1")
+    assert s1.count("<td>v5litepod-4</td>") == 4 and 'data-part="xids"' not in s1
+    dom = laid_out(tmp_path, tmp_path / "report.html")
+    (body,) = attributes(dom, "body")
+    assert int(body["data-links"]) >= 4 and body["data-broken-links"] == ""
+
+
+def test_tpu_slices_ici_links_cost_per_useful_hour_and_mtbf_per_pool(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    html = report(lake, tmp_path / "report.html").read_text()
+    (s1,) = table(html, "tpu-slice-availability")
+    assert (s1["slice"], s1["available_pct"]) == ("s1", f"{100 * (1 - 0.5 / fx.HOURS):.2f}")
+    assert '<a href="#target-slice-s1">s1</a>' in html.split('data-table="degraded-ici-links"')[1]
+    (link,) = table(html, "degraded-ici-links")
+    assert (link["slice"], link["link"], link["worst_severity"]) == ("s1", "0", "critical")
+    cost = {r["pool"]: r for r in table(html, "cost-per-useful-accelerator-hour")}
+    h100 = price_for(fx.H100)
+    assert h100 is not None
+    useful = (3 * fx.BUSY + fx.IDLE) / 4 / 100  # g1 and g2: three busy GPUs, one idle
+    assert cost["train"]["usd_per_useful_hour"] == f"{h100.usd_per_hour / useful:,.2f}"
+    mtbf = {r["pool"]: r["mtbf_hours"] for r in table(html, "mtbf-per-pool")}
+    assert mtbf == {"train": "4.00", "tpu": "4.00", "infer": ""}
+
+
+def alerts_fired(html: str) -> str:
+    found = re.search(r'<div class="value">([^<]*)</div><div class="label">alerts fired', html)
+    assert found, "no alerts fired card"
+    return found.group(1)
+
+
+def test_pool_filters_the_alert_count(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    everything = report(lake, tmp_path / "all.html").read_text()
+    infer = report(lake, tmp_path / "infer.html", "--pool", "infer").read_text()
+    train = report(lake, tmp_path / "train.html", "--pool", "train").read_text()
+    assert (alerts_fired(everything), alerts_fired(infer), alerts_fired(train)) == ("1", "0", "1")
+
+
+def test_health_changes_leave_out_targets_arriving_healthy(tmp_path: Path) -> None:
+    lake = fx.build_lake(tmp_path / "lake")
+    html = report(lake, tmp_path / "report.html").read_text()
+    health = re.search(r'<svg class="chart" data-chart="health".*?</svg>', html, flags=re.S)
+    assert health
+    bars = re.findall(r'<rect class="mark"[^>]*><title>([^<]*)</title>', health.group(0))
+    # g1 and s1 arrive healthy at 00:00 (no change); the real changes are all there
+    assert not any(b.startswith("2026-01-01 00:00 healthy") for b in bars)
+    assert sum(float(b.rsplit(": ", 1)[1]) for b in bars) == 8

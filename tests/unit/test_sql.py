@@ -148,13 +148,15 @@ def test_actions_and_health_timelines(lake: Lake) -> None:
     assert [r["action_id"] for r in actions] == [a.action_id for a in expected]
     assert [r["dry_run"] for r in actions] == [a.dry_run for a in expected]
     health = run(lake, "health_timeline")
+    # a target's first appearance counts as a change from healthy: arriving healthy is none
     last: dict[str, str] = {}
     entered = 0
     for row in sorted(fx.NODE_STATES, key=lambda s: s.ts):
-        entered += last.get(row.target.name) != row.state
+        entered += last.get(row.target.name, "healthy") != row.state
         last[row.target.name] = row.state
-    assert entered == len(fx.NODE_STATES) - 1
+    assert entered == len(fx.NODE_STATES) - 3  # g1, s1 arrive healthy; g1 re-reports healthy
     assert sum(r["transitions"] for r in health) == entered
+    assert (HOUR_STARTS[0], "healthy") not in {(r["bucket"], r["state"]) for r in health}
     cordoned = [r for r in health if r["state"] == "cordoned"]
     assert cordoned == [{"bucket": HOUR_STARTS[1], "state": "cordoned", "transitions": 2,
                          "targets": 2}]
@@ -216,6 +218,23 @@ def test_tpu_slice_availability(lake: Lake) -> None:
         fx.S1_OUT_HOURS, 1, "healthy")
 
 
+def test_ici_degraded_links_name_slice_and_link(lake: Lake) -> None:
+    (row,) = run(lake, "ici_degraded_links")
+    assert (row["slice"], row["link"], row["checks"], row["findings"]) == ("s1", "0", "ici", 1)
+    assert row["worst_severity"] == "critical" and row["pool"] == "tpu"
+    assert run(lake, "ici_degraded_links", pool="train") == []
+
+
+def test_mtbf_by_pool(lake: Lake) -> None:
+    rows = {r["pool"]: r for r in run(lake, "mtbf_by_pool")}
+    # train: g1 fails twice in 2 nodes x 4 h; tpu: s1 once in 4 h; infer: g3 never
+    assert (rows["train"]["units"], rows["train"]["failures"]) == (2, 2)
+    assert rows["train"]["mtbf_hours"] == 2 * fx.HOURS / 2
+    assert (rows["tpu"]["failures"], rows["tpu"]["mtbf_hours"]) == (1, fx.HOURS)
+    assert (rows["infer"]["failures"], rows["infer"]["mtbf_hours"]) == (0, None)
+    assert [r["pool"] for r in run(lake, "mtbf_by_pool", pool="infer")] == ["infer"]
+
+
 def test_open_actions_are_those_whose_target_has_not_recovered(lake: Lake) -> None:
     (row,) = run(lake, "open_actions")
     assert (row["target_name"], row["kind"], row["state_now"]) == ("g1", "cordon", "degraded")
@@ -231,6 +250,13 @@ def test_fleet_summary(lake: Lake) -> None:
     assert row["util_mean_pct"] == pytest.approx(sum(utils) / len(utils), abs=0.01)
     assert (row["findings"], row["actions"], row["dry_run_actions"]) == (7, 4, 1)
     assert (row["xid_events"], row["alerts_fired"], row["idle_allocated_hours"]) == (5, 1, 4.0)
+
+
+def test_fleet_summary_pool_filters_alerts_too(lake: Lake) -> None:
+    # the fixture's alert names node g1 (pool train) and carries no pool label
+    fired = {pool: run(lake, "fleet_summary", pool=pool)[0]["alerts_fired"]
+             for pool in ("train", "infer", "tpu")}
+    assert fired == {"train": 1, "infer": 0, "tpu": 0}
 
 
 def test_defaults_cover_the_last_day_of_data_and_durations_parse(lake: Lake) -> None:
