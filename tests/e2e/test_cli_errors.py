@@ -3,6 +3,7 @@ name the command and say what to do — never a traceback, never a hang."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,44 @@ def test_sink_lake_takes_lake_like_every_other_command() -> None:
 def test_sink_lake_still_takes_to_as_a_deprecated_alias(capsys: pytest.CaptureFixture[str]) -> None:
     assert build_parser().parse_args(["sink", "lake", "--to", "x"]).lake == "x"
     assert "--to is deprecated, use --lake" in capsys.readouterr().err
+
+
+# --- clear errors, bounded time -------------------------------------------------------------
+
+
+def _free_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _ingest_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {"HOME": str(tmp_path), "FLEETPULSE_SOURCES__STATE_DIR": str(tmp_path / "state"),
+            "FLEETPULSE_METRICS__PORT": "0", **extra}
+
+
+def test_ingest_cloudmon_without_credentials_says_what_is_missing(tmp_path: Path) -> None:
+    # HOME without gcloud config and no GOOGLE_APPLICATION_CREDENTIALS: no ADC anywhere
+    env = _ingest_env(tmp_path, GCE_METADATA_HOST="127.0.0.1:1", GCE_METADATA_IP="127.0.0.1:1")
+    run = fleetpulse("ingest", "cloudmon", "--once", "--stdout", env=env, timeout=60)
+    _no_traceback(run)
+    assert run.returncode == 2
+    assert "needs Google Cloud credentials" in run.stderr
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in run.stderr
+    assert "gcloud auth application-default login" in run.stderr
+
+
+def test_ingest_prometheus_once_with_prometheus_down_exits_with_a_clear_error(
+        tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    env = _ingest_env(tmp_path, FLEETPULSE_SOURCES__PROMETHEUS_URL=url,
+                      FLEETPULSE_SOURCES__BACKOFF_INITIAL_S="0.1")
+    run = fleetpulse("ingest", "prometheus", "--once", "--stdout", env=env, timeout=60)
+    _no_traceback(run)
+    assert run.returncode == 2
+    assert f"fleetpulse: error: prometheus: gave up after 3 failed attempts: cannot reach " \
+           f"Prometheus at {url}" in run.stderr
+    # our retries only: one line of ours per failed poll, none of urllib3's underneath
+    assert "Retrying (Retry(" not in run.stderr
+    assert run.stderr.count("retrying in") == 2
