@@ -6,11 +6,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.cli import build_parser
+from tests import lake_fixture as fx
 
 
 def fleetpulse(*args: str, env: dict[str, str] | None = None, timeout: float = 120
@@ -114,3 +116,59 @@ def test_ingest_prometheus_once_with_prometheus_down_exits_with_a_clear_error(
     # our retries only: one line of ours per failed poll, none of urllib3's underneath
     assert "Retrying (Retry(" not in run.stderr
     assert run.stderr.count("retrying in") == 2
+
+
+def test_topics_create_without_a_broker_says_what_it_waits_for_and_gives_up() -> None:
+    bootstrap = f"127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    run = fleetpulse("topics", "create", "--timeout", "2",
+                     env={"FLEETPULSE_KAFKA__BOOTSTRAP": bootstrap}, timeout=60)
+    elapsed = time.monotonic() - started
+    _no_traceback(run)
+    assert run.returncode == 2
+    first, *_ = run.stderr.splitlines()
+    assert first == f"connecting to Kafka at {bootstrap} (up to 2 s)…"
+    assert f"fleetpulse: error: cannot reach Kafka at {bootstrap} within 2 s" in run.stderr
+    assert "FLEETPULSE_KAFKA__BOOTSTRAP" in run.stderr
+    assert elapsed < 20, f"took {elapsed:.0f} s"
+
+
+def test_topics_create_waits_ten_seconds_by_default() -> None:
+    assert "give up when no broker answers within SECONDS (default: 10.0)" in \
+        fleetpulse("topics", "create", "--help").stdout.replace("\n", " ").replace("  ", " ")
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fx.build_lake(tmp_path_factory.mktemp("lake"))
+
+
+def test_report_with_a_duration_before_the_year_one_is_a_clear_error(lake: Path, tmp_path: Path
+                                                                      ) -> None:
+    for since in ("999999d", "99999999999d"):
+        run = fleetpulse("report", "--lake", str(lake), "--since", since,
+                         "-o", str(tmp_path / "r.html"))
+        _no_traceback(run)
+        assert run.returncode == 2
+        assert run.stderr.startswith(f"fleetpulse: error: --since {since}") or \
+            run.stderr.startswith(f"fleetpulse: error: duration '{since}' is too long"), run.stderr
+
+
+def test_sql_names_the_views_there_are_for_an_unknown_table(lake: Path) -> None:
+    run = fleetpulse("sql", "--lake", str(lake), "SELECT * FROM utilisation")
+    assert run.returncode == 2
+    assert "Table with name utilisation does not exist" in run.stderr
+    assert "The lake has: actions, alerts, capacity, findings, node_state, prices, utilization, " \
+           "xid, xid_catalog." in run.stderr
+
+
+def test_serve_sim_with_a_bad_fault_spec_is_the_same_clear_error_as_simulate(tmp_path: Path
+                                                                             ) -> None:
+    errors = []
+    for command in (["serve-sim", "--out", str(tmp_path / "s")], ["simulate", "--to", "stdout"]):
+        run = fleetpulse(*command, "--inject", "G1-at-noon")
+        _no_traceback(run)
+        assert run.returncode == 2
+        errors.append(run.stderr)
+    assert errors[0] == errors[1] == \
+        "fleetpulse: error: fault spec 'G1-at-noon': expected TYPE[/VARIANT]@SECONDS[:TARGET[:DEVICE]]\n"
