@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline import __version__
+from pipeline.cli_parser import FleetPulseParser
 from pipeline.config import load_settings
 from pipeline.errors import FleetPulseError
 
@@ -37,7 +38,8 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # FleetPulseParser: no abbreviations, defaults in help; subparsers inherit the class.
+    parser = FleetPulseParser(
         prog="fleetpulse",
         description="Telemetry pipeline for NVIDIA GPU and Google Cloud TPU fleets: detect "
         "unhealthy accelerators, decide cordon/drain/repair under a safety policy, and keep "

@@ -123,7 +123,10 @@ def parse_duration(text: str) -> timedelta:
     if match is None:
         raise QueryError(f"duration {text!r}: expected a number and a unit, like 15m, 24h or 7d")
     unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match[2]]
-    return timedelta(**{unit: int(match[1])})
+    try:
+        return timedelta(**{unit: int(match[1])})
+    except OverflowError:
+        raise QueryError(f"duration {text!r} is too long: like 15m, 24h or 7d") from None
 
 
 def parse_time(text: str) -> datetime:
@@ -169,6 +172,8 @@ class Lake:
                 columns = [d[0] for d in cursor.description] if cursor.description else []
                 rows = cursor.fetchall() if cursor.description else []
                 return Result(columns, rows, time.perf_counter() - started)
+            except duckdb.CatalogException as exc:
+                raise QueryError(self._unknown_name(exc)) from None
             except _QUERY_FAULTS as exc:
                 raise QueryError(_first_line(exc)) from None
             except duckdb.IOException as exc:
@@ -183,6 +188,24 @@ class Lake:
                 if not self._find_damaged(str(exc)):
                     raise QueryError(_first_line(exc)) from None
                 self._register_tables()
+
+    def views(self) -> list[str]:
+        """The names a query can read: the lake's tables and the reference tables."""
+        rows = self.con.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE NOT starts_with(table_name, 'raw_') ORDER BY table_name"
+        ).fetchall()
+        return [str(row[0]) for row in rows]
+
+    def _unknown_name(self, exc: duckdb.Error) -> str:
+        """DuckDB's first line and its "Did you mean" hint; for an unknown table, then every
+        view there is (DuckDB suggests only the nearest name, which may not be the one meant)."""
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        hint = next((line for line in lines if line.startswith("Did you mean")), "")
+        message = " ".join(filter(None, [lines[0] if lines else str(exc), hint]))
+        if "Table with name" not in message:  # an unknown function or type: views don't help
+            return message
+        return f"{message} The lake has: {', '.join(self.views())}."
 
     def run(self, name: str, **params: Any) -> Result:
         """Run a canned analysis. since/until default to the last 24 h of data in the lake."""

@@ -24,11 +24,11 @@ from pipeline.config import Settings
 from pipeline.deadletter import dead_letter
 from pipeline.errors import ConfigError, DecodeError
 from pipeline.model import Alert, DeadLetter
+from pipeline.retry import Backoff
 from pipeline.runtime.topics import topic_name
 from pipeline.selfmetrics import serve_stats
 from pipeline.sinks.alertmanager import AlertmanagerSink
 from pipeline.sinks.webhook import Delivered, DeliveryError, JsonPoster, WebhookSink
-from pipeline.sources.base import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -57,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
     console = Console()
+    if not console.is_terminal:
+        # A pipe or a file: never break a line (a command or a path) at an imagined width;
+        # what reads it wraps as it likes. Tables still fit the default width.
+        console = Console(soft_wrap=True)
     sim = msgspec.structs.replace(
         settings.sim,
         gpu_nodes=args.gpu_nodes,
@@ -102,7 +106,10 @@ def _run_with_progress(
         TextColumn("{task.fields[stats]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=True) as progress:
+    # No live bar without a terminal: rich cannot redraw it there, and what it leaves behind
+    # is blank lines in the output.
+    with Progress(*columns, console=console, transient=True,
+                  disable=not console.is_terminal) as progress:
         task = progress.add_task("demo", total=total_ms, clock="0:00", stats="")
 
         def update(elapsed_ms: int, result: DemoResult) -> None:
@@ -140,10 +147,14 @@ def _summary(console: Console, result: DemoResult, seconds: float) -> None:
     lake = result.lake_dir
     fp = _command_name()
     console.print("\nTry next:")
-    console.print(f"  {fp} sql --lake {lake} --query top_offenders")
-    console.print(f'  {fp} sql --lake {lake} "select kind, count(*) from actions group by 1"')
-    console.print(f"  {fp} report --lake {lake} --out fleet.html")
-    console.print(f"  {fp} worker --help    (the same pipeline on Kafka)")
+    # One line each, whatever the width: a command broken mid-string cannot be pasted.
+    for command in (
+        f"{fp} sql --lake {lake} --query top_offenders",
+        f'{fp} sql --lake {lake} "select kind, count(*) from actions group by 1"',
+        f"{fp} report --lake {lake} --out fleet.html",
+        f"{fp} worker --help    (the same pipeline on Kafka)",
+    ):
+        console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _command_name() -> str:

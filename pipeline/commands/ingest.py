@@ -7,7 +7,8 @@
 
 Each poll reads from the last committed position (sources.state_dir/<source>.json), publishes
 with acks=all, and only then commits; inputs that do not parse go to fleet.dlq. A failing
-endpoint is retried with exponential backoff (sources.backoff_*). Settings: the [sources]
+endpoint is retried with jittered exponential backoff (sources.backoff_*); with --once, a
+poll that fails 3 times ends the command with an error. Settings: the [sources]
 section, e.g. FLEETPULSE_SOURCES__PROMETHEUS_URL, FLEETPULSE_SOURCES__XID_LOG_PATH.
 """
 
@@ -20,10 +21,14 @@ import threading
 from pathlib import Path
 
 from pipeline.config import Settings
+from pipeline.retry import Backoff
 from pipeline.selfmetrics import serve_stats
-from pipeline.sources.base import Backoff, LoopStats, Publisher, Source, run_source
+from pipeline.sources.base import LoopStats, Publisher, Source, run_source
 
 SOURCES = ("prometheus", "cloudmon", "tpu-runtime", "xid")
+# `--once` is a check run by a person or a script: a few tries, then an error and a non-zero
+# exit, where the daemon retries for as long as the endpoint is down.
+ONCE_ATTEMPTS = 3
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,6 +93,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             stop=stop,
             max_polls=1 if args.once else args.max_polls,
             stats=stats,
+            max_failures=ONCE_ATTEMPTS if args.once else None,
         )
     finally:
         source.close()

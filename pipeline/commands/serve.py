@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from pipeline.config import Settings
+from pipeline.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,7 +105,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sim_config = sim_settings(args, settings, int(time.time() * 1000))
-    sim = Simulation(sim_config, [parse_forced(spec) for spec in args.inject])
+    try:  # a bad --inject is the same clear error as in `simulate` and `demo`
+        sim = Simulation(sim_config, [parse_forced(spec) for spec in args.inject])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     with SimEndpoints(
         sim.fleet,
         args.out,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from pipeline.cli_parser import DeprecatedAlias
 from pipeline.config import Settings
 
 
@@ -21,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "crash replays and overwrites, never duplicates. Run several for more partitions: they "
         "share the consumer group lake.group_id. SIGTERM flushes and commits, then exits.",
     )
-    lake.add_argument("--to", help="lake folder (default: lake.path from the config)")
+    lake.add_argument("--lake", help="lake folder (default: lake.path from the config)")
+    # --to was this command's name for what every other command calls --lake.
+    lake.add_argument("--to", dest="lake", action=DeprecatedAlias, use="--lake")
     lake.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
                       help="flush, commit and exit after SECONDS without a record")
     lake.set_defaults(handler=_lake)
@@ -31,7 +34,7 @@ def _lake(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.sinks.lake_kafka import run_until_signalled  # Kafka client only when needed
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    root = args.to or settings.lake.path
+    root = args.lake or settings.lake.path
     stats = run_until_signalled(settings, root, args.exit_when_idle)
     print(f"lake sink: {stats.records} records, {stats.rows} rows in {stats.files} files, "
           f"{stats.dead_letters} dead letters, {stats.tombstones} tombstones skipped, "

@@ -70,11 +70,22 @@ def window_params(args: argparse.Namespace, lake: Lake) -> dict[str, Any]:
     if args.since:
         if args.since[0].isdigit() and args.since[-1] in "smhd":
             anchor = until or lake.latest() or datetime.now(UTC).replace(tzinfo=None)
-            since, until = anchor - parse_duration(args.since), anchor
+            since, until = _before(anchor, args.since), anchor
         else:
             since = parse_iso(args.since)
     bucket = parse_duration(args.bucket) if args.bucket else None
     return {"since": since, "until": until, "pool": args.pool, "bucket": bucket}
+
+
+def _before(anchor: datetime, duration: str) -> datetime:
+    """`anchor` minus --since's duration; a duration reaching before the year 1 is an error."""
+    try:
+        return anchor - parse_duration(duration)
+    except OverflowError:
+        raise QueryError(
+            f"--since {duration}: reaches back before the year 1; give a shorter duration "
+            "(like 30d) or a start time (like 2026-01-01T00:00Z)"
+        ) from None
 
 
 def _handle(args: argparse.Namespace, settings: Settings) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from pipeline.config import Settings
 from pipeline.runtime.topics import TOPICS, topic_configs, topic_name
@@ -20,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "partition count, compaction for node-state and retention. Existing topics are left "
         "as they are.",
     )
+    create.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="give up when no broker answers within SECONDS")
     create.set_defaults(handler=_create)
     listing = actions.add_parser(
         "list", help="print the topics FleetPulse uses", description="Print topics, keys, configs."
@@ -30,7 +33,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _create(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.runtime.kafka_admin import create_topics  # kafka client only when needed
 
-    results = create_topics(settings.kafka)
+    # Said before the wait, so a person sees at once what it is waiting for.
+    print(f"connecting to Kafka at {settings.kafka.bootstrap} (up to {args.timeout:g} s)…",
+          file=sys.stderr, flush=True)
+    results = create_topics(settings.kafka, bootstrap_timeout_s=args.timeout)
     for result in results:
         status = "created" if result.created else "exists"
         note = f"  ({result.note})" if result.note else ""

@@ -21,20 +21,27 @@ class TopicResult:
     note: str = ""
 
 
-def create_topics(settings: KafkaSettings) -> list[TopicResult]:
+def create_topics(settings: KafkaSettings, bootstrap_timeout_s: float = 30.0
+                  ) -> list[TopicResult]:
     """Create every topic that is missing; report those that exist with their partition count.
 
     A topic that exists with a different partition count is reported, not altered: changing
     partitions moves keys between partitions, which breaks per-key state. Someone must decide.
+    No broker answering within `bootstrap_timeout_s` is an error naming the bootstrap address.
     """
     try:
         admin = KafkaAdminClient(
             bootstrap_servers=settings.bootstrap,
             client_id=f"{settings.client_id}-admin",
             request_timeout_ms=30_000,
+            bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
         )
     except KafkaError as exc:
-        raise FleetPulseError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
+        raise FleetPulseError(
+            f"cannot reach Kafka at {settings.bootstrap} within {bootstrap_timeout_s:g} s "
+            f"({type(exc).__name__}); is the broker running? The address is kafka.bootstrap "
+            "in the config, or FLEETPULSE_KAFKA__BOOTSTRAP"
+        ) from exc
     try:
         existing = _partition_counts(admin)
         missing = [spec for spec in TOPICS if topic_name(settings, spec.suffix) not in existing]

@@ -1,11 +1,11 @@
 """Alerts to a generic webhook, and the retrying JSON POST both alert sinks share.
 
 Only a 2xx answer counts as delivered. 408, 429, 5xx and connection failures are retried with
-exponential backoff (a `Retry-After` in seconds is honoured, capped at the maximum delay);
-any other status is a verdict on the payload and is not retried. The body a webhook receives
-is Alertmanager's webhook format (version "4"), so receivers written for Alertmanager work
-unchanged; each alert keeps its FleetPulse fingerprint, so a receiver can drop the duplicates
-that at-least-once delivery brings.
+jittered exponential backoff (pipeline.retry; a `Retry-After` in seconds is honoured, capped at
+the maximum delay); any other status is a verdict on the payload and is not retried. The body
+a webhook receives is Alertmanager's webhook format (version "4"), so receivers written for
+Alertmanager work unchanged; each alert keeps its FleetPulse fingerprint, so a receiver can
+drop the duplicates that at-least-once delivery brings.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from typing import Any
 
 import msgspec
 import requests
+import tenacity
 
 from pipeline.errors import SinkError
 from pipeline.model import Alert
+from pipeline.retry import retrying
 
 RETRIED_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 # Alertmanager writes this for "no end time" in its webhook payload.
@@ -32,6 +34,14 @@ class DeliveryError(SinkError):
     def __init__(self, message: str, *, status: int | None, permanent: bool) -> None:
         super().__init__(message)
         self.status, self.permanent = status, permanent
+
+
+class _TransientError(Exception):
+    """A failure worth retrying; `retry_after`: the delay the server asked for, if any."""
+
+    def __init__(self, problem: str, retry_after: float | None) -> None:
+        super().__init__(problem)
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -63,37 +73,46 @@ class JsonPoster:
     def post(self, url: str, body: object) -> Delivered:
         data = msgspec.json.encode(body)
         headers = {"Content-Type": "application/json", "User-Agent": "fleetpulse"}
-        problem = ""
-        for attempt in range(1, self.max_attempts + 1):
-            retry_after = None
-            try:
-                response = self._session.post(
-                    url, data=data, headers=headers, timeout=self.timeout_s
-                )
-            except requests.RequestException as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            else:
-                if 200 <= response.status_code < 300:
-                    return Delivered(response.status_code, attempt)
-                problem = f"HTTP {response.status_code}: {response.text[:300]!r}"
-                if response.status_code not in RETRIED_STATUSES:
-                    raise DeliveryError(
-                        f"{url} refused the payload ({problem})",
-                        status=response.status_code,
-                        permanent=True,
-                    )
-                retry_after = _retry_after(response.headers.get("Retry-After"))
-            if attempt < self.max_attempts:
-                self._sleep(self._delay(attempt, retry_after))
-        raise DeliveryError(
-            f"{url}: not delivered after {self.max_attempts} attempts ({problem})",
-            status=None,
-            permanent=False,
+        attempts = retrying(
+            attempts=self.max_attempts,
+            initial_s=self.backoff_initial_s,
+            maximum_s=self.backoff_max_s,
+            retry_on=_TransientError,
+            sleep=self._sleep,
+            delay_hint=lambda exc: exc.retry_after if isinstance(exc, _TransientError) else None,
         )
+        try:
+            for attempt in attempts:
+                with attempt:  # a retried failure is recorded here; tenacity decides
+                    status = self._post_once(url, data, headers)
+                outcome = attempt.retry_state.outcome
+                if outcome is not None and not outcome.failed:
+                    return Delivered(status, attempt.retry_state.attempt_number)
+        except tenacity.RetryError as exc:
+            problem = exc.last_attempt.exception()
+            raise DeliveryError(
+                f"{url}: not delivered after {self.max_attempts} attempts ({problem})",
+                status=None,
+                permanent=False,
+            ) from problem
+        raise AssertionError("unreachable: tenacity stops with a success or an error")
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        backoff = self.backoff_initial_s * 2 ** (attempt - 1)
-        return min(self.backoff_max_s, retry_after if retry_after is not None else backoff)
+    def _post_once(self, url: str, data: bytes, headers: dict[str, str]) -> int:
+        """One POST: the 2xx status, or _TransientError (worth retrying), or DeliveryError."""
+        try:
+            response = self._session.post(url, data=data, headers=headers, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise _TransientError(f"{type(exc).__name__}: {exc}", None) from exc
+        if 200 <= response.status_code < 300:
+            return response.status_code
+        problem = f"HTTP {response.status_code}: {response.text[:300]!r}"
+        if response.status_code not in RETRIED_STATUSES:
+            raise DeliveryError(
+                f"{url} refused the payload ({problem})",
+                status=response.status_code,
+                permanent=True,
+            )
+        raise _TransientError(problem, _retry_after(response.headers.get("Retry-After")))
 
     def close(self) -> None:
         self._session.close()

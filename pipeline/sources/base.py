@@ -1,4 +1,5 @@
-"""What every ingest adapter shares: a poll result, checkpoints, backoff and the run loop.
+"""What every ingest adapter shares: a poll result, checkpoints and the run loop (its backoff
+is pipeline.retry's, re-exported here as `Backoff`).
 
 An adapter is a pure parser plus a `Source`: `poll()` reads from the endpoint from the last
 committed position and returns the events, the records it could not parse and the position
@@ -24,6 +25,7 @@ import msgspec
 from pipeline.codec import decode, encode
 from pipeline.errors import DecodeError, FleetPulseError, SourceError
 from pipeline.model import Event
+from pipeline.retry import Backoff
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound=msgspec.Struct)
@@ -118,27 +120,6 @@ def save_checkpoint(path: Path, position: msgspec.Struct) -> None:
         raise
 
 
-# --- backoff --------------------------------------------------------------------------------
-
-
-@dataclass
-class Backoff:
-    """Exponential delays: initial, initial*factor, … capped at maximum; reset on success."""
-
-    initial: float
-    maximum: float
-    factor: float = 2.0
-    failures: int = 0
-
-    def next_delay(self) -> float:
-        delay = min(self.maximum, self.initial * self.factor**self.failures)
-        self.failures += 1
-        return delay
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
 # --- the loop -------------------------------------------------------------------------------
 
 
@@ -165,11 +146,14 @@ def run_source(
     retryable: tuple[type[BaseException], ...] = RETRYABLE,
     sleep: Callable[[float], Any] | None = None,
     stats: LoopStats | None = None,
+    max_failures: int | None = None,
 ) -> LoopStats:
     """Poll, publish, commit, sleep; back off exponentially while the endpoint fails.
 
     Stops when `stop` is set or after `max_polls` successful polls. `stats` (updated as it
-    goes) lets a caller serve them as self-metrics while the loop runs.
+    goes) lets a caller serve them as self-metrics while the loop runs. With `max_failures`,
+    that many failures in a row raise SourceError instead of retrying on: a one-off run
+    (`ingest --once`) must end and say why, where a daemon keeps waiting for its endpoint.
     """
     stop = stop or threading.Event()
     wait = sleep or stop.wait
@@ -182,6 +166,9 @@ def run_source(
             source.commit(batch.position)
         except retryable as exc:
             stats.errors += 1
+            if max_failures is not None and backoff.failures + 1 >= max_failures:
+                msg = f"{source.name}: gave up after {max_failures} failed attempts: {exc}"
+                raise SourceError(msg) from exc
             delay = backoff.next_delay()
             log.warning("%s: %s; retrying in %.1f s", source.name, exc, delay)
             wait(delay)

@@ -158,12 +158,25 @@ def _raw(series: Any) -> bytes:
 # --- the I/O side ---------------------------------------------------------------------------
 
 
+NO_CREDENTIALS = (
+    "Cloud Monitoring needs Google Cloud credentials and found none (Application Default "
+    "Credentials). Provide them with one of: `gcloud auth application-default login`; "
+    "GOOGLE_APPLICATION_CREDENTIALS=/path/to/service-account-key.json; running on GCE/GKE "
+    "with a service account that has roles/monitoring.viewer. To read a stand-in instead, set "
+    "sources.cloudmon_endpoint (FLEETPULSE_SOURCES__CLOUDMON_ENDPOINT=host:port)."
+)
+
+
 def metric_service_client(endpoint: str) -> Any:
     """The real client: Application Default Credentials, or a plaintext stand-in at host:port."""
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import monitoring_v3
 
     if not endpoint:
-        return monitoring_v3.MetricServiceClient()
+        try:
+            return monitoring_v3.MetricServiceClient()
+        except DefaultCredentialsError as exc:
+            raise SourceError(NO_CREDENTIALS) from exc
     import grpc
     from google.cloud.monitoring_v3.services.metric_service.transports import (
         MetricServiceGrpcTransport,

@@ -234,6 +234,14 @@ def _shown(value: object) -> str:
 # --- the I/O side ---------------------------------------------------------------------------
 
 
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a connection failure ("[Errno 111] Connection refused"), not
+    urllib3's paragraph around it."""
+    text = str(exc)
+    marker = text.rfind("[Errno")
+    return text[marker:].rstrip("'\")") if marker >= 0 else type(exc).__name__
+
+
 class PrometheusSource:
     """Reads new DCGM samples from Prometheus with prometheus-api-client."""
 
@@ -248,12 +256,17 @@ class PrometheusSource:
         client: Any = None,
     ) -> None:
         from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
 
         self._settings = settings
         self._identity = Identity(settings.cluster, settings.pool, settings.zone)
         self._clock = clock
         self._checkpoint = checkpoint or Path(settings.state_dir) / "prometheus.json"
-        self._client = client or PrometheusConnect(url=settings.prometheus_url, disable_ssl=True)
+        # retry=Retry(0): no retries inside the client. Ours (run_source, jittered) are the
+        # only ones, so a failed poll is one log line, not three urllib3 warnings and ours.
+        self._client = client or PrometheusConnect(
+            url=settings.prometheus_url, disable_ssl=True, retry=Retry(total=0), timeout=30
+        )
         saved = load_checkpoint(self._checkpoint, PrometheusPosition)
         self.position = saved.last_ts_ms if saved else None
 
@@ -268,11 +281,18 @@ class PrometheusSource:
         return Batch(parsed.events, parsed.bad, PrometheusPosition(end_ms))
 
     def _query(self, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
+        import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
         query = f"{QUERY}[{end_ms - start_ms}ms]"
         try:
             result = self._client.custom_query(query, params={"time": f"{end_ms / 1000:.3f}"})
+        except requests.ConnectionError as exc:
+            url = self._settings.prometheus_url
+            raise SourceError(
+                f"cannot reach Prometheus at {url} (sources.prometheus_url, "
+                f"FLEETPULSE_SOURCES__PROMETHEUS_URL): {_reason(exc)}"
+            ) from exc
         except (PrometheusApiClientException, OSError, ValueError) as exc:
             raise SourceError(f"prometheus query {query!r} failed: {exc}") from exc
         if not isinstance(result, list):

@@ -50,3 +50,23 @@ def test_help_describes_the_demo() -> None:
     run = subprocess.run([sys.executable, "-m", "pipeline.cli", "demo", "--help"],
                          capture_output=True, text=True, check=True)
     assert "--gpu-nodes" in run.stdout and "no Kafka" in run.stdout.replace("\n", " ")
+
+
+def test_piped_output_keeps_commands_whole_and_leaves_no_blank_progress_lines(tmp_path: Path) -> None:
+    # stdout is a pipe (no TTY) and no COLUMNS: rich would assume 80 columns and wrap
+    out = tmp_path / "a-folder-name-long-enough" / "that-every-suggested-command-passes-80-columns"
+    command = [sys.executable, "-m", "pipeline.cli", "demo", "--out", str(out), "--gpu-nodes", "4",
+               "--tpu-slices", "1", "--hours", "0.1", "--no-report"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    lake = out / "lake"
+    for suggested in (f"sql --lake {lake} --query top_offenders",
+                      f'sql --lake {lake} "select kind, count(*) from actions group by 1"',
+                      f"report --lake {lake} --out fleet.html"):
+        assert any(line.endswith(suggested) for line in lines), run.stdout
+    # the header, then the one blank line the summary starts with: nothing left by a progress bar
+    assert lines[0].startswith("FleetPulse demo:") and lines[0].endswith("seed 7")
+    assert lines[1] == "" and lines[2].startswith("Processed "), run.stdout[:500]
+    assert run.stderr == ""

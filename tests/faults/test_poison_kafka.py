@@ -314,7 +314,7 @@ def test_the_lake_sink_dead_letters_every_poison_and_keeps_every_row(
     lake = tmp_path / "lake"
     started = time.monotonic()
     out = _run(
-        ["sink", "lake", "--to", str(lake), "--exit-when-idle", "3"],
+        ["sink", "lake", "--lake", str(lake), "--exit-when-idle", "3"],
         _env(kafka, FLEETPULSE_LAKE__GROUP_ID=group, FLEETPULSE_LAKE__FLUSH_SECONDS="1"),
         timeout=120,
     )

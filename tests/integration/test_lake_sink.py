@@ -72,7 +72,7 @@ def _sink(
     }
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "sink", "lake", "--to", str(lake), *extra],
+            [sys.executable, "-m", "pipeline.cli", "sink", "lake", "--lake", str(lake), *extra],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )
 

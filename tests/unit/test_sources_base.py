@@ -14,9 +14,9 @@ import pytest
 from pipeline.codec import decode
 from pipeline.errors import DecodeError, SourceError
 from pipeline.model import DeadLetter, Event, XidEvent
+from pipeline.retry import Backoff
 from pipeline.runtime.topics import record_key as event_key
 from pipeline.sources.base import (
-    Backoff,
     BadRecord,
     Batch,
     load_checkpoint,
@@ -61,9 +61,12 @@ def test_unreadable_checkpoint_stops_the_source(tmp_path: Path) -> None:
 
 def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
     backoff = Backoff(initial=0.5, maximum=4.0)
-    assert [backoff.next_delay() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    delays = [backoff.next_delay() for _ in range(6)]
+    # equal jitter: each delay in [d/2, d] for d = 0.5, 1, 2, 4, 4, 4
+    for delay, ceiling in zip(delays, [0.5, 1.0, 2.0, 4.0, 4.0, 4.0], strict=True):
+        assert ceiling / 2 <= delay <= ceiling
     backoff.reset()
-    assert backoff.next_delay() == 0.5
+    assert 0.25 <= backoff.next_delay() <= 0.5
 
 
 class FlakySource:
@@ -117,7 +120,8 @@ def test_loop_backs_off_while_failing_and_commits_after_publish() -> None:
         max_polls=2,
         sleep=sleeps.append,
     )
-    assert sleeps[:3] == [1.0, 2.0, 4.0]
+    for delay, ceiling in zip(sleeps[:3], [1.0, 2.0, 4.0], strict=True):
+        assert ceiling / 2 <= delay <= ceiling
     assert (stats.polls, stats.events, stats.bad, stats.errors) == (2, 2, 2, 3)
     assert source.committed == [1, 2] and len(publisher.batches) == 2
 
@@ -134,6 +138,14 @@ def test_unacknowledged_batch_is_not_committed() -> None:
     )
     # the first batch was polled but not acknowledged: no commit for it
     assert source.committed == [2]
+
+
+def test_a_bounded_loop_gives_up_with_the_last_error() -> None:
+    source, sleeps = FlakySource(failures=10), []
+    with pytest.raises(SourceError, match="gave up after 3 failed attempts: endpoint down"):
+        run_source(source, Recorder(), interval_s=0.0, backoff=Backoff(1.0, 60.0), max_polls=1,
+                   sleep=sleeps.append, max_failures=3)
+    assert len(sleeps) == 2 and source.failures == 7  # three tries, two waits between them
 
 
 def test_keys_and_dead_letters() -> None:
