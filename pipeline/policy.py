@@ -625,6 +625,7 @@ def _act(
         dry_run=dry,
         proposal_id=proposal.proposal_id,
         expires_at=st.clock + settings.action_ttl_s * _MS,
+        device=proposal.device,
     )
     out.actions.append(action)
     st.acted[proposal.proposal_id] = Acted(ts=st.clock, dry_run=dry)

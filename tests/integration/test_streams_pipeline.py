@@ -47,7 +47,7 @@ POISON: dict[str, tuple[bytes | None, bytes, str]] = {
     "events.node": (None, b"\xff\xfe", "expected a JSON object"),
     "events.capacity": (b"zone-x", b'{"schema": "capacity_event/1"}', "required field"),
     "findings": (b"node-x", b"null", "expected"),
-    "actions": (b"node-x", b'{"schema": "action/1", "action_id": 7}', "expected"),
+    "actions": (b"node-x", b'{"schema": "action/2", "action_id": 7}', "expected"),
 }
 
 

@@ -172,5 +172,52 @@ def test_schema_files_ship_inside_the_package() -> None:
     import importlib.resources
 
     shipped = importlib.resources.files("pipeline.schemas")
-    assert shipped.joinpath("action.v1.json").is_file()
+    assert shipped.joinpath("gpu_sample.v1.json").is_file()
     assert Path(str(shipped.joinpath("samples"))).is_dir()
+
+
+def _properties(node: Any, where: str = "$") -> list[tuple[str, str, Any]]:
+    """Every (place, property name, property schema) in a schema, $defs included."""
+    found: list[tuple[str, str, Any]] = []
+    if isinstance(node, dict):
+        for name, prop in (node.get("properties") or {}).items():
+            found.append((where, name, prop))
+        for key, child in node.items():
+            found += _properties(child, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            found += _properties(child, f"{where}[{i}]")
+    return found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_property_of_every_schema_is_described(name: str) -> None:
+    # consumers in other languages read the schema files, not pipeline/model.py
+    schema = schemas_tool.render(TOPIC_VALUES[name])
+    bare = [f"{where}.{prop}" for where, prop, body in _properties(schema)
+            if not str(body.get("description", "")).strip()]
+    assert bare == [], f"{name}: properties without a description: {bare}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_schema_ids_are_uris_that_name_the_version(name: str) -> None:
+    from urllib.parse import urlparse
+
+    cls = TOPIC_VALUES[name]
+    schema_id = _schema(name)["$id"]
+    parsed = urlparse(schema_id)
+    assert parsed.scheme == "https" and parsed.netloc, schema_id
+    tag_name, version = schemas_tool.schema_tag(cls).split("/")
+    assert parsed.path == f"/schemas/{tag_name}/v{version}.json", schema_id
+
+
+def test_what_an_actuator_needs_is_in_the_action_schema() -> None:
+    props = _schema("action")["properties"]
+    for word in ("dedupe", "fleet.events.node"):  # lowercased
+        assert word in props["action_id"]["description"].lower()
+    assert "must not be started" in props["expires_at"]["description"]
+    assert "do not touch" in props["dry_run"]["description"]
+    kinds = props["kind"]["description"]
+    for kind in props["kind"]["enum"]:
+        assert f"{kind}:" in kinds, f"action kind {kind} is not explained"
+    assert "reset_gpu" in props["device"]["description"]
