@@ -221,3 +221,50 @@ def test_what_an_actuator_needs_is_in_the_action_schema() -> None:
     for kind in props["kind"]["enum"]:
         assert f"{kind}:" in kinds, f"action kind {kind} is not explained"
     assert "reset_gpu" in props["device"]["description"]
+
+
+def _ce_expected(name: str, sample: dict[str, Any]) -> tuple[str, str]:
+    """(ce_type, ce_subject) a consumer routes on, from the sample's own fields."""
+    if name == "alert":
+        labels = sample["labels"]
+        where = labels.get("node") or labels.get("slice") or labels["pool"]
+        return f"io.fleetpulse.alert.{sample['status']}", f"{labels['cluster']}/{where}"
+    target = sample["target"]
+    kind = sample["kind"] if name == "action" else sample["state"]
+    return f"io.fleetpulse.{name}.{kind}", f"{target['cluster']}/{target['name']}"
+
+
+@pytest.mark.parametrize("name", ["action", "alert", "node_state"])
+def test_cloudevents_headers_round_trip_through_the_sdk_with_the_value_unchanged(
+    name: str,
+) -> None:
+    from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
+    from cloudevents.core.formats.json import JSONFormat
+
+    from pipeline import cloudevents_headers
+
+    event = codec.decode(json.dumps(_sample(name)).encode(), TOPIC_VALUES[name])
+    value = codec.encode(event)
+    headers = dict(cloudevents_headers.headers(event, value))
+    assert set(headers) == {
+        "ce_specversion", "ce_id", "ce_source", "ce_type", "ce_subject", "ce_time",
+        "ce_dataschema", "content-type",
+    }  # fmt: skip
+    assert headers["content-type"] == b"application/json"
+    assert headers["ce_dataschema"] == _schema(name)["$id"].encode()
+    ce = from_binary(KafkaMessage(headers=headers, key=None, value=value), JSONFormat())
+    assert ce.get_specversion() == "1.0"
+    assert ce.get_data() == json.loads(value)  # the value is the schema's JSON, unchanged
+    assert int(ce.get_time().timestamp() * 1000) == event.ts  # type: ignore[union-attr]
+    # content-derived: the same event gives the same id; the action's is its action_id
+    assert dict(cloudevents_headers.headers(event, value))["ce_id"] == headers["ce_id"]
+    assert (ce.get_type(), ce.get_subject()) == _ce_expected(name, _sample(name))
+    if name == "action":
+        assert ce.get_id() == event.action_id  # type: ignore[attr-defined]
+
+
+def test_only_actions_alerts_and_node_states_carry_cloudevents_headers() -> None:
+    from pipeline import cloudevents_headers
+
+    finding = codec.decode(json.dumps(_sample("finding")).encode(), TOPIC_VALUES["finding"])
+    assert cloudevents_headers.headers(finding, codec.encode(finding)) == []
