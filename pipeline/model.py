@@ -484,8 +484,8 @@ class Action(Event, frozen=True, kw_only=True, tag_field="schema", tag="action/2
     dry_run: Annotated[
         bool,
         Meta(
-            description="true: do not touch the target; log what would be done (and echo "
-            "nothing, or a node event whose reason says dry run). Shadow mode for new checks."
+            description="true: do not touch the target and echo nothing on "
+            "fleet.events.node; log what would be done. Shadow mode for new checks."
         ),
     ]
     proposal_id: Annotated[Id, Meta(description="The health machine's proposal it carries out.")]
