@@ -174,9 +174,13 @@ def _allowed_at(raw: bytes, path: str) -> str:
 
 
 def _inner(node: Any) -> Any:
-    # `X | None` and Annotated wrappers: the part that is not None
+    # `X | None` and Annotated wrappers (Meta with a description): the part that is not None
+    while isinstance(node, mi.Metadata):
+        node = node.type
     if isinstance(node, mi.UnionType):
-        return next((t for t in node.types if not isinstance(t, mi.NoneType)), node)
+        node = next((t for t in node.types if not isinstance(t, mi.NoneType)), node)
+    while isinstance(node, mi.Metadata):
+        node = node.type
     return node
 
 

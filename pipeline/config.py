@@ -268,6 +268,10 @@ class PolicySettings(Section, frozen=True):
     common_cause_min_targets: Annotated[int, Meta(ge=2)] = 3
     common_cause_window_s: PositiveInt = 600
     common_cause_canaries: Annotated[int, Meta(ge=0)] = 1
+    # Alert links: annotation runbook_url = runbook_base/<check>; generatorURL =
+    # generator_base/<cluster>/<node, slice or pool> (pipeline/alerts.py)
+    runbook_base: str = "https://fleetpulse.io/runbooks"
+    generator_base: str = "https://fleetpulse.io/fleet"
 
 
 class InventorySettings(Section, frozen=True):

@@ -206,7 +206,7 @@ def _sync_causes(st: GuardState, settings: Settings) -> list[Alert]:
             if cause is None:
                 continue
             seen_now.add(key)
-            cause, alert = _cause_alert(cause, len(marks), size, st.clock)
+            cause, alert = _cause_alert(cause, len(marks), size, st.clock, settings)
             st.causes[key] = cause
             out += alert
     for key in sorted(set(st.causes) - seen_now):
@@ -240,7 +240,9 @@ def _group(marks: Iterable[Mark]) -> dict[tuple[str, str], list[Mark]]:
     return groups
 
 
-def _cause_alert(cause: Cause, count: int, size: int, now: int) -> tuple[Cause, list[Alert]]:
+def _cause_alert(
+    cause: Cause, count: int, size: int, now: int, settings: Settings
+) -> tuple[Cause, list[Alert]]:
     labels = {
         "alertname": COMMON_CAUSE,
         "check": cause.check,
@@ -248,6 +250,9 @@ def _cause_alert(cause: Cause, count: int, size: int, now: int) -> tuple[Cause, 
         "scope_name": cause.name,
         "severity": "critical",
         "source": alerts.SOURCE,
+        # the labels routes match on, where the scope has them
+        **({"pool": cause.name} if cause.scope == "pool" else {}),
+        **({"zone": cause.name} if cause.scope == "zone" else {}),
     }
     summary = (
         f"{cause.check} on {count} of {size} targets in {cause.scope} {cause.name}: one "
@@ -265,7 +270,13 @@ def _cause_alert(cause: Cause, count: int, size: int, now: int) -> tuple[Cause, 
         "targets": str(count),
     }
     if cause.alert is None:
-        alert = alerts.firing(labels, annotations, now)
+        alert = alerts.firing(
+            labels,
+            annotations,
+            now,
+            runbook_base=settings.policy.runbook_base,
+            generator_base=settings.policy.generator_base,
+        )
     elif (cause.alert.annotations.get("targets") != str(count) and (
         count >= 2 * int(cause.alert.annotations.get("targets", "1"))
     )) or (cause.alert.annotations.get("description") != annotations["description"] and (

@@ -536,7 +536,15 @@ def _proposal(st: HealthState, proposal_id: str, kind: str) -> Proposal:
         fatal=any(c.fatal for c in conditions),
         episode=st.episode,
         state=st.state,
+        device=_reset_devices(conditions) if kind == "reset_gpu" else None,
     )
+
+
+def _reset_devices(conditions: list[Condition]) -> str | None:
+    """The GPUs a reset_gpu is for, as `nvidia-smi -r -i` takes them ("0" or "0,3"): the
+    devices of the conditions behind it. None when no condition names a device."""
+    devices = sorted({c.device for c in conditions if c.device}, key=lambda d: (len(d), d))
+    return ",".join(devices)[:256] if devices else None
 
 
 def _reason(st: HealthState, kind: str, conditions: list[Condition]) -> Reason:

@@ -40,6 +40,21 @@ HealthStateName = Literal[
     "healthy", "suspect", "degraded", "cordoned", "draining", "repairing", "probation"
 ]
 
+# Every field of every schema carries a description (a contract test checks it): these are the
+# fields that recur, documented once.
+EventTs = Annotated[
+    TimestampMs,
+    Meta(description="Event time: when it happened or was measured, Unix epoch ms, UTC."),
+]
+Cluster = Annotated[Name, Meta(description="Cluster (Kubernetes cluster) of the node or slice.")]
+Pool = Annotated[Name, Meta(description="Node pool within the cluster (one accelerator type).")]
+Zone = Annotated[Name, Meta(description="Cloud zone (or on-prem site) of the node or slice.")]
+NodeName = Annotated[Name, Meta(description="Host (Kubernetes node) name.")]
+SliceName = Annotated[Name, Meta(description="TPU slice (multi-host unit) the host is in.")]
+JobName = Annotated[
+    Name | None, Meta(description="Workload (job) running on the device, when known.")
+]
+
 
 def _check_finite(where: str, metrics: dict[str, float]) -> None:
     # Fast path for the hot decode loop: a sum of finite values is finite (or overflows to
@@ -59,13 +74,28 @@ class Event(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class GpuReading(Event, frozen=True, kw_only=True):
-    index: Annotated[int, Meta(ge=0, le=63)]
-    uuid: Annotated[str, Meta(max_length=64, pattern=r"^GPU-[0-9a-fA-F-]{8,60}$")]
-    pci_bus_id: Annotated[str, Meta(max_length=32, pattern=r"^[0-9a-fA-F:.]+$")]
-    model: ShortText
-    job: Name | None = None
+    """One GPU in a scrape."""
+
+    index: Annotated[int, Meta(ge=0, le=63, description="GPU index on the node (nvidia-smi).")]
+    uuid: Annotated[
+        str,
+        Meta(
+            max_length=64,
+            pattern=r"^GPU-[0-9a-fA-F-]{8,60}$",
+            description="GPU UUID as NVML reports it.",
+        ),
+    ]
+    pci_bus_id: Annotated[
+        str,
+        Meta(max_length=32, pattern=r"^[0-9a-fA-F:.]+$", description="PCI bus id of the GPU."),
+    ]
+    model: Annotated[ShortText, Meta(description="GPU model name, e.g. NVIDIA H100 80GB HBM3.")]
+    job: JobName = None
     # dcgm-exporter metric names, raw values; counters stay raw (rates are derived in detect).
-    metrics: dict[Annotated[str, Meta(pattern=r"^DCGM_[A-Z0-9_]+$")], float]
+    metrics: Annotated[
+        dict[Annotated[str, Meta(pattern=r"^DCGM_[A-Z0-9_]+$")], float],
+        Meta(description="dcgm-exporter field name -> raw value; counters are not rates."),
+    ]
 
     def __post_init__(self) -> None:
         _check_finite(f"gpu {self.index}", self.metrics)
@@ -74,21 +104,28 @@ class GpuReading(Event, frozen=True, kw_only=True):
 class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_sample/1"):
     """One node's dcgm-exporter scrape (fleet.telemetry.gpu, key = node)."""
 
-    ts: TimestampMs
-    cluster: Name
-    node: Name
-    pool: Name
-    zone: Name
-    driver: ShortText
-    gpus: list[GpuReading]
+    ts: EventTs
+    cluster: Cluster
+    node: NodeName
+    pool: Pool
+    zone: Zone
+    driver: Annotated[ShortText, Meta(description="NVIDIA driver version on the node.")]
+    gpus: Annotated[list[GpuReading], Meta(description="One reading per GPU of the node.")]
 
 
 class TpuChipReading(Event, frozen=True, kw_only=True):
-    chip_id: Annotated[int, Meta(ge=0, le=100_000)]
-    coords: list[NonNegInt]
-    job: Name | None = None
+    """One TPU chip in a scrape."""
+
+    chip_id: Annotated[int, Meta(ge=0, le=100_000, description="Chip id within the slice.")]
+    coords: Annotated[
+        list[NonNegInt], Meta(description="Chip coordinates in the slice topology (x, y[, z]).")
+    ]
+    job: JobName = None
     # duty_cycle_pct, tensorcore_util, hbm_used_bytes, hbm_total_bytes, ...
-    metrics: dict[Annotated[str, Meta(pattern=r"^[a-z0-9_]+$")], float]
+    metrics: Annotated[
+        dict[Annotated[str, Meta(pattern=r"^[a-z0-9_]+$")], float],
+        Meta(description="libtpu metric name (duty_cycle_pct, hbm_used_bytes, ...) -> value."),
+    ]
 
     def __post_init__(self) -> None:
         _check_finite(f"chip {self.chip_id}", self.metrics)
@@ -97,60 +134,87 @@ class TpuChipReading(Event, frozen=True, kw_only=True):
 class TpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="tpu_sample/1"):
     """One TPU host's chip metrics (fleet.telemetry.tpu, key = slice)."""
 
-    ts: TimestampMs
-    cluster: Name
-    node: Name
-    pool: Name
-    zone: Name
-    slice: Name
-    accelerator_type: Annotated[str, Meta(pattern=r"^(v[0-9a-z]+|tpu7x)-[0-9]+$")]
-    topology: Annotated[str, Meta(pattern=r"^[0-9]+(x[0-9]+){1,2}$")]
-    worker_id: NonNegInt
-    chips: list[TpuChipReading]
+    ts: EventTs
+    cluster: Cluster
+    node: NodeName
+    pool: Pool
+    zone: Zone
+    slice: SliceName
+    accelerator_type: Annotated[
+        str,
+        Meta(
+            pattern=r"^(v[0-9a-z]+|tpu7x)-[0-9]+$",
+            description="TPU accelerator type and size, e.g. v5p-128.",
+        ),
+    ]
+    topology: Annotated[
+        str, Meta(pattern=r"^[0-9]+(x[0-9]+){1,2}$", description="Slice topology, e.g. 4x4x4.")
+    ]
+    worker_id: Annotated[NonNegInt, Meta(description="This host's worker index in the slice.")]
+    chips: Annotated[list[TpuChipReading], Meta(description="One reading per chip of the host.")]
 
 
 class IciLink(Event, frozen=True, kw_only=True):
-    chip_id: NonNegInt
-    port: Annotated[int, Meta(ge=0, le=15)]
-    peer_chip_id: NonNegInt
+    """One ICI link of a chip."""
+
+    chip_id: Annotated[NonNegInt, Meta(description="Chip at this end of the link.")]
+    port: Annotated[int, Meta(ge=0, le=15, description="ICI port of the chip.")]
+    peer_chip_id: Annotated[NonNegInt, Meta(description="Chip at the other end of the link.")]
     # libtpu ici_link_health scale as observed in the field: 0 = healthy; higher is worse,
     # 10 = down. The scale is undocumented upstream (reference/data-shapes.md §3.3).
-    health: Annotated[int, Meta(ge=0, le=10)]
-    flits_tx: NonNegInt
-    flits_rx: NonNegInt
-    errors: NonNegInt | None = None
+    health: Annotated[
+        int, Meta(ge=0, le=10, description="libtpu link health: 0 healthy, higher worse, 10 down.")
+    ]
+    flits_tx: Annotated[NonNegInt, Meta(description="Flits sent (counter).")]
+    flits_rx: Annotated[NonNegInt, Meta(description="Flits received (counter).")]
+    errors: Annotated[
+        NonNegInt | None, Meta(description="Link errors (counter), when the runtime reports it.")
+    ] = None
 
 
 class IciSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="ici_sample/1"):
     """One TPU host's ICI link counters (fleet.telemetry.ici, key = slice)."""
 
-    ts: TimestampMs
-    cluster: Name
-    node: Name
-    pool: Name
-    zone: Name
-    slice: Name
-    links: list[IciLink]
+    ts: EventTs
+    cluster: Cluster
+    node: NodeName
+    pool: Pool
+    zone: Zone
+    slice: SliceName
+    links: Annotated[list[IciLink], Meta(description="One entry per ICI link of the host.")]
 
 
 class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_event/1"):
     """One NVRM Xid kernel-log line (fleet.events.xid, key = node)."""
 
-    ts: TimestampMs
-    cluster: Name
-    node: Name
-    pool: Name
-    zone: Name
+    ts: EventTs
+    cluster: Cluster
+    node: NodeName
+    pool: Pool
+    zone: Zone
     # normalised BDF without function: "0000:53:00" (kernel form), see codec.normalize_pci
-    pci_bus_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$")]
-    gpu_index: Annotated[int, Meta(ge=0, le=63)] | None = None
-    uuid: ShortText | None = None
-    xid: Annotated[int, Meta(ge=0, le=100_000)]
-    pid: NonNegInt | None = None
-    process: ShortText | None = None
-    job: Name | None = None
-    message: Text
-    source: Literal["kernel_log", "dcgm", "simulator"]
+    pci_bus_id: Annotated[
+        str,
+        Meta(
+            pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$",
+            description="PCI id of the GPU in kernel form without function, e.g. 0000:53:00.",
+        ),
+    ]
+    gpu_index: Annotated[
+        Annotated[int, Meta(ge=0, le=63)] | None,
+        Meta(description="GPU index on the node, when it could be resolved."),
+    ] = None
+    uuid: Annotated[ShortText | None, Meta(description="GPU UUID, when known.")] = None
+    xid: Annotated[int, Meta(ge=0, le=100_000, description="NVIDIA Xid error number.")]
+    pid: Annotated[NonNegInt | None, Meta(description="Process id named in the line.")] = None
+    process: Annotated[
+        ShortText | None, Meta(description="Process name named in the line.")
+    ] = None
+    job: JobName = None
+    message: Annotated[Text, Meta(description="The NVRM Xid line as logged.")]
+    source: Annotated[
+        Literal["kernel_log", "dcgm", "simulator"], Meta(description="Where the line was read.")
+    ]
 
 
 class NodeEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_event/1"):
@@ -160,16 +224,27 @@ class NodeEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_
     the change is a human or cloud override.
     """
 
-    ts: TimestampMs
-    cluster: Name
-    target_kind: TargetKind
-    target: Name
-    pool: Name
-    zone: Name
-    kind: Literal["cordoned", "uncordoned", "drained", "deleted", "repaired", "created"]
-    actor: ShortText
-    action_id: Id | None = None
-    reason: Text = ""
+    ts: EventTs
+    cluster: Cluster
+    target_kind: Annotated[TargetKind, Meta(description="Whether `target` is a node or a slice.")]
+    target: Annotated[Name, Meta(description="The node or slice that changed.")]
+    pool: Pool
+    zone: Zone
+    kind: Annotated[
+        Literal["cordoned", "uncordoned", "drained", "deleted", "repaired", "created"],
+        Meta(description="What happened to the target."),
+    ]
+    actor: Annotated[
+        ShortText, Meta(description="Who did it: an actuator's name, a person, the cloud.")
+    ]
+    action_id: Annotated[
+        Id | None,
+        Meta(
+            description="The fleet.actions action_id this carries out (an actuator's echo); "
+            "absent for a human or cloud change."
+        ),
+    ] = None
+    reason: Annotated[Text, Meta(description="Free text: why, or how an action went.")] = ""
 
 
 class Inventory(Event, frozen=True, kw_only=True, tag_field="schema", tag="inventory/1"):
@@ -177,18 +252,26 @@ class Inventory(Event, frozen=True, kw_only=True, tag_field="schema", tag="inven
     cluster/name; a tombstone when it leaves). The only source of pool, zone and cluster
     membership: budgets count these members, and telemetry that disagrees is not believed."""
 
-    ts: TimestampMs
-    cluster: Name
-    kind: TargetKind
-    name: Name
-    pool: Name
-    zone: Name
-    accelerator: ShortText
-    capacity: Annotated[int, Meta(ge=0, le=100_000)]  # GPUs of a node, chips of a slice
-    leaf_switch: Name | None = None
-    rail: Name | None = None
-    labels: dict[ShortText, ShortText] = {}
-    source: ShortText = "file"
+    ts: EventTs
+    cluster: Cluster
+    kind: Annotated[TargetKind, Meta(description="Whether this member is a node or a slice.")]
+    name: Annotated[Name, Meta(description="Node or slice name.")]
+    pool: Pool
+    zone: Zone
+    accelerator: Annotated[ShortText, Meta(description="Accelerator model or TPU type.")]
+    capacity: Annotated[
+        int, Meta(ge=0, le=100_000, description="GPUs of a node, or chips of a slice.")
+    ]
+    leaf_switch: Annotated[
+        Name | None, Meta(description="Network leaf switch, for common-cause grouping.")
+    ] = None
+    rail: Annotated[Name | None, Meta(description="Network rail, for common-cause grouping.")] = (
+        None
+    )
+    labels: Annotated[
+        dict[ShortText, ShortText], Meta(description="Free-form labels from the owner.")
+    ] = {}
+    source: Annotated[ShortText, Meta(description="Where the inventory came from.")] = "file"
 
 
 class PolicyRelease(
@@ -198,36 +281,49 @@ class PolicyRelease(
     `check` in the scope go ahead again under the usual budgets, until the cause clears and a
     new one is seen. `fleetpulse policy release` writes it."""
 
-    ts: TimestampMs
-    check: ShortText
-    scope: Literal["pool", "zone", "fleet"]
-    name: ShortText  # cluster/pool, the zone, or "fleet"
-    actor: ShortText
-    reason: Text = ""
+    ts: EventTs
+    check: Annotated[ShortText, Meta(description="The check whose pause is released.")]
+    scope: Annotated[
+        Literal["pool", "zone", "fleet"], Meta(description="Breadth of the released pause.")
+    ]
+    name: Annotated[
+        ShortText, Meta(description='The scope\'s name: cluster/pool, the zone, or "fleet".')
+    ]
+    actor: Annotated[ShortText, Meta(description="Who released it.")]
+    reason: Annotated[Text, Meta(description="Why it was released.")] = ""
 
 
 class QuotaInfo(Event, frozen=True, kw_only=True):
-    metric: ShortText
-    limit: float
-    usage: float
-    unit: ShortText = "count"
+    """A quota's figures."""
+
+    metric: Annotated[ShortText, Meta(description="Provider's quota metric name.")]
+    limit: Annotated[float, Meta(description="Quota limit.")]
+    usage: Annotated[float, Meta(description="Quota in use.")]
+    unit: Annotated[ShortText, Meta(description="Unit of limit and usage.")] = "count"
 
 
 class MaintenanceWindow(Event, frozen=True, kw_only=True):
-    start: TimestampMs
-    end: TimestampMs
-    notice_s: NonNegInt = 0
+    """A scheduled maintenance window."""
+
+    start: Annotated[TimestampMs, Meta(description="Window start, Unix epoch ms.")]
+    end: Annotated[TimestampMs, Meta(description="Window end, Unix epoch ms.")]
+    notice_s: Annotated[
+        NonNegInt, Meta(description="Seconds of notice the provider gave.")
+    ] = 0
 
 
 class CapacityEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="capacity_event/1"):
     """Quota, stock-out, reservation, queued-resource, maintenance or preemption signal
     (fleet.events.capacity, key = zone). Fields follow reference/data-shapes.md §6.5."""
 
-    event_id: Id
-    ts: TimestampMs
-    provider: Literal["gcp", "aws", "azure", "onprem"]
-    source: ShortText
-    kind: Literal[
+    event_id: Annotated[Id, Meta(description="Deterministic id of the event (dedupe key).")]
+    ts: EventTs
+    provider: Annotated[
+        Literal["gcp", "aws", "azure", "onprem"], Meta(description="Cloud or on-prem.")
+    ]
+    source: Annotated[ShortText, Meta(description="The API or feed it came from.")]
+    kind: Annotated[
+        Literal[
         "QUOTA_USAGE",
         "QUOTA_EXCEEDED",
         "QUOTA_CHANGED",
@@ -239,21 +335,37 @@ class CapacityEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="c
         "MAINTENANCE_DONE",
         "HOST_ERROR",
         "RESERVATION_CHANGED",
+        ],
+        Meta(description="What kind of capacity signal this is."),
     ]
-    severity: Severity
-    region: Name
-    zone: Name
-    cluster: Name | None = None
-    pool: Name | None = None
-    target_kind: TargetKind | None = None
-    target: Name | None = None
-    accelerator_type: ShortText | None = None
-    quota: QuotaInfo | None = None
-    window: MaintenanceWindow | None = None
-    state: ShortText | None = None
-    previous_state: ShortText | None = None
-    error_code: ShortText | None = None
-    message: Text = ""
+    severity: Annotated[Severity, Meta(description="How much it matters.")]
+    region: Annotated[Name, Meta(description="Cloud region.")]
+    zone: Zone
+    cluster: Annotated[Name | None, Meta(description="Cluster, when it concerns one.")] = None
+    pool: Annotated[Name | None, Meta(description="Node pool, when it concerns one.")] = None
+    target_kind: Annotated[
+        TargetKind | None, Meta(description="Kind of `target`, when there is one.")
+    ] = None
+    target: Annotated[
+        Name | None, Meta(description="The node or slice it concerns, if any.")
+    ] = None
+    accelerator_type: Annotated[
+        ShortText | None, Meta(description="Accelerator type concerned, if any.")
+    ] = None
+    quota: Annotated[
+        QuotaInfo | None, Meta(description="Quota figures for QUOTA_* kinds.")
+    ] = None
+    window: Annotated[
+        MaintenanceWindow | None, Meta(description="Window for MAINTENANCE_* kinds.")
+    ] = None
+    state: Annotated[
+        ShortText | None, Meta(description="New state (queued resource, reservation).")
+    ] = None
+    previous_state: Annotated[
+        ShortText | None, Meta(description="State before this change.")
+    ] = None
+    error_code: Annotated[ShortText | None, Meta(description="Provider error code.")] = None
+    message: Annotated[Text, Meta(description="Provider's message, free text.")] = ""
 
 
 # --- derived ------------------------------------------------------------------------------
@@ -262,27 +374,34 @@ class CapacityEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="c
 class Target(Event, frozen=True, kw_only=True):
     """What an action applies to: a node, or a whole TPU slice (repaired as one unit)."""
 
-    cluster: Name
-    kind: TargetKind
-    name: Name
-    pool: Name
-    zone: Name
+    cluster: Cluster
+    kind: Annotated[
+        TargetKind, Meta(description="node: one host; slice: a whole TPU slice, as one unit.")
+    ]
+    name: Annotated[Name, Meta(description="Node or slice name.")]
+    pool: Pool
+    zone: Zone
 
 
 class Entity(Event, frozen=True, kw_only=True):
     """What a finding is about: a device on a node/slice, a link, or the node/slice itself."""
 
-    kind: EntityKind
-    target: Target
-    device: ShortText | None = None  # gpu index, chip id or "chip:port" of an ICI link
+    kind: Annotated[EntityKind, Meta(description="What sort of thing the finding is about.")]
+    target: Annotated[Target, Meta(description="The node or slice the entity belongs to.")]
+    device: Annotated[
+        ShortText | None,
+        Meta(description='GPU index, TPU chip id, or "chip:port" of an ICI link.'),
+    ] = None
 
 
 class Evidence(Event, frozen=True, kw_only=True):
-    metric: ShortText
-    value: float | None
-    baseline: float | None
-    score: float | None
-    window_s: NonNegInt
+    """The numbers behind a finding."""
+
+    metric: Annotated[ShortText, Meta(description="Metric the verdict rests on.")]
+    value: Annotated[float | None, Meta(description="Observed value.")]
+    baseline: Annotated[float | None, Meta(description="Expected value (the device's baseline).")]
+    score: Annotated[float | None, Meta(description="Anomaly score (robust z, CUSUM, ...).")]
+    window_s: Annotated[NonNegInt, Meta(description="Window the value covers, seconds.")]
 
 
 class Finding(Event, frozen=True, kw_only=True, tag_field="schema", tag="finding/1"):
@@ -292,98 +411,183 @@ class Finding(Event, frozen=True, kw_only=True, tag_field="schema", tag="finding
     reported and nothing is wrong, which gives the health machine its event-time clock.
     """
 
-    finding_id: Id
-    ts: TimestampMs
-    entity: Entity
-    check: ShortText
-    severity: Severity
-    healthy: bool
-    fatal: bool = False
-    recommended_action: RecommendedAction
-    evidence: Evidence | None = None
-    message: Text = ""
+    finding_id: Annotated[Id, Meta(description="Deterministic id (dedupe key).")]
+    ts: EventTs
+    entity: Annotated[Entity, Meta(description="What the verdict is about.")]
+    check: Annotated[ShortText, Meta(description="Detector check name, e.g. xid.79.")]
+    severity: Annotated[Severity, Meta(description="How bad it is.")]
+    healthy: Annotated[bool, Meta(description="true clears the check; false raises it.")]
+    fatal: Annotated[bool, Meta(description="The device cannot recover without repair.")] = False
+    recommended_action: Annotated[
+        RecommendedAction, Meta(description="What the detector suggests doing.")
+    ]
+    evidence: Annotated[Evidence | None, Meta(description="The numbers behind it.")] = None
+    message: Annotated[Text, Meta(description="Human-readable explanation.")] = ""
 
 
 class Reason(Event, frozen=True, kw_only=True):
-    checks: list[ShortText]
-    finding_ids: list[Id]
-    summary: Text
+    """Why a proposal or action was made."""
+
+    checks: Annotated[list[ShortText], Meta(description="Checks that led to it.")]
+    finding_ids: Annotated[list[Id], Meta(description="Findings that led to it (bounded).")]
+    summary: Annotated[Text, Meta(description="Human-readable summary.")]
 
 
-class Proposal(Event, frozen=True, kw_only=True, tag_field="schema", tag="proposal/1"):
-    """What the health machine wants done to a target (fleet.proposals, key = pool)."""
+class Proposal(Event, frozen=True, kw_only=True, tag_field="schema", tag="proposal/2"):
+    """What the health machine wants done to a target (fleet.proposals, key = pool).
 
-    proposal_id: Id
-    ts: TimestampMs
-    kind: ActionKind
-    target: Target
-    reason: Reason
-    fatal: bool
-    episode: Id
-    state: HealthStateName
+    v2 adds `device` (the GPU(s) a reset_gpu is for), carried on to the action."""
+
+    proposal_id: Annotated[Id, Meta(description="Deterministic id (dedupe key).")]
+    ts: EventTs
+    kind: Annotated[ActionKind, Meta(description="The action wanted (see action/2).")]
+    target: Annotated[Target, Meta(description="The node or slice.")]
+    reason: Annotated[Reason, Meta(description="Why.")]
+    fatal: Annotated[bool, Meta(description="A fatal condition is among the reasons.")]
+    episode: Annotated[Id, Meta(description="Trouble episode the proposal belongs to.")]
+    state: Annotated[HealthStateName, Meta(description="Target's health state when proposed.")]
+    device: Annotated[
+        ShortText | None, Meta(description="For reset_gpu: GPU index(es), comma-separated.")
+    ] = None
 
 
-class Action(Event, frozen=True, kw_only=True, tag_field="schema", tag="action/1"):
-    """The public contract for actuators (fleet.actions, key = node/slice)."""
+ACTION_KINDS_DOC = (
+    "What to do to the target. cordon: mark unschedulable, running pods stay. uncordon: make "
+    "schedulable again (FleetPulse only releases its own cordons). drain: evict pods "
+    "(respecting PodDisruptionBudgets); the node stays cordoned. reset_gpu: reset the GPU(s) "
+    "named in `device` (nvidia-smi -r -i <device>) on a drained node. reboot: reboot the host. "
+    "repair: the provider's repair of the host (e.g. GKE repair, report host faulty). "
+    "replace: delete the node so its pool brings up a new one. repair_slice: repair or "
+    "recreate the whole TPU slice as one unit."
+)
 
-    action_id: Id
-    ts: TimestampMs
-    kind: ActionKind
-    target: Target
-    reason: Reason
-    dry_run: bool
-    proposal_id: Id
-    expires_at: TimestampMs | None = None
+
+class Action(Event, frozen=True, kw_only=True, tag_field="schema", tag="action/2"):
+    """The public contract for actuators (fleet.actions, key = cluster/target).
+
+    An actuator carries out each action at most once (dedupe by `action_id`), not after
+    `expires_at`, only pretends when `dry_run`, and echoes the outcome on fleet.events.node
+    with the same `action_id` (docs/actuators.md). v2 adds `device`, the GPU(s) a reset_gpu
+    is for."""
+
+    action_id: Annotated[
+        Id,
+        Meta(
+            description="Deterministic id: the same decision always has the same id, so a "
+            "redelivered action is recognised. Dedupe on it; echo it on fleet.events.node."
+        ),
+    ]
+    ts: Annotated[TimestampMs, Meta(description="When it was decided (event time), epoch ms.")]
+    kind: Annotated[ActionKind, Meta(description=ACTION_KINDS_DOC)]
+    target: Annotated[Target, Meta(description="The node or slice to act on.")]
+    reason: Annotated[Reason, Meta(description="Why: checks, findings, a summary for people.")]
+    dry_run: Annotated[
+        bool,
+        Meta(
+            description="true: do not touch the target and echo nothing on "
+            "fleet.events.node; log what would be done. Shadow mode for new checks."
+        ),
+    ]
+    proposal_id: Annotated[Id, Meta(description="The health machine's proposal it carries out.")]
+    expires_at: Annotated[
+        TimestampMs | None,
+        Meta(
+            description="Epoch ms after which the action must not be started (the decision is "
+            "stale; a fresh one follows if it still holds). Absent: no deadline."
+        ),
+    ] = None
+    device: Annotated[
+        ShortText | None,
+        Meta(
+            description="For reset_gpu: the GPU index(es) on the node to reset, "
+            "comma-separated as nvidia-smi -i takes them. Absent for other kinds."
+        ),
+    ] = None
 
 
 class NodeState(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_state/1"):
     """Current health state of a node or slice (fleet.node-state, compacted, key = target)."""
 
-    ts: TimestampMs
-    target: Target
-    state: HealthStateName
-    since: TimestampMs
-    episode: Id | None = None
-    cordoned_by_us: bool = False
-    human_hold: bool = False
-    repairs: NonNegInt = 0
-    last_action: ShortText | None = None
-    open_checks: list[ShortText] = []
+    ts: EventTs
+    target: Annotated[Target, Meta(description="The node or slice.")]
+    state: Annotated[HealthStateName, Meta(description="Current health state.")]
+    since: Annotated[TimestampMs, Meta(description="When it entered this state, Unix epoch ms.")]
+    episode: Annotated[
+        Id | None, Meta(description="Open trouble episode (cordon to release), if any.")
+    ] = None
+    cordoned_by_us: Annotated[
+        bool, Meta(description="FleetPulse cordoned it (not a person).")
+    ] = False
+    human_hold: Annotated[
+        bool, Meta(description="A person cordoned it: FleetPulse will not act on it.")
+    ] = False
+    repairs: Annotated[NonNegInt, Meta(description="Repairs done in this episode.")] = 0
+    last_action: Annotated[
+        ShortText | None, Meta(description="Kind of the last action taken.")
+    ] = None
+    open_checks: Annotated[
+        list[ShortText], Meta(description="Checks still raised on it.")
+    ] = []
 
 
 class Alert(Event, frozen=True, kw_only=True, tag_field="schema", tag="alert/1"):
     """Alertmanager-shaped alert (fleet.alerts, key = fingerprint); times are RFC 3339 as
     Alertmanager's API wants them, with `ts` in ms like every other topic."""
 
-    ts: TimestampMs
-    fingerprint: Annotated[str, Meta(pattern=r"^[0-9a-f]{16}$")]
-    status: Literal["firing", "resolved"]
-    labels: dict[ShortText, ShortText]
-    annotations: dict[ShortText, Text]
-    startsAt: ShortText  # noqa: N815 - Alertmanager's field name
-    endsAt: ShortText | None = None  # noqa: N815
-    generatorURL: ShortText = ""  # noqa: N815
+    ts: EventTs
+    fingerprint: Annotated[
+        str,
+        Meta(
+            pattern=r"^[0-9a-f]{16}$",
+            description="Alertmanager's fingerprint of the labels (the record key).",
+        ),
+    ]
+    status: Annotated[
+        Literal["firing", "resolved"], Meta(description="resolved carries endsAt.")
+    ]
+    labels: Annotated[
+        dict[ShortText, ShortText],
+        Meta(
+            description="Identity of the alert, for routing: alertname, severity, service, "
+            "cluster, pool, zone, node or slice (target alerts), check."
+        ),
+    ]
+    annotations: Annotated[
+        dict[ShortText, Text],
+        Meta(description="summary, description, runbook_url, action_id, finding_ids."),
+    ]
+    startsAt: Annotated[  # noqa: N815 - Alertmanager's field name
+        ShortText, Meta(description="RFC 3339 UTC start.")
+    ]
+    endsAt: Annotated[  # noqa: N815
+        ShortText | None, Meta(description="RFC 3339 UTC end; only on resolved alerts.")
+    ] = None
+    generatorURL: Annotated[  # noqa: N815
+        ShortText, Meta(description="Where to look: the target's or pool's FleetPulse page.")
+    ] = ""
 
 
 class Utilization(Event, frozen=True, kw_only=True, tag_field="schema", tag="utilization/1"):
     """One device over one event-time window (fleet.utilization, key = node/slice)."""
 
-    window_start: TimestampMs
-    window_s: Annotated[int, Meta(ge=1, le=86_400)]
-    cluster: Name
-    pool: Name
-    zone: Name
-    node: Name
-    slice: Name | None = None
-    device: ShortText
-    accelerator: ShortText
-    job: Name | None = None
-    allocated: bool
-    util_mean: Percent
-    util_max: Percent
-    mem_used_frac: Annotated[float, Meta(ge=0.0, le=1.0)]
-    power_w_mean: float | None = None
-    samples: Annotated[int, Meta(ge=1)]
+    window_start: Annotated[TimestampMs, Meta(description="Window start, Unix epoch ms.")]
+    window_s: Annotated[int, Meta(ge=1, le=86_400, description="Window length, seconds.")]
+    cluster: Cluster
+    pool: Pool
+    zone: Zone
+    node: NodeName
+    slice: Annotated[Name | None, Meta(description="TPU slice, for TPU chips.")] = None
+    device: Annotated[ShortText, Meta(description="GPU index or TPU chip id.")]
+    accelerator: Annotated[ShortText, Meta(description="Accelerator model or TPU type.")]
+    job: JobName = None
+    allocated: Annotated[bool, Meta(description="A job held the device in the window.")]
+    util_mean: Annotated[Percent, Meta(description="Mean utilization, percent.")]
+    util_max: Annotated[Percent, Meta(description="Max utilization, percent.")]
+    mem_used_frac: Annotated[
+        float, Meta(ge=0.0, le=1.0, description="Mean fraction of device memory used.")
+    ]
+    power_w_mean: Annotated[float | None, Meta(description="Mean power draw, watts.")] = None
+    samples: Annotated[int, Meta(ge=1, description="Samples in the window.")]
 
 
 class DeadLetter(Event, frozen=True, kw_only=True, tag_field="schema", tag="dead_letter/2"):
@@ -393,14 +597,16 @@ class DeadLetter(Event, frozen=True, kw_only=True, tag_field="schema", tag="dead
     "invalid" (pipeline.errors.DecodeError), "error" (a stage raised), the door's refusals
     (ahead, behind, late, inventory_mismatch), "refused" (an alert sink said no for good)."""
 
-    ts: TimestampMs
-    topic: ShortText
-    partition: int
-    offset: int
-    key: ShortText | None
-    error: Text
-    raw_b64: str
-    reason: Annotated[str, Meta(max_length=64)] = ""
+    ts: Annotated[TimestampMs, Meta(description="When it was dead-lettered, Unix epoch ms.")]
+    topic: Annotated[ShortText, Meta(description="Topic the record came from.")]
+    partition: Annotated[int, Meta(description="Its partition.")]
+    offset: Annotated[int, Meta(description="Its offset.")]
+    key: Annotated[ShortText | None, Meta(description="Its key, as text.")]
+    error: Annotated[Text, Meta(description="What was wrong, naming the field.")]
+    raw_b64: Annotated[str, Meta(description="The record's value bytes, base64.")]
+    reason: Annotated[
+        str, Meta(max_length=64, description="Machine-readable reason (see the description).")
+    ] = ""
 
 
 INPUT_TYPES: tuple[type[Event], ...] = (

@@ -625,6 +625,7 @@ def _act(
         dry_run=dry,
         proposal_id=proposal.proposal_id,
         expires_at=st.clock + settings.action_ttl_s * _MS,
+        device=proposal.device,
     )
     out.actions.append(action)
     st.acted[proposal.proposal_id] = Acted(ts=st.clock, dry_run=dry)
@@ -640,7 +641,7 @@ def _act(
             expires_at=action.expires_at or st.clock,
             maintenance=maintenance,
         )
-        _target_alert(st, action, proposal.fatal, maintenance, out)
+        _target_alert(st, action, proposal.fatal, maintenance, out, settings)
     if not maintenance:
         _count(st, proposal.kind, settings)
 
@@ -658,7 +659,12 @@ def _count(st: PolicyState, kind: str, settings: PolicySettings) -> None:
 
 
 def _target_alert(
-    st: PolicyState, action: Action, fatal: bool, maintenance: bool, out: _Out
+    st: PolicyState,
+    action: Action,
+    fatal: bool,
+    maintenance: bool,
+    out: _Out,
+    settings: PolicySettings,
 ) -> None:
     name = f"cordon:{target_key(action.target)}"
     if action.kind == "cordon" and name not in st.alerts:
@@ -669,6 +675,8 @@ def _target_alert(
             action_id=action.action_id,
             fatal=fatal,
             maintenance=maintenance,
+            runbook_base=settings.runbook_base,
+            generator_base=settings.generator_base,
         )
         st.alerts[name] = alert
         out.alerts.append(alert)
@@ -707,7 +715,15 @@ def _sync_pool_alerts(
         annotations = _describe(st, name, items, settings, guard)
         annotations |= {"withheld_count": str(len(items)), "withheld_digest": digest}
         if current is None:
-            alert = alerts.pool_alert(name, st.pool or "unknown", st.cluster, st.clock, annotations)
+            alert = alerts.pool_alert(
+                name,
+                st.pool or "unknown",
+                st.cluster,
+                st.clock,
+                annotations,
+                runbook_base=settings.runbook_base,
+                generator_base=settings.generator_base,
+            )
         else:
             alert = alerts.update(current, annotations, st.clock)
         st.alerts[name] = alert

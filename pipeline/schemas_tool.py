@@ -22,6 +22,8 @@ from pipeline.model import TOPIC_VALUES, Event
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
+# `$id`s are absolute URIs (JSON Schema wants them so); CloudEvents' `dataschema` names them.
+ID_BASE = "https://fleetpulse.io/schemas"
 
 
 def schema_tag(cls: type[Event]) -> str:
@@ -35,12 +37,22 @@ def file_name(cls: type[Event]) -> str:
     return f"{name}.v{version}.json"
 
 
+def schema_id(cls: type[Event]) -> str:
+    """The schema's `$id`: https://fleetpulse.io/schemas/<name>/v<version>.json."""
+    name, version = schema_tag(cls).split("/")
+    return f"{ID_BASE}/{name}/v{version}.json"
+
+
 def render(cls: type[Event]) -> dict[str, Any]:
     body = msgspec.json.schema(cls)
     root = body["$defs"][cls.__name__]
+    # the tag field is msgspec's, not a declared field: describe it here
+    root["properties"]["schema"]["description"] = (
+        "Schema name and version of this value; a consumer reads only versions it knows."
+    )
     return {
         "$schema": DIALECT,
-        "$id": f"fleetpulse:{schema_tag(cls)}",
+        "$id": schema_id(cls),
         **root,
         "$defs": {k: v for k, v in body["$defs"].items() if k != cls.__name__},
     }

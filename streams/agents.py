@@ -236,7 +236,7 @@ def handle_policy(ctx: Context, record: Record, signal: Event) -> Futures:
     if not isinstance(signal, Proposal | NodeState | CapacityEvent | Inventory | PolicyRelease):
         raise DecodeError(
             field="$.schema",
-            expected="'proposal/1', 'node_state/1', 'capacity_event/1', 'inventory/1' or "
+            expected="'proposal/2', 'node_state/1', 'capacity_event/1', 'inventory/1' or "
             "'policy_release/1'",
             got=repr(type(signal).__struct_config__.tag),
         )

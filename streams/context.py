@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import faust
 import msgspec
 
+from pipeline import cloudevents_headers
 from pipeline.config import Settings
 from pipeline.model import Action, Alert, Event, Finding, NodeState
 from pipeline.runtime import route
@@ -50,6 +51,7 @@ ZONE_INPUT = "zone-input"
 # their node or slice for the telemetry stage, so planned silence is not taken for a failure.
 ANNOUNCE_INPUT = "announce-input"
 INTERNAL_TOPICS = (POLICY_INPUT, ZONE_INPUT, ANNOUNCE_INPUT)
+CE_TOPICS = cloudevents_headers.TOPICS  # the public topics only, not the internal copies
 
 
 @dataclass
@@ -146,7 +148,10 @@ class Context:
     def send(self, topic: str, key: str, event: Event) -> Awaitable[Any]:
         channel = self.topics[topic]
         self.metrics.records_out.labels(channel.get_topic_name()).inc()
-        fut: Awaitable[Any] = channel.send_soon(key=key.encode(), value=_ENCODER.encode(event))
+        value = _ENCODER.encode(event)
+        # actions, alerts and node state carry CloudEvents headers for downstream consumers
+        headers = cloudevents_headers.headers(event, value) if topic in CE_TOPICS else None
+        fut: Awaitable[Any] = channel.send_soon(key=key.encode(), value=value, headers=headers)
         return fut
 
     def send_finding(self, finding: Finding) -> Awaitable[Any]:

@@ -143,7 +143,7 @@ ACTIONS = TableSpec(
     name="actions",
     topic_suffix="actions",
     event=Action,
-    version=1,
+    version=2,  # v2: device (action/2)
     time=attrgetter("ts"),
     columns=(
         _col("ts", TIMESTAMP),
@@ -156,6 +156,7 @@ ACTIONS = TableSpec(
         _col("dry_run", pa.bool_()),
         _col("proposal_id", pa.string()),
         _col("expires_at", TIMESTAMP),
+        _col("device", pa.string()),
         SCHEMA,
     ),
 )

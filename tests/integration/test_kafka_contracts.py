@@ -6,6 +6,8 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -121,3 +123,63 @@ def test_json_values_are_plain_utf8_objects(kafka_settings: KafkaSettings) -> No
     for name, event in _samples():
         body = json.loads(codec.encode(event).decode("utf-8"))
         assert body["schema"] == schemas_tool.schema_tag(TOPIC_VALUES[name])
+
+
+def test_cloudevents_headers_survive_the_broker(kafka_settings: KafkaSettings) -> None:
+    # what the worker sends (streams/context.py: the same headers function), read back by
+    # another client and parsed by the CloudEvents SDK's Kafka binding
+    from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
+    from cloudevents.core.formats.json import JSONFormat
+
+    from pipeline import cloudevents_headers
+
+    assert _run_cli(kafka_settings, "topics", "create").returncode == 0
+    wanted = {"action": "actions", "alert": "alerts", "node_state": "node-state"}
+    events = dict(_samples())
+    producer = KafkaProducer(bootstrap_servers=kafka_settings.bootstrap, acks="all")
+    for name, suffix in wanted.items():
+        value = codec.encode(events[name])
+        producer.send(
+            topic_name(kafka_settings, suffix),
+            key=b"k",
+            value=value,
+            headers=cloudevents_headers.headers(events[name], value),
+        )
+    producer.flush(timeout=30)
+    producer.close()
+
+    topics = [topic_name(kafka_settings, suffix) for suffix in wanted.values()]
+    records = asyncio.run(_consume_records(kafka_settings, topics, len(wanted)))
+    for name, suffix in wanted.items():
+        record = records[topic_name(kafka_settings, suffix)]
+        headers = {key: bytes(value) for key, value in record.headers}
+        assert headers["content-type"] == b"application/json"
+        ce = from_binary(KafkaMessage(headers, record.key, record.value), JSONFormat())
+        assert record.value == codec.encode(events[name])  # unchanged by the headers
+        assert ce.get_data() == json.loads(record.value)
+        expected = dict(cloudevents_headers.headers(events[name], record.value))
+        assert ce.get_id() == expected["ce_id"].decode()
+        assert ce.get_type() == expected["ce_type"].decode()
+        assert ce.get_dataschema() == schemas_tool.schema_id(TOPIC_VALUES[name])
+
+
+async def _consume_records(kafka: KafkaSettings, topics: list[str], expected: int) -> dict[str, Any]:
+    """The first record of each topic (its key, value and headers)."""
+    consumer = AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=kafka.bootstrap,
+        group_id=f"{kafka.topic_prefix}-ce-readers-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    received: dict[str, Any] = {}
+    try:
+        async with asyncio.timeout(60):
+            while len(received) < expected:
+                batch = await consumer.getmany(timeout_ms=1000)
+                for partition, records in batch.items():
+                    received.setdefault(partition.topic, records[0])
+    finally:
+        await consumer.stop()
+    return received

@@ -47,7 +47,7 @@ POISON: dict[str, tuple[bytes | None, bytes, str]] = {
     "events.node": (None, b"\xff\xfe", "expected a JSON object"),
     "events.capacity": (b"zone-x", b'{"schema": "capacity_event/1"}', "required field"),
     "findings": (b"node-x", b"null", "expected"),
-    "actions": (b"node-x", b'{"schema": "action/1", "action_id": 7}', "expected"),
+    "actions": (b"node-x", b'{"schema": "action/2", "action_id": 7}', "expected"),
 }
 
 
@@ -231,3 +231,29 @@ def test_metrics_count_what_went_through(run: Run) -> None:
     assert re.search(
         r"^fleetpulse_worker_processing_seconds_count\{agent=\"telemetry\"\} [1-9]", text, re.M
     )
+
+
+def test_actions_alerts_and_node_states_carry_cloudevents_headers(run: Run) -> None:
+    # consumers route on ce_type / ce_subject without decoding; the SDK reads each record as a
+    # CloudEvent whose data is the record value, unchanged
+    from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
+    from cloudevents.core.formats.json import JSONFormat
+
+    from pipeline import codec
+    from pipeline.model import TOPIC_VALUES
+
+    kinds = {"actions": "action", "alerts": "alert", "node-state": "node_state"}
+    for suffix, name in kinds.items():
+        records = [r for r in run.reader.records[run.topic(suffix)] if r.value]
+        valid = [r for r in records if r.value != POISON["actions"][1]]  # not our poison
+        assert valid, f"no {suffix} records to check"
+        for record in valid:
+            headers = {key: bytes(value) for key, value in record.headers}
+            ce = from_binary(KafkaMessage(headers, record.key, record.value), JSONFormat())
+            event = codec.decode(record.value, TOPIC_VALUES[name])
+            assert ce.get_type().startswith(f"io.fleetpulse.{name}."), ce.get_type()
+            assert ce.get_data() == msgspec.to_builtins(event)
+            assert headers["content-type"] == b"application/json"
+            if isinstance(event, Action):
+                assert ce.get_id() == event.action_id
+                assert ce.get_subject() == f"{event.target.cluster}/{event.target.name}"

@@ -56,7 +56,8 @@ def test_firing_then_update_then_resolved_keep_identity_and_start() -> None:
     assert first.status == later.status == "firing" and first.endsAt is None
     assert first.fingerprint == later.fingerprint == done.fingerprint == alerts.fingerprint(labels)
     assert later.startsAt == done.startsAt == alerts.rfc3339(T0)
-    assert later.annotations == {"summary": "two"} and later.ts == T0 + 5_000
+    assert later.annotations == {"summary": "two", "runbook_url": first.annotations["runbook_url"]}
+    assert later.ts == T0 + 5_000
     assert done.status == "resolved" and done.endsAt == alerts.rfc3339(T0 + 9_000)
 
 
@@ -77,7 +78,7 @@ def test_cordon_alert_names_the_target_and_maintenance_is_informational() -> Non
     maint = alerts.cordon_alert(
         target("n7"), reason, T0, action_id="a" * 8, fatal=False, maintenance=True
     )
-    assert fault.labels["target"] == "n7" and fault.labels["severity"] == "warning"
+    assert fault.labels["node"] == "n7" and fault.labels["severity"] == "warning"
     assert fault.labels["alertname"] == alerts.CORDONED
     assert maint.labels["alertname"] == alerts.MAINTENANCE and maint.labels["severity"] == "info"
     assert fault.fingerprint != maint.fingerprint
@@ -90,3 +91,76 @@ def test_pool_alerts_differ_by_cause_and_pool() -> None:
         for pool in ("p1", "p2")
     }
     assert len(prints) == 6
+
+
+ROUTING = {"alertname", "severity", "cluster", "pool", "check"}
+
+
+def _every_kind_of_alert() -> list[Alert]:
+    reason = Reason(checks=["gpu.ecc.dbe", "xid.79"], finding_ids=[], summary="s")
+    made = [
+        alerts.cordon_alert(target("n7"), reason, T0, action_id="a" * 8, fatal=True,
+                            maintenance=False),
+        alerts.cordon_alert(target("s1", kind="slice"), reason, T0, action_id="a" * 8,
+                            fatal=False, maintenance=True),
+    ]  # fmt: skip
+    made += [
+        alerts.pool_alert(name, "p1", "c1", T0, {"summary": "s"}) for name in alerts.POOL_ALERTS
+    ]
+    return made
+
+
+def test_alerts_carry_the_labels_alertmanager_users_route_on() -> None:
+    node, slice_, *pools = _every_kind_of_alert()
+    for alert in (node, slice_, *pools):
+        assert set(alert.labels) >= ROUTING, alert.labels
+    assert node.labels["node"] == "n7" and "slice" not in node.labels
+    assert slice_.labels["slice"] == "s1" and "node" not in slice_.labels
+    assert node.labels["zone"] == slice_.labels["zone"] == target().zone
+    assert node.labels["check"] == "gpu.ecc.dbe,xid.79"
+    assert slice_.labels["check"] == "maintenance"
+    assert {a.labels["check"] for a in pools} == {f"policy.{n}" for n in alerts.POOL_ALERTS}
+
+
+def test_every_alert_links_its_runbook_and_where_it_came_from() -> None:
+    node, _slice, budget, *_ = _every_kind_of_alert()
+    assert node.annotations["runbook_url"] == f"{alerts.RUNBOOK_BASE}/gpu.ecc.dbe"
+    assert budget.annotations["runbook_url"] == f"{alerts.RUNBOOK_BASE}/policy.budget"
+    t = target("n7")
+    assert node.generatorURL == f"{alerts.GENERATOR_BASE}/{t.cluster}/n7"
+    assert budget.generatorURL == f"{alerts.GENERATOR_BASE}/c1/p1"
+    custom = alerts.pool_alert(
+        "budget", "p1", "c1", T0, {}, runbook_base="https://wiki/rb/", generator_base="https://g"
+    )
+    assert custom.annotations["runbook_url"] == "https://wiki/rb/policy.budget"
+    assert custom.generatorURL == "https://g/c1/p1"
+    # an update keeps the link; the resolved copy too
+    later = alerts.update(node, {"summary": "two"}, T0 + 1)
+    resolved = alerts.resolve(later, T0 + 2)
+    assert resolved.annotations["runbook_url"] == node.annotations["runbook_url"]
+
+
+def test_the_alert_sample_is_what_the_code_emits_for_the_action_sample() -> None:
+    from pipeline.model import Action
+    from pipeline.schemas_tool import SCHEMA_DIR
+
+    action = decode((SCHEMA_DIR / "samples" / "action.v2.json").read_bytes(), Action)
+    sample = decode((SCHEMA_DIR / "samples" / "alert.v1.json").read_bytes(), Alert)
+    emitted = alerts.cordon_alert(
+        action.target, action.reason, sample.ts, action_id=action.action_id, fatal=True,
+        maintenance=False,
+    )  # fmt: skip
+    assert sample == emitted
+
+
+def test_the_development_alertmanager_groups_by_labels_that_exist() -> None:
+    import re
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[2] / "deploy/alertmanager/alertmanager.yml.in"
+    found = re.search(r"^\s*group_by:\s*\[(.*)\]", config.read_text(), re.M)
+    assert found is not None
+    group_by = {name.strip().strip("\"'") for name in found.group(1).split(",")}
+    for alert in _every_kind_of_alert():
+        missing = group_by - set(alert.labels)
+        assert not missing, f"{alert.labels['alertname']} lacks {missing}"

@@ -172,5 +172,99 @@ def test_schema_files_ship_inside_the_package() -> None:
     import importlib.resources
 
     shipped = importlib.resources.files("pipeline.schemas")
-    assert shipped.joinpath("action.v1.json").is_file()
+    assert shipped.joinpath("gpu_sample.v1.json").is_file()
     assert Path(str(shipped.joinpath("samples"))).is_dir()
+
+
+def _properties(node: Any, where: str = "$") -> list[tuple[str, str, Any]]:
+    """Every (place, property name, property schema) in a schema, $defs included."""
+    found: list[tuple[str, str, Any]] = []
+    if isinstance(node, dict):
+        for name, prop in (node.get("properties") or {}).items():
+            found.append((where, name, prop))
+        for key, child in node.items():
+            found += _properties(child, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            found += _properties(child, f"{where}[{i}]")
+    return found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_property_of_every_schema_is_described(name: str) -> None:
+    # consumers in other languages read the schema files, not pipeline/model.py
+    schema = schemas_tool.render(TOPIC_VALUES[name])
+    bare = [f"{where}.{prop}" for where, prop, body in _properties(schema)
+            if not str(body.get("description", "")).strip()]
+    assert bare == [], f"{name}: properties without a description: {bare}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_schema_ids_are_uris_that_name_the_version(name: str) -> None:
+    from urllib.parse import urlparse
+
+    cls = TOPIC_VALUES[name]
+    schema_id = _schema(name)["$id"]
+    parsed = urlparse(schema_id)
+    assert parsed.scheme == "https" and parsed.netloc, schema_id
+    tag_name, version = schemas_tool.schema_tag(cls).split("/")
+    assert parsed.path == f"/schemas/{tag_name}/v{version}.json", schema_id
+
+
+def test_what_an_actuator_needs_is_in_the_action_schema() -> None:
+    props = _schema("action")["properties"]
+    for word in ("dedupe", "fleet.events.node"):  # lowercased
+        assert word in props["action_id"]["description"].lower()
+    assert "must not be started" in props["expires_at"]["description"]
+    assert "do not touch" in props["dry_run"]["description"]
+    kinds = props["kind"]["description"]
+    for kind in props["kind"]["enum"]:
+        assert f"{kind}:" in kinds, f"action kind {kind} is not explained"
+    assert "reset_gpu" in props["device"]["description"]
+
+
+def _ce_expected(name: str, sample: dict[str, Any]) -> tuple[str, str]:
+    """(ce_type, ce_subject) a consumer routes on, from the sample's own fields."""
+    if name == "alert":
+        labels = sample["labels"]
+        where = labels.get("node") or labels.get("slice") or labels["pool"]
+        return f"io.fleetpulse.alert.{sample['status']}", f"{labels['cluster']}/{where}"
+    target = sample["target"]
+    kind = sample["kind"] if name == "action" else sample["state"]
+    return f"io.fleetpulse.{name}.{kind}", f"{target['cluster']}/{target['name']}"
+
+
+@pytest.mark.parametrize("name", ["action", "alert", "node_state"])
+def test_cloudevents_headers_round_trip_through_the_sdk_with_the_value_unchanged(
+    name: str,
+) -> None:
+    from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
+    from cloudevents.core.formats.json import JSONFormat
+
+    from pipeline import cloudevents_headers
+
+    event = codec.decode(json.dumps(_sample(name)).encode(), TOPIC_VALUES[name])
+    value = codec.encode(event)
+    headers = dict(cloudevents_headers.headers(event, value))
+    assert set(headers) == {
+        "ce_specversion", "ce_id", "ce_source", "ce_type", "ce_subject", "ce_time",
+        "ce_dataschema", "content-type",
+    }  # fmt: skip
+    assert headers["content-type"] == b"application/json"
+    assert headers["ce_dataschema"] == _schema(name)["$id"].encode()
+    ce = from_binary(KafkaMessage(headers=headers, key=None, value=value), JSONFormat())
+    assert ce.get_specversion() == "1.0"
+    assert ce.get_data() == json.loads(value)  # the value is the schema's JSON, unchanged
+    assert int(ce.get_time().timestamp() * 1000) == event.ts  # type: ignore[union-attr]
+    # content-derived: the same event gives the same id; the action's is its action_id
+    assert dict(cloudevents_headers.headers(event, value))["ce_id"] == headers["ce_id"]
+    assert (ce.get_type(), ce.get_subject()) == _ce_expected(name, _sample(name))
+    if name == "action":
+        assert ce.get_id() == event.action_id  # type: ignore[attr-defined]
+
+
+def test_only_actions_alerts_and_node_states_carry_cloudevents_headers() -> None:
+    from pipeline import cloudevents_headers
+
+    finding = codec.decode(json.dumps(_sample("finding")).encode(), TOPIC_VALUES["finding"])
+    assert cloudevents_headers.headers(finding, codec.encode(finding)) == []

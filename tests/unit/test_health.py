@@ -373,3 +373,15 @@ def test_conditions_are_bounded() -> None:
     for gpu in range(300):
         state, _ = transition(state, finding(t, gpu, device=str(gpu), action="watch"), SETTINGS)
     assert state is not None and len(state.conditions) <= 257
+
+
+def test_a_gpu_reset_names_the_gpus_its_conditions_are_on() -> None:
+    # the actuator must know which GPU to reset without parsing the summary text
+    t = target()
+    state, proposals = transition(None, finding(t, 0, fatal=True, device="3"), SETTINGS)
+    state, _ = transition(state, finding(t, 0.5, "row_remap", fatal=True, device="10"), SETTINGS)
+    assert [(p.kind, p.device) for p in proposals] == [("cordon", None)]
+    state, proposals = transition(state, action_for(proposals[-1], 1), SETTINGS)  # cordon
+    state, proposals = transition(state, action_for(proposals[-1], 2), SETTINGS)  # drain
+    state, proposals = transition(state, node_event(t, 3, "drained"), SETTINGS)
+    assert [(p.kind, p.device) for p in proposals] == [("reset_gpu", "3,10")]

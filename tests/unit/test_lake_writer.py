@@ -173,3 +173,15 @@ def test_old_files_without_new_columns_still_read(tmp_path: Path) -> None:
         result = lake.sql("SELECT count(*), count(power_w_mean), count(mem_used_frac), "
                           "sum(hours) FROM utilization")
     assert result.rows == [(20, 10, 10, 20 / 60)]
+
+
+def test_the_gpu_a_reset_is_for_lands_in_the_actions_table(tmp_path: Path) -> None:
+    import msgspec
+
+    writer = LakeWriter(tmp_path, LakeSettings())
+    action = fx.EVERYTHING["actions"]()[0]
+    reset = msgspec.structs.replace(action, kind="reset_gpu", device="0,3")
+    writer.add("actions", reset, ("actions", 0, 0))
+    writer.flush()
+    rows = pq.read_table(visible_files(tmp_path, "actions")).to_pylist()
+    assert [(r["kind"], r["device"]) for r in rows] == [("reset_gpu", "0,3")]

@@ -441,3 +441,12 @@ def test_decide_is_deterministic_and_leaves_its_input_alone() -> None:
 def test_a_signal_for_another_pool_is_refused() -> None:
     with pytest.raises(ValueError, match="p2"):
         decide(pool(2), proposal(target("x", pool="p2"), 1), BASE)
+
+
+def test_a_gpu_reset_action_carries_the_device_of_its_proposal() -> None:
+    state = pool(10)
+    t = target("n1")
+    state, _, _ = run(state, [node_state(t, 1, "draining", by_us=True, episode="ep-n1-episode")])
+    reset = msgspec.structs.replace(proposal(t, 2, "reset_gpu"), device="0,3")
+    state, actions, _ = run(state, [reset])
+    assert [(a.kind, a.device) for a in actions] == [("reset_gpu", "0,3")]
