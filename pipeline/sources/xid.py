@@ -51,13 +51,15 @@ from pipeline.sources.base import (
 # `Jun  3 10:22:01[.123456]`; journalctl short-unix `1717410121.123456`); otherwise the
 # fallback the reader gives (the journal's __REALTIME_TIMESTAMP, or the time of reading). A date
 # in another language (`juin 03`, `Mär 03`, `июн 03`) is not parsed: the fallback is used. Dates
-# without a zone are read as UTC.
+# without a zone are read as UTC (journalctl short-full naming a zone other than UTC: the
+# fallback).
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _MONTH = "(?:" + "|".join(_MONTHS) + ")"
 _ISO = re.compile(
     r"(?<![\d.])(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
-    r"(?:Z|[+-]\d{2}:?\d{2})?)(?![\d:])"
+    r"(?:Z|[+-]\d{2}:?\d{2})?)(?![\d:])(?: (?P<zone>[A-Z]{3,5})\b)?"
 )
+_HAS_OFFSET = re.compile(r"(?:Z|[+-]\d{2}:?\d{2})$")
 _CTIME = re.compile(
     rf"\[\S+ +(?P<month>{_MONTH}) +(?P<day>\d{{1,2}}) (?P<time>\d{{2}}:\d{{2}}:\d{{2}}) "
     r"(?P<year>\d{4})\]"
@@ -187,6 +189,8 @@ def _timestamp(prefix: str, fallback_ts_ms: int) -> int:
     """The time the line's prefix carries, or the fallback (see the note on _ISO)."""
     stamp: dt.datetime | None = None
     if (iso := _ISO.search(prefix)) is not None:
+        if iso["zone"] not in (None, "UTC", "GMT") and not _HAS_OFFSET.search(iso["iso"]):
+            return fallback_ts_ms  # journalctl short-full in a local zone named, not given
         stamp = dt.datetime.fromisoformat(iso["iso"].replace(",", ".").replace(" ", "T", 1))
     elif (ctime := _CTIME.search(prefix)) is not None:
         stamp = _month_date(ctime["year"], ctime["month"], ctime["day"], ctime["time"])
