@@ -4,6 +4,7 @@
     fleetpulse ingest cloudmon       TPU chip metrics from Cloud Monitoring → fleet.telemetry.tpu
     fleetpulse ingest tpu-runtime    libtpu on this TPU host → fleet.telemetry.tpu / .ici
     fleetpulse ingest xid            NVRM Xid lines of the kernel log → fleet.events.xid
+                                     (--log FILE, --journal-json FILE|-, or --kmsg [PATH])
 
 Each poll reads from the last committed position (sources.state_dir/<source>.json), publishes
 with acks=all, and only then commits; inputs that do not parse go to fleet.dlq. A failing
@@ -45,10 +46,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--stdout", action="store_true", help="print events as JSON lines instead of Kafka"
     )
     parser.add_argument("--log", type=Path, help="kernel log to tail (xid; default from config)")
+    parser.add_argument(
+        "--journal-json",
+        metavar="FILE",
+        help="xid: read `journalctl -k -o json [--follow]` records from FILE ('-' = stdin)",
+    )
+    parser.add_argument(
+        "--kmsg",
+        nargs="?",
+        const="/dev/kmsg",
+        metavar="PATH",
+        help="xid: read kernel records from /dev/kmsg (or PATH)",
+    )
     parser.set_defaults(handler=_run)
 
 
-def build_source(name: str, settings: Settings, log_path: Path | None = None) -> Source:
+def build_source(
+    name: str,
+    settings: Settings,
+    log_path: Path | None = None,
+    *,
+    journal_json: str | None = None,
+    kmsg: str | None = None,
+) -> Source:
     config = settings.sources
     if name == "prometheus":
         from pipeline.sources.prometheus import PrometheusSource
@@ -62,6 +82,14 @@ def build_source(name: str, settings: Settings, log_path: Path | None = None) ->
         from pipeline.sources.tpu_runtime import TpuRuntimeSource
 
         return TpuRuntimeSource(config)
+    if journal_json is not None:
+        from pipeline.sources.xid_streams import JournalXidSource
+
+        return JournalXidSource(config, path=journal_json)
+    if kmsg is not None:
+        from pipeline.sources.xid_streams import KmsgXidSource
+
+        return KmsgXidSource(config, path=kmsg)
     from pipeline.sources.xid import XidSource
 
     return XidSource(config, path=log_path)
@@ -69,7 +97,9 @@ def build_source(name: str, settings: Settings, log_path: Path | None = None) ->
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    source = build_source(args.source, settings, args.log)
+    source = build_source(
+        args.source, settings, args.log, journal_json=args.journal_json, kmsg=args.kmsg
+    )
     publisher: Publisher
     if args.stdout:
         from pipeline.sources.publish import StdoutPublisher

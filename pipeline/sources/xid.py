@@ -1,11 +1,16 @@
 """NVIDIA XID lines from the kernel log → XidEvent, following the file across rotations.
 
-The parser reads one line (reference/data-shapes.md §2.1): an optional syslog prefix (RFC 3339
-as rsyslog and `journalctl -o short-iso-precise` write it, or classic `Nov 29 14:00:04`), an
-optional `[uptime]`, then `NVRM: Xid (PCI:0000:53:00): <code>[, pid=…][, name=…][, text]`, or
-the old driver form without `PCI:`. PCI ids are normalised (codec.normalize_pci). The line
-`NVRM: GPU at PCI:…: GPU-<uuid>` teaches the PCI → UUID map; other kernel lines are skipped,
-and an NVRM Xid line that does not parse becomes a dead letter.
+The parser reads one line (reference/data-shapes.md §2.1) whatever precedes its `NVRM:`
+message: syslog (RFC 3164/5424, rsyslog RFC 3339), journalctl short/short-iso/short-precise/
+short-unix in any locale, `dmesg` plain, `-T`/`--ctime`, `--decode --time-format iso` (facility
+and level columns, comma decimals), a bare `kernel: [uptime]`, a /dev/kmsg record header,
+indentation. The message is `NVRM: Xid (PCI:0000:53:00): <code>[, pid=…][, name=…][, text]`
+with the bus id in every form drivers printed (PCI:dddd:bb:dd[.f], PCI:bb:dd, no `PCI:`); the
+text after the code (NVLink5 sub-codes of Xid 144–150 included) stays in `message`. PCI ids are
+normalised (codec.normalize_pci). `NVRM: GPU at [PCI:]…: GPU-<uuid>` teaches the PCI → UUID
+map; `NVRM: GPU …: GPU has fallen off the bus.` with no Xid 79 before it is an inferred Xid 79;
+other kernel lines are skipped, and a line that mentions NVRM and Xid but does not parse becomes
+a dead letter. Which time an event gets: see the note on _ISO below.
 
 The tailer keeps the open file of every log it still reads: after a rename (logrotate `create`)
 the old file is drained for `rotate_wait_s` while the new one is read from its start; a file
@@ -22,7 +27,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -40,14 +45,49 @@ from pipeline.sources.base import (
     validated,
 )
 
-_ISO = r"(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?)"
-_CLASSIC = r"(?P<classic>[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2})"
-_PREFIX = re.compile(rf"^(?:(?:{_ISO}|{_CLASSIC}) +\S+ +kernel: *)?(?:\[ *\d+\.\d+\] *)?")
+# Where the time of a line comes from: a date the line itself carries when it carries one we can
+# read without guessing (ISO 8601/RFC 3339 anywhere before the message, with `.` or `,`
+# decimals; `dmesg -T` / `--ctime` `[Mon Jun  3 10:22:01 2024]`; English classic syslog
+# `Jun  3 10:22:01[.123456]`; journalctl short-unix `1717410121.123456`); otherwise the
+# fallback the reader gives (the journal's __REALTIME_TIMESTAMP, or the time of reading). A date
+# in another language (`juin 03`, `Mär 03`, `июн 03`) is not parsed: the fallback is used. Dates
+# without a zone are read as UTC (journalctl short-full naming a zone other than UTC: the
+# fallback).
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTH = "(?:" + "|".join(_MONTHS) + ")"
+_ISO = re.compile(
+    r"(?<![\d.])(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
+    r"(?:Z|[+-]\d{2}:?\d{2})?)(?![\d:])(?: (?P<zone>[A-Z]{3,5})\b)?"
+)
+_HAS_OFFSET = re.compile(r"(?:Z|[+-]\d{2}:?\d{2})$")
+_CTIME = re.compile(
+    rf"\[\S+ +(?P<month>{_MONTH}) +(?P<day>\d{{1,2}}) (?P<time>\d{{2}}:\d{{2}}:\d{{2}}) "
+    r"(?P<year>\d{4})\]"
+)
+_CLASSIC = re.compile(
+    rf"^(?:<\d{{1,3}}>)?(?P<month>{_MONTH}) +(?P<day>\d{{1,2}}) "
+    r"(?P<time>\d{2}:\d{2}:\d{2})(?P<frac>\.\d+)? "
+)
+_UNIX = re.compile(r"^(?P<unix>\d{9,11}\.\d+) ")
+# The message starts at `NVRM:`, wherever that is in the line (after any prefix: date, host,
+# `kernel:`, `[uptime]`, dmesg facility/level columns, a /dev/kmsg `6,1234,5678901,-;` header,
+# indentation).
+_NVRM = re.compile(r"NVRM:")
+_MENTIONS_XID = re.compile(r"\bXid\b")
+# The bus id in every form drivers printed: PCI:0000:3b:00, PCI:0000:3b:00.0, PCI:3b:00,
+# 0000:3b:00 (old drivers, no `PCI:`), 00000000:3b:00.0; codec.normalize_pci checks it.
+_BUS = r"(?:PCI:)?(?P<pci>[0-9a-fA-F]{0,8}:?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 _XID = re.compile(
-    r"^NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
+    rf"^NVRM: +Xid +\({_BUS}\): +(?P<xid>\d+)"
     r"(?:, pid=(?P<pid>'[^']*'|[^,]*))?(?:, name=(?P<name>[^,]*))?(?:,? ?(?P<text>.*))?$"
 )
-_GPU_AT = re.compile(r"^NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
+# `NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>` and the older `NVRM: GPU at 0000:3b:00: GPU-<uuid>`.
+_GPU_AT = re.compile(rf"^NVRM: +GPU at {_BUS}:? +(?P<uuid>GPU-[0-9a-fA-F-]+)")
+# `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.` — printed with or without an Xid 79.
+_FALLEN = re.compile(rf"^NVRM: +GPU(?: at)? {_BUS}:? +GPU has fallen off the bus")
+FALLEN_OFF_BUS_XID = 79
+INFERRED_NOTE = " [Xid 79 inferred: the driver printed no Xid line]"
+_REAL_79_WINDOW_MS = 180_000  # a fallen-off-bus line this close to an Xid 79 is the same fault
 _MAX_MESSAGE = 4096
 _MAX_NAME = 256
 
@@ -66,6 +106,13 @@ class GpuInfo:
     uuid: str | None
 
 
+@dataclass(frozen=True)
+class Inferred:
+    """An Xid 79 the driver did not print: read from `GPU has fallen off the bus`."""
+
+    event: XidEvent
+
+
 # --- the pure parser ------------------------------------------------------------------------
 
 
@@ -75,19 +122,28 @@ def parse_line(
     *,
     fallback_ts_ms: int,
     gpus: Mapping[str, GpuInfo] | None = None,
-) -> XidEvent | tuple[str, str] | None:
-    """One kernel-log line → an XidEvent, a (pci, uuid) announcement, or None (not ours).
+) -> XidEvent | Inferred | tuple[str, str] | None:
+    """One kernel-log line → an XidEvent, an inferred Xid 79, a (pci, uuid) announcement, or
+    None (not ours).
 
-    Raises DecodeError for a line that says `NVRM: Xid` but is not a well-formed XID line.
+    Raises DecodeError (or ValueError) for a line that mentions `NVRM` and `Xid` but is not a
+    well-formed XID line: the caller dead-letters it with the line.
     """
     line = line.rstrip("\r\n")
-    prefix = _PREFIX.match(line)
-    assert prefix is not None  # every part of the prefix is optional
-    message = line[prefix.end() :]
+    found = _NVRM.search(line)
+    if found is None:
+        return None
+    prefix, message = line[: found.start()], line[found.start() :]
     announced = _GPU_AT.match(message)
     if announced:
         return normalize_pci(announced["pci"]), announced["uuid"]
-    if not message.startswith("NVRM: Xid"):
+    fallen = _FALLEN.match(message)
+    if fallen and not _MENTIONS_XID.search(message):
+        pci = normalize_pci(fallen["pci"])
+        ts = _timestamp(prefix, fallback_ts_ms)
+        note = message[: _MAX_MESSAGE - len(INFERRED_NOTE)] + INFERRED_NOTE
+        return Inferred(_event(identity, pci, gpus, ts, FALLEN_OFF_BUS_XID, None, None, note))
+    if not _MENTIONS_XID.search(message):
         return None
     match = _XID.match(message)
     if match is None:
@@ -95,9 +151,24 @@ def parse_line(
             field="line", expected="NVRM: Xid (PCI:dddd:bb:dd): <code>, …", got=repr(line[:200])
         )
     pci = normalize_pci(match["pci"])
+    ts = _timestamp(prefix, fallback_ts_ms)
+    pid, name = _pid(match["pid"]), _name(match["name"])
+    return _event(identity, pci, gpus, ts, int(match["xid"]), pid, name, message[:_MAX_MESSAGE])
+
+
+def _event(
+    identity: Identity,
+    pci: str,
+    gpus: Mapping[str, GpuInfo] | None,
+    ts: int,
+    xid: int,
+    pid: int | None,
+    process: str | None,
+    message: str,
+) -> XidEvent:
     gpu = (gpus or {}).get(pci, GpuInfo(None, None))
     event = XidEvent(
-        ts=_timestamp(prefix, fallback_ts_ms),
+        ts=ts,
         cluster=identity.cluster,
         node=identity.node,
         pool=identity.pool,
@@ -105,28 +176,43 @@ def parse_line(
         pci_bus_id=pci,
         gpu_index=gpu.index,
         uuid=gpu.uuid,
-        xid=int(match["xid"]),
-        pid=_pid(match["pid"]),
-        process=_name(match["name"]),
-        message=message[:_MAX_MESSAGE],
+        xid=xid,
+        pid=pid,
+        process=process,
+        message=message,
         source="kernel_log",
     )
     return validated(event)
 
 
-def _timestamp(prefix: re.Match[str], fallback_ts_ms: int) -> int:
-    if prefix["iso"]:
-        stamp = dt.datetime.fromisoformat(prefix["iso"].replace(" ", "T", 1))
-    elif prefix["classic"]:
-        # Classic syslog has no year and no zone: the reader's year, UTC (a December line read
-        # in January lands a year late; use the RFC 3339 format where that matters).
-        year = dt.datetime.fromtimestamp(fallback_ts_ms / 1000, tz=dt.UTC).year
-        stamp = dt.datetime.strptime(f"{year} {prefix['classic']}", "%Y %b %d %H:%M:%S")
-    else:
-        return fallback_ts_ms  # dmesg without wall-clock time: when we read it
+def _timestamp(prefix: str, fallback_ts_ms: int) -> int:
+    """The time the line's prefix carries, or the fallback (see the note on _ISO)."""
+    stamp: dt.datetime | None = None
+    if (iso := _ISO.search(prefix)) is not None:
+        if iso["zone"] not in (None, "UTC", "GMT") and not _HAS_OFFSET.search(iso["iso"]):
+            return fallback_ts_ms  # journalctl short-full in a local zone named, not given
+        stamp = dt.datetime.fromisoformat(iso["iso"].replace(",", ".").replace(" ", "T", 1))
+    elif (ctime := _CTIME.search(prefix)) is not None:
+        stamp = _month_date(ctime["year"], ctime["month"], ctime["day"], ctime["time"])
+    elif (classic := _CLASSIC.match(prefix)) is not None:
+        # Classic syslog has no year: the reader's (a December line read in January lands a
+        # year late; use the RFC 3339 format where that matters).
+        year = str(dt.datetime.fromtimestamp(fallback_ts_ms / 1000, tz=dt.UTC).year)
+        stamp = _month_date(year, classic["month"], classic["day"], classic["time"])
+        if classic["frac"]:
+            stamp += dt.timedelta(seconds=float(classic["frac"]))
+    elif (unix := _UNIX.match(prefix)) is not None:
+        return round(float(unix["unix"]) * 1000)
+    if stamp is None:
+        return fallback_ts_ms  # dmesg uptime, kmsg, a date in another language: the fallback
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=dt.UTC)
     return round(stamp.timestamp() * 1000)
+
+
+def _month_date(year: str, month: str, day: str, clock: str) -> dt.datetime:
+    hour, minute, second = (int(part) for part in clock.split(":"))
+    return dt.datetime(int(year), _MONTHS.index(month) + 1, int(day), hour, minute, second)
 
 
 def _pid(text: str | None) -> int | None:
@@ -139,6 +225,39 @@ def _name(text: str | None) -> str | None:
     return text[:_MAX_NAME] if text and text != "<unknown>" else None
 
 
+@dataclass
+class LineReader:
+    """The state lines teach the lines after them: PCI → UUID from `NVRM: GPU at` lines, and
+    when each GPU last printed an Xid 79 (so that the `fallen off the bus` line that follows it
+    is not a second event)."""
+
+    identity: Identity
+    gpus: dict[str, GpuInfo]
+    last_79: dict[str, int] = field(default_factory=dict)
+
+    def feed(self, line: str, fallback_ts_ms: int, into: Parsed) -> None:
+        try:
+            result = parse_line(
+                line, self.identity, fallback_ts_ms=fallback_ts_ms, gpus=self.gpus
+            )
+        except (DecodeError, ValueError, msgspec.ValidationError) as exc:
+            error = exc if isinstance(exc, DecodeError) else _invalid(line, exc)
+            into.bad.append(BadRecord(line.encode(), error))
+            return
+        if isinstance(result, tuple):
+            pci, uuid = result
+            self.gpus[pci] = GpuInfo(self.gpus.get(pci, GpuInfo(None, None)).index, uuid)
+        elif isinstance(result, Inferred):
+            event = result.event
+            last = self.last_79.get(event.pci_bus_id)
+            if last is None or abs(event.ts - last) > _REAL_79_WINDOW_MS:
+                into.events.append(event)
+        elif result is not None:
+            if result.xid == FALLEN_OFF_BUS_XID:
+                self.last_79[result.pci_bus_id] = result.ts
+            into.events.append(result)
+
+
 def parse_lines(
     lines: list[str],
     identity: Identity,
@@ -148,18 +267,9 @@ def parse_lines(
 ) -> Parsed:
     """Lines in file order; `gpus` learns PCI → UUID from announcements as they go by."""
     parsed = Parsed()
+    reader = LineReader(identity, gpus)
     for line in lines:
-        try:
-            result = parse_line(line, identity, fallback_ts_ms=fallback_ts_ms, gpus=gpus)
-        except (DecodeError, ValueError, msgspec.ValidationError) as exc:
-            error = exc if isinstance(exc, DecodeError) else _invalid(line, exc)
-            parsed.bad.append(BadRecord(line.encode(), error))
-            continue
-        if isinstance(result, tuple):
-            pci, uuid = result
-            gpus[pci] = GpuInfo(gpus.get(pci, GpuInfo(None, None)).index, uuid)
-        elif result is not None:
-            parsed.events.append(result)
+        reader.feed(line, fallback_ts_ms, parsed)
     return parsed
 
 
@@ -224,6 +334,7 @@ class XidSource:
         self._max_bytes = max_bytes
         self._known = dict(gpus or {})
         self._tracked: list[_Tracked] = []
+        self._last_79: dict[str, int] = {}  # PCI → ts of its last Xid 79 (see LineReader)
         saved = load_checkpoint(self._checkpoint, XidPosition)
         self._uuids: dict[str, str] = dict(saved.uuids) if saved else {}
         if saved:
@@ -324,10 +435,12 @@ class XidSource:
         positions = []
         budget = self._max_bytes
         now_ms = int(self._clock() * 1000)
+        reader = LineReader(self._identity, gpus, self._last_79)
         for tracked in self._tracked:
             lines, offset, consumed = self._read(tracked, budget)
             budget -= consumed
-            parsed.extend(parse_lines(lines, self._identity, fallback_ts_ms=now_ms, gpus=gpus))
+            for line in lines:
+                reader.feed(line, now_ms, parsed)
             tail = _tail_digest(tracked.fd, offset) if offset else ""
             positions.append(FilePosition(tracked.inode, offset, tail))
         uuids = {pci: info.uuid for pci, info in gpus.items() if info.uuid}

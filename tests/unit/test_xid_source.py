@@ -383,3 +383,172 @@ def test_simulated_xids_read_back_across_a_rotation(tmp_path: Path) -> None:
         for e in xids
     ]
     assert got == expected
+
+
+# --- every kernel-log format: line → (xid, bus id, ts; None = the fallback) -----------------
+
+T_2024 = 1_717_410_121_000  # 2024-06-03T10:22:01Z
+T_2025 = 1_748_946_121_000  # the same day and time in the year of FALLBACK (classic syslog)
+X = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+FORMATS = [
+    ("dmesg plain", f"[ 1234.567890] {X}", 79, "0000:3b:00", None),
+    ("dmesg -T", f"[Mon Jun  3 10:22:01 2024] {X}", 79, "0000:3b:00", T_2024),
+    ("dmesg --ctime", f"[Mon Jun 03 10:22:01 2024] {X}", 79, "0000:3b:00", T_2024),
+    ("dmesg -T, French", f"[lun. juin  3 10:22:01 2024] {X}", 79, "0000:3b:00", None),
+    (
+        "dmesg --decode --time-format iso",
+        f"kern  :err   : 2024-06-03T10:22:01,123456+00:00 {X}",
+        79,
+        "0000:3b:00",
+        T_2024 + 123,
+    ),
+    ("dmesg --decode", f"kern  :warn  : [ 1234.567890] {X}", 79, "0000:3b:00", None),
+    ("dmesg --time-format reltime", f"[Jun 3 10:22] {X}", 79, "0000:3b:00", None),
+    ("dmesg --time-format delta", f"[  +0.000123] {X}", 79, "0000:3b:00", None),
+    ("journalctl short", f"Jun 03 10:22:01 gpu-1 kernel: {X}", 79, "0000:3b:00", T_2025),
+    (
+        "journalctl short-precise",
+        f"Jun 03 10:22:01.250000 gpu-1 kernel: {X}",
+        79,
+        "0000:3b:00",
+        T_2025 + 250,
+    ),
+    ("journalctl short-iso", f"2024-06-03T10:22:01+0000 gpu-1 kernel: {X}", 79, "0000:3b:00", T_2024),
+    (
+        "journalctl short-iso-precise",
+        f"2024-06-03T12:22:01.500000+02:00 gpu-1 kernel: {X}",
+        79,
+        "0000:3b:00",
+        T_2024 + 500,
+    ),
+    ("journalctl short-full", f"Mon 2024-06-03 10:22:01 UTC gpu-1 kernel: {X}", 79, "0000:3b:00", T_2024),
+    ("journalctl short-full, CEST", f"Mon 2024-06-03 12:22:01 CEST gpu-1 kernel: {X}", 79, "0000:3b:00", None),
+    ("journalctl short-unix", f"1717410121.750000 gpu-1 kernel: {X}", 79, "0000:3b:00", T_2024 + 750),
+    ("journalctl short-monotonic", f"[ 1234.567890] gpu-1 kernel: {X}", 79, "0000:3b:00", None),
+    ("journalctl, French locale", f"juin 03 10:22:01 gpu-1 kernel: {X}", 79, "0000:3b:00", None),
+    ("journalctl, German locale", f"Mär 03 10:22:01 gpu-1 kernel: {X}", 79, "0000:3b:00", None),
+    ("journalctl, German May", f"Mai 03 10:22:01 gpu-1 kernel: {X}", 79, "0000:3b:00", None),
+    ("journalctl, Russian locale", f"июн 03 10:22:01 gpu-1 kernel: {X}", 79, "0000:3b:00", None),
+    ("syslog RFC 3164", f"Jun  3 10:22:01 gpu-1 kernel: [ 1234.567890] {X}", 79, "0000:3b:00", T_2025),
+    ("syslog RFC 3164 with PRI", f"<3>Jun  3 10:22:01 gpu-1 kernel: {X}", 79, "0000:3b:00", T_2025),
+    (
+        "rsyslog RFC 3339",
+        f"2024-06-03T10:22:01.000000+00:00 gpu-1 kernel: [ 1234.567890] {X}",
+        79,
+        "0000:3b:00",
+        T_2024,
+    ),
+    ("syslog RFC 5424", f"<3>1 2024-06-03T10:22:01Z gpu-1 kernel - - - {X}", 79, "0000:3b:00", T_2024),
+    ("bare kernel: [uptime]", f"kernel: [ 1234.567890] {X}", 79, "0000:3b:00", None),
+    ("kernel: without uptime", f"kernel: {X}", 79, "0000:3b:00", None),
+    ("indented continuation", f"    {X}", 79, "0000:3b:00", None),
+    ("tab-indented", f"\t{X}", 79, "0000:3b:00", None),
+    ("/dev/kmsg record", f"3,1234,5678901,-;{X}", 79, "0000:3b:00", None),
+    ("bus PCI:dddd:bb:dd.f", "NVRM: Xid (PCI:0000:3b:00.0): 13, pid=5, name=a", 13, "0000:3b:00", None),
+    ("bus PCI:bb:dd, no domain", "NVRM: Xid (PCI:3b:00): 13, pid=5, name=a", 13, "0000:3b:00", None),
+    ("bus bb:dd.f, no PCI: nor domain", "NVRM: Xid (3b:00.0): 13", 13, "0000:3b:00", None),
+    ("bus 8-digit domain", "NVRM: Xid (PCI:00000000:3B:00.0): 13", 13, "0000:3b:00", None),
+    ("bus old driver, no PCI:", "NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007", 3, "0000:01:00", None),
+    ("bus non-zero domain", "NVRM: Xid (PCI:0018:01:00): 119, pid='N/A', Timeout", 119, "0018:01:00", None),
+    (
+        "NVLink5 sub-codes",
+        "NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 "
+        "(0x025525c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+        149,
+        "0018:01:00",
+        None,
+    ),
+    (
+        "NVLink5 with pid and name",
+        "NVRM: Xid (PCI:0000:1b:00): 145, pid=77, name=torchrun, RLW_REMAP  Nonfatal  XC1 i2 "
+        "Link 17 (0x00000004 0x00000001 0x00000000 0x00000000)",
+        145,
+        "0000:1b:00",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "xid", "pci", "ts"),
+    [row[1:] for row in FORMATS],
+    ids=[row[0] for row in FORMATS],
+)
+def test_every_format_is_read(line: str, xid: int, pci: str, ts: int | None) -> None:
+    parsed = parse_lines([line + "\n"], ID, fallback_ts_ms=FALLBACK, gpus={})
+    assert parsed.bad == []
+    [event] = parsed.events
+    assert isinstance(event, XidEvent)
+    assert (event.xid, event.pci_bus_id, event.ts) == (xid, pci, FALLBACK if ts is None else ts)
+    assert event.message == line[line.index("NVRM:") :]  # the code's text, sub-codes included
+
+
+def test_nvlink5_sub_codes_stay_in_the_message() -> None:
+    event = parse_line(FORMATS[-1][1], ID, fallback_ts_ms=FALLBACK)
+    assert isinstance(event, XidEvent)
+    assert (event.pid, event.process) == (77, "torchrun")
+    assert "RLW_REMAP  Nonfatal  XC1 i2 Link 17 (0x00000004" in event.message
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Jun 03 10:22:01 gpu-1 kernel: NVRM: Xid (PCI:0000:3b:00 13, truncated by the ring buf",
+        "kern  :err   : 2024-06-03T10:22:01,123456+00:00 NVRM: Xid (PCI:0000:3b:00): ??",
+        "[ 1234.567890] NVRM: Xid: something the driver never printed",
+        "    NVRM:  Xid (PCI:0000:3b): 79",
+    ],
+)
+def test_a_garbled_nvrm_xid_line_is_dead_lettered_with_the_line(line: str) -> None:
+    parsed = parse_lines([line + "\n"], ID, fallback_ts_ms=FALLBACK, gpus={})
+    assert parsed.events == []
+    [bad] = parsed.bad
+    assert bad.raw == (line + "\n").encode()
+    assert "expected" in str(bad.error)
+
+
+def test_fallen_off_the_bus_without_an_xid_is_an_inferred_xid_79() -> None:
+    lines = [
+        "[ 100.000001] NVRM: GPU at PCI:0000:3b:00: GPU-15704b32-f531-14ce-0530-1ac21e4b68e6\n",
+        "[ 100.000002] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n",
+        "[ 100.000003] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n",
+    ]
+    parsed = parse_lines(lines, ID, fallback_ts_ms=FALLBACK, gpus={})
+    assert parsed.bad == []
+    assert len(parsed.events) == 2  # no Xid line at all: each is one (the worker merges them)
+    event = parsed.events[0]
+    assert isinstance(event, XidEvent)
+    assert (event.xid, event.pci_bus_id, event.uuid) == (
+        79,
+        "0000:3b:00",
+        "GPU-15704b32-f531-14ce-0530-1ac21e4b68e6",
+    )
+    assert "inferred" in event.message and "fallen off the bus" in event.message
+
+
+def test_old_driver_announcements_without_pci_teach_the_uuid() -> None:
+    lines = [
+        "kernel: NVRM: GPU at 0000:3b:00: GPU-2b3e7c10-9f0d-44a1-8e52-0c7f3a9d1b24\n",
+        "kernel: NVRM: GPU Board Serial Number: 1652220012345\n",
+        "kernel: NVRM: GPU at 3c:00.0: GPU-aaaaaaaa-9f0d-44a1-8e52-0c7f3a9d1b24\n",
+        "kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, DBE\n",
+        "kernel: NVRM: Xid (3c:00): 31\n",
+    ]
+    parsed = parse_lines(lines, ID, fallback_ts_ms=FALLBACK, gpus={})
+    assert parsed.bad == []
+    assert [(e.xid, e.uuid) for e in parsed.events if isinstance(e, XidEvent)] == [
+        (48, "GPU-2b3e7c10-9f0d-44a1-8e52-0c7f3a9d1b24"),
+        (31, "GPU-aaaaaaaa-9f0d-44a1-8e52-0c7f3a9d1b24"),
+    ]
+
+
+def test_the_tailer_does_not_count_fallen_off_the_bus_twice_across_polls(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    source = _source(tmp_path, log, [T0 / 1000])
+    log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n")
+    assert [x for _, x, _ in _read(source)] == [79]
+    with log.open("a") as out:
+        out.write("[ 1.1] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n")
+    assert _read(source) == []
+    source.close()
