@@ -9,6 +9,7 @@ Redacting twice gives the same text, so callers need not know whether a text was
 
 from __future__ import annotations
 
+import logging
 import re
 
 MASK = "***"
@@ -60,3 +61,21 @@ def redact(text: str) -> str:
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts a record's message in place: for libraries that log URLs we cannot reword
+    (urllib3 logs every request line at DEBUG, query tokens and token paths included)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage()), ()
+        return True
+
+
+def redact_logs(*logger_names: str) -> None:
+    """Install RedactingFilter on these loggers (once each). A logger's filter sees only what
+    is logged on it, not on its children, so name the logger that logs."""
+    for name in logger_names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+            logger.addFilter(RedactingFilter())

@@ -29,7 +29,7 @@ from pipeline.config import AlertSettings, HttpClientSettings, Settings, Webhook
 from pipeline.deadletter import dead_letter
 from pipeline.errors import ConfigError, DecodeError
 from pipeline.model import Alert, DeadLetter
-from pipeline.redact import redact, remember
+from pipeline.redact import redact, redact_logs, remember
 from pipeline.retry import Backoff
 from pipeline.runtime.topics import topic_name
 from pipeline.selfmetrics import serve_stats
@@ -93,6 +93,7 @@ def build_sinks(settings: Settings) -> list[AlertSink]:
     """The configured sinks, their credentials read (from the settings or their files) and
     remembered by pipeline.redact, so no log line or dead letter can show them."""
     alerts = settings.alerts
+    redact_logs("urllib3.connectionpool")  # logs each request line, tokens and all, at DEBUG
     poster = JsonPoster(
         timeout_s=alerts.timeout_s,
         max_attempts=alerts.max_attempts,
