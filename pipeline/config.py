@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from pipeline.errors import ConfigError
+from pipeline.redact import redact
 
 ENV_PREFIX = "FLEETPULSE_"
 DEFAULT_CONFIG = Path("fleetpulse.toml")
@@ -118,16 +119,79 @@ class SourcesSettings(Section, frozen=True):
     xid_log_path: str = "/var/log/kern.log"
 
 
-class AlertSettings(Section, frozen=True):
-    """`fleetpulse alerts`: fleet.alerts to webhooks and Alertmanager; offsets commit after 2xx."""
+def _masked_repr(struct: msgspec.Struct, secrets: frozenset[str]) -> str:
+    """repr with secret values shown as ***, so printing or logging settings leaks nothing."""
+    fields = ", ".join(
+        f"{name}={'***' if name in secrets and value else repr(value)}"
+        for name, value in msgspec.structs.asdict(struct).items()
+    )
+    return redact(f"{type(struct).__name__}({fields})")  # URLs may hold credentials too
 
-    webhook_urls: list[str] = []
+
+_HTTP_SECRETS = frozenset({"bearer_token", "basic_password"})
+
+
+class HttpClientSettings(Section, frozen=True):
+    """How to reach one HTTP target, as Alertmanager's `http_config`: auth and TLS.
+
+    Credentials come from the value itself (e.g. the whole target list set in
+    FLEETPULSE_ALERTS__WEBHOOKS) or, better, from a file (a mounted Kubernetes secret); they are
+    never logged. Redirects are never followed: a 3xx answer to a POST is a refusal.
+    """
+
+    bearer_token: str = ""  # Authorization: Bearer <token>
+    bearer_token_file: str = ""
+    basic_username: str = ""  # Authorization: Basic (with basic_password or its file)
+    basic_password: str = ""
+    basic_password_file: str = ""
+    tls_ca_file: str = ""  # "" = the system CAs
+    tls_insecure_skip_verify: bool = False  # only for a test target; logged at start
+
+    def __post_init__(self) -> None:
+        if self.bearer_token and self.bearer_token_file:
+            raise ValueError("set bearer_token or bearer_token_file, not both")
+        if self.basic_password and self.basic_password_file:
+            raise ValueError("set basic_password or basic_password_file, not both")
+        basic = self.basic_username or self.basic_password or self.basic_password_file
+        if basic and (self.bearer_token or self.bearer_token_file):
+            raise ValueError("set bearer or basic auth, not both")
+
+    def __repr__(self) -> str:
+        return _masked_repr(self, _HTTP_SECRETS)
+
+
+class WebhookTarget(HttpClientSettings, frozen=True, kw_only=True):
+    """One webhook receiver with its own auth / TLS settings ([[alerts.webhooks]])."""
+
+    url: str
+
+
+class AlertSettings(Section, frozen=True):
+    """`fleetpulse alerts`: fleet.alerts to webhooks and Alertmanager; offsets commit after 2xx.
+
+    Webhooks are signed (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature;
+    pipeline/webhooks.py verifies them) when a secret is set: webhook_secret (e.g. from
+    FLEETPULSE_ALERTS__WEBHOOK_SECRET) or webhook_secret_file, `whsec_` + base64.
+    """
+
+    webhook_urls: list[str] = []  # targets without auth settings
+    webhooks: list[WebhookTarget] = []  # targets with auth / TLS settings
+    webhook_secret: str = ""
+    webhook_secret_file: str = ""
     alertmanager_url: str = ""  # e.g. http://127.0.0.1:9093
+    alertmanager_http: HttpClientSettings = HttpClientSettings()
     group_id: str = "fleetpulse-alerts"
     timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     max_attempts: PositiveInt = 5
     backoff_initial_s: Annotated[float, Meta(gt=0)] = 0.5
     backoff_max_s: Annotated[float, Meta(gt=0)] = 30.0
+
+    def __post_init__(self) -> None:
+        if self.webhook_secret and self.webhook_secret_file:
+            raise ValueError("set webhook_secret or webhook_secret_file, not both")
+
+    def __repr__(self) -> str:
+        return _masked_repr(self, frozenset({"webhook_secret"}))
 
 
 class DetectSettings(Section, frozen=True):

@@ -4,7 +4,8 @@ ingest and the embedded runtime.
 A dead letter keeps the record's coordinates and raw bytes, so it can be replayed once its
 producer is fixed, the error message a person reads, and a short `reason` a dashboard counts.
 Fields are cut to what the DeadLetter schema (and the broker) allows, so building and sending
-one never fails for its size.
+one never fails for its size. The error is redacted (pipeline.redact): no credential quoted in
+an error message reaches fleet.dlq.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import base64
 
 from pipeline.model import DeadLetter
+from pipeline.redact import redact
 
 _MAX_KEY = 256  # DeadLetter.key is ShortText
 _MAX_ERROR = 4096  # DeadLetter.error is Text
@@ -35,6 +37,7 @@ def dead_letter(
 ) -> DeadLetter:
     """A DeadLetter; `ts_ms` below the schema's range (a record without a timestamp) becomes
     the smallest one it allows, so a replay of the same bad record gives the same letter."""
+    error = redact(error)  # an error may quote a URL with its credentials, or a token
     text = key.decode("utf-8", errors="replace") if isinstance(key, bytes) else key
     raw = raw or b""
     if len(raw) > MAX_RAW:

@@ -15,20 +15,33 @@ import argparse
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+import requests.auth
+
+from pipeline import webhooks
 from pipeline.codec import decode, encode
-from pipeline.config import Settings
+from pipeline.config import AlertSettings, HttpClientSettings, Settings, WebhookTarget
 from pipeline.deadletter import dead_letter
 from pipeline.errors import ConfigError, DecodeError
 from pipeline.model import Alert, DeadLetter
+from pipeline.redact import redact, redact_logs, remember
 from pipeline.retry import Backoff
 from pipeline.runtime.topics import topic_name
 from pipeline.selfmetrics import serve_stats
 from pipeline.sinks.alertmanager import AlertmanagerSink
-from pipeline.sinks.webhook import Delivered, DeliveryError, JsonPoster, WebhookSink
+from pipeline.sinks.webhook import (
+    BearerAuth,
+    Delivered,
+    DeliveryError,
+    JsonPoster,
+    Target,
+    WebhookSink,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +90,70 @@ def deliver_to_all(alerts: Sequence[Alert], sinks: Sequence[AlertSink]) -> Outco
 
 
 def build_sinks(settings: Settings) -> list[AlertSink]:
+    """The configured sinks, their credentials read (from the settings or their files) and
+    remembered by pipeline.redact, so no log line or dead letter can show them."""
     alerts = settings.alerts
+    redact_logs("urllib3.connectionpool")  # logs each request line, tokens and all, at DEBUG
     poster = JsonPoster(
         timeout_s=alerts.timeout_s,
         max_attempts=alerts.max_attempts,
         backoff_initial_s=alerts.backoff_initial_s,
         backoff_max_s=alerts.backoff_max_s,
     )
-    sinks: list[AlertSink] = [WebhookSink(url, poster) for url in alerts.webhook_urls]
+    sign = _signing(alerts)
+    targets = [WebhookTarget(url=url) for url in alerts.webhook_urls] + list(alerts.webhooks)
+    sinks: list[AlertSink] = [
+        WebhookSink(_target(target.url, target, f"alerts.webhooks[{i}]"), poster, sign)
+        for i, target in enumerate(targets)
+    ]
     if alerts.alertmanager_url:
-        sinks.append(AlertmanagerSink(alerts.alertmanager_url, poster))
+        am = _target(alerts.alertmanager_url, alerts.alertmanager_http, "alerts.alertmanager_http")
+        sinks.append(AlertmanagerSink(am, poster))
     if not sinks:
         raise ConfigError("no alert sink: set alerts.alertmanager_url or alerts.webhook_urls")
     return sinks
+
+
+def _signing(alerts: AlertSettings) -> Callable[[str, bytes], dict[str, str]] | None:
+    secret = _secret(alerts.webhook_secret, alerts.webhook_secret_file, "alerts.webhook_secret")
+    if not secret:
+        log.warning("alerts: webhooks are not signed (set alerts.webhook_secret_file)")
+        return None
+    try:
+        key = webhooks.signer(secret)
+    except ValueError as exc:
+        raise ConfigError(f"alerts.webhook_secret: {exc}") from None
+    return lambda msg_id, body: webhooks.sign_headers(msg_id, body, key)
+
+
+def _target(url: str, http: HttpClientSettings, setting: str) -> Target:
+    auth: requests.auth.AuthBase | None = None
+    token = _secret(http.bearer_token, http.bearer_token_file, f"{setting}.bearer_token")
+    password = _secret(http.basic_password, http.basic_password_file, f"{setting}.basic_password")
+    if token:
+        auth = BearerAuth(token)
+    elif http.basic_username or password:
+        auth = requests.auth.HTTPBasicAuth(http.basic_username, password)
+    parts = urllib.parse.urlsplit(url)
+    remember(*(value for value in (parts.password, parts.username) if value))
+    verify: bool | str = http.tls_ca_file or True
+    if http.tls_insecure_skip_verify:
+        log.warning("alerts: TLS certificate of %s is not checked (%s)", redact(url), setting)
+        verify = False
+    return Target(url, auth=auth, verify=verify)
+
+
+def _secret(value: str, path: str, setting: str) -> str:
+    """A credential from its setting or its file (trailing newline dropped); remembered."""
+    if path:
+        try:
+            value = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{setting}_file {path}: {exc.strerror}") from None
+        if not value:
+            raise ConfigError(f"{setting}_file {path} is empty")
+    remember(value)
+    return value
 
 
 @dataclass
@@ -181,10 +245,10 @@ def _handle(
     try:
         outcome = deliver_to_all(batch, sinks)
     except DeliveryError as exc:
-        log.warning("alerts not delivered, will retry: %s", exc)
+        log.warning("alerts not delivered, will retry: %s", redact(str(exc)))
         return False
     for name, error in outcome.refused:
-        log.error("%s refused %d alerts: %s", name, len(batch), error)
+        log.error("%s refused %d alerts: %s", name, len(batch), redact(str(error)))
         dead += [
             _dead_letter(r, f"{name}: {error}", "refused", now_ms)
             for r in records

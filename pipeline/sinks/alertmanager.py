@@ -9,12 +9,14 @@ identifies an alert by its label set, so re-posting after a retry or a replay is
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
 from pipeline.model import Alert
-from pipeline.sinks.webhook import Delivered, JsonPoster
+from pipeline.redact import redact
+from pipeline.sinks.webhook import Delivered, JsonPoster, Target
 
 
 def postable_alert(alert: Alert) -> dict[str, Any]:
@@ -37,10 +39,12 @@ def _rfc3339(ms: int) -> str:
 
 
 class AlertmanagerSink:
-    def __init__(self, base_url: str, poster: JsonPoster) -> None:
-        self.url = base_url.rstrip("/") + "/api/v2/alerts"
-        self.name = f"alertmanager {base_url}"
+    def __init__(self, base: Target | str, poster: JsonPoster) -> None:
+        base = Target(base) if isinstance(base, str) else base
+        self.url = base.url.rstrip("/") + "/api/v2/alerts"
+        self.target = dataclasses.replace(base, url=self.url)
+        self.name = f"alertmanager {redact(base.url)}"
         self._poster = poster
 
     def deliver(self, alerts: Sequence[Alert]) -> Delivered:
-        return self._poster.post(self.url, [postable_alert(alert) for alert in alerts])
+        return self._poster.post(self.target, [postable_alert(alert) for alert in alerts])
