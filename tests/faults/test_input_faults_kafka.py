@@ -100,13 +100,22 @@ def _difference(expected: dict[str, list[Event]], reader: TopicReader) -> str:
     )
 
 
-def _produce_inventory(settings: Settings, inventory: list[Inventory]) -> None:
+def _load_inventory(
+    settings: Settings, inventory: list[Inventory], worker: WorkerProcess, port: int
+) -> None:
+    """Every target is known to the worker before its first sample."""
     kafka = producer(settings.kafka.bootstrap)
     topic = topic_name(settings.kafka, "inventory")
     for record in inventory:
         kafka.send(topic, key=record_key(record).encode(), value=encode(record))
     kafka.flush()
     kafka.close()
+    deadline = time.monotonic() + 120
+    while _metric_sum(port, "fleetpulse_worker_records_in_total", r"\.inventory") < len(
+        inventory
+    ):
+        assert time.monotonic() < deadline, worker.tail()
+        time.sleep(0.3)
 
 
 def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
@@ -146,13 +155,7 @@ def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
     try:
         worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=120)
         port = worker.metrics_port()
-        _produce_inventory(settings, inventory)
-        deadline = time.monotonic() + 120  # every target is known before its first sample
-        while _metric_sum(port, "fleetpulse_worker_records_in_total", r"\.inventory") < len(
-            inventory
-        ):
-            assert time.monotonic() < deadline, worker.tail()
-            time.sleep(0.3)
+        _load_inventory(settings, inventory, worker, port)
         produce_events(settings, events)
         try:
             reader.until(
@@ -213,13 +216,7 @@ def test_a_monitoring_outage_on_the_real_broker_removes_nothing_and_the_worker_r
     try:
         worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=120)
         port = worker.metrics_port()
-        _produce_inventory(settings, inventory)
-        deadline = time.monotonic() + 120
-        while _metric_sum(port, "fleetpulse_worker_records_in_total", r"\.inventory") < len(
-            inventory
-        ):
-            assert time.monotonic() < deadline, worker.tail()
-            time.sleep(0.3)
+        _load_inventory(settings, inventory, worker, port)
         produce_events(settings, events)
         after = sim.start_ms + 27 * MINUTE
 
