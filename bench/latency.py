@@ -151,6 +151,7 @@ def fatal_xids(sim: Simulation, first_tick: list[Event], p: Plan) -> list[tuple[
     xids = []
     for i, sample in enumerate(chosen[: p.faults]):
         gpu = sample.gpus[i % len(sample.gpus)]
+        assert gpu.pci_bus_id is not None, "the simulator names every GPU's PCI bus id"
         pci = codec.normalize_pci(gpu.pci_bus_id)
         xids.append((p.warmup_s + i * p.every_s, XidEvent(
             ts=sim.start_ms, cluster=sample.cluster, node=sample.node, pool=sample.pool,

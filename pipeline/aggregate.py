@@ -134,7 +134,7 @@ def _gpu_reading(gpu: GpuReading) -> _Reading | None:
         return None
     used, free = metrics.get(GPU_FB_USED), metrics.get(GPU_FB_FREE)
     return _Reading(
-        device=str(gpu.index),
+        device=gpu.device,
         accelerator=gpu.model,
         job=gpu.job,
         util=util,

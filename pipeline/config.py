@@ -105,6 +105,12 @@ class SourcesSettings(Section, frozen=True):
     # Data younger than the lag is not read yet: a scrape lands up to one interval late.
     prometheus_lag_s: Annotated[float, Meta(ge=0)] = 30.0
     prometheus_max_lookback_s: Annotated[float, Meta(gt=0)] = 600.0
+    # The label that names a GPU's node, tried before `node`, `Hostname`, `hostname` and the
+    # host of `instance`. Static scrape of <node>:9400: instance is the node (or the DaemonSet
+    # sets NODE_NAME, so Hostname is). Kubernetes/Prometheus Operator: relabel
+    # __meta_kubernetes_pod_node_name to `node` (or name your target label here), because
+    # Hostname is the exporter pod's hostname unless NODE_NAME is set.
+    prometheus_node_label: str = "node"
     cloudmon_endpoint: str = ""  # "" = the real API; "host:port" = a plaintext stand-in
     cloudmon_project: str = "fleetpulse-sim"
     cloudmon_inventory: str = ""  # JSON: tpu_worker -> node/slice/pool (see sources/cloudmon.py)

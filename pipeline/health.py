@@ -542,8 +542,10 @@ def _proposal(st: HealthState, proposal_id: str, kind: str) -> Proposal:
 
 def _reset_devices(conditions: list[Condition]) -> str | None:
     """The GPUs a reset_gpu is for, as `nvidia-smi -r -i` takes them ("0" or "0,3"): the
-    devices of the conditions behind it. None when no condition names a device."""
-    devices = sorted({c.device for c in conditions if c.device}, key=lambda d: (len(d), d))
+    devices of the conditions behind it. None when no condition names a device. A MIG
+    instance ("0/mig1") is reset with its GPU ("0"): nvidia-smi resets whole GPUs."""
+    gpus = {c.device.split("/", 1)[0] for c in conditions if c.device}
+    devices = sorted(gpus, key=lambda d: (len(d), d))
     return ",".join(devices)[:256] if devices else None
 
 

@@ -74,7 +74,10 @@ class Event(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class GpuReading(Event, frozen=True, kw_only=True):
-    """One GPU in a scrape."""
+    """One GPU, or one MIG instance of a GPU, in a scrape.
+
+    A MIG-partitioned GPU reports one reading per GPU instance, each with the GPU's index and
+    uuid plus `mig_instance`/`mig_profile`; `device` tells the readings of one GPU apart."""
 
     index: Annotated[int, Meta(ge=0, le=63, description="GPU index on the node (nvidia-smi).")]
     uuid: Annotated[
@@ -86,9 +89,12 @@ class GpuReading(Event, frozen=True, kw_only=True):
         ),
     ]
     pci_bus_id: Annotated[
-        str,
-        Meta(max_length=32, pattern=r"^[0-9a-fA-F:.]+$", description="PCI bus id of the GPU."),
-    ]
+        Annotated[str, Meta(max_length=32, pattern=r"^[0-9a-fA-F:.]+$")] | None,
+        Meta(
+            description="PCI bus id of the GPU; null when the exporter does not say "
+            "(dcgm-exporter before 2024 has no pci_bus_id label).",
+        ),
+    ] = None
     model: Annotated[ShortText, Meta(description="GPU model name, e.g. NVIDIA H100 80GB HBM3.")]
     job: JobName = None
     # dcgm-exporter metric names, raw values; counters stay raw (rates are derived in detect).
@@ -96,13 +102,31 @@ class GpuReading(Event, frozen=True, kw_only=True):
         dict[Annotated[str, Meta(pattern=r"^DCGM_[A-Z0-9_]+$")], float],
         Meta(description="dcgm-exporter field name -> raw value; counters are not rates."),
     ]
+    mig_instance: Annotated[
+        Annotated[int, Meta(ge=0, le=63)] | None,
+        Meta(description="MIG GPU instance id (GPU_I_ID); null for a whole GPU."),
+    ] = None
+    mig_profile: Annotated[
+        ShortText | None,
+        Meta(description='MIG profile of the instance (GPU_I_PROFILE, e.g. "3g.40gb").'),
+    ] = None
 
     def __post_init__(self) -> None:
-        _check_finite(f"gpu {self.index}", self.metrics)
+        _check_finite(f"gpu {self.device}", self.metrics)
+
+    @property
+    def device(self) -> str:
+        """The reading's key within its node: "0" for GPU 0, "0/mig1" for its GPU instance 1."""
+        if self.mig_instance is None:
+            return str(self.index)
+        return f"{self.index}/mig{self.mig_instance}"
 
 
-class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_sample/1"):
-    """One node's dcgm-exporter scrape (fleet.telemetry.gpu, key = node)."""
+class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_sample/2"):
+    """One node's dcgm-exporter scrape (fleet.telemetry.gpu, key = node).
+
+    v2: `pci_bus_id` may be null (older exporters); MIG instances are their own readings
+    (`mig_instance`, `mig_profile`)."""
 
     ts: EventTs
     cluster: Cluster
@@ -110,7 +134,10 @@ class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_s
     pool: Pool
     zone: Zone
     driver: Annotated[ShortText, Meta(description="NVIDIA driver version on the node.")]
-    gpus: Annotated[list[GpuReading], Meta(description="One reading per GPU of the node.")]
+    gpus: Annotated[
+        list[GpuReading],
+        Meta(description="One reading per GPU of the node (per GPU instance under MIG)."),
+    ]
 
 
 class TpuChipReading(Event, frozen=True, kw_only=True):

@@ -103,7 +103,7 @@ def detect_gpu(
         for check in (NODE_STALE, NODE_DOWN):
             ctx.emit(clear_check(book, sample.ts, check, None, f"node {book.name} reporting"))
     views = [
-        View(str(r.index), r.uuid, r.job, r.metrics, settings.busy_util_pct) for r in sample.gpus
+        View(r.device, r.uuid, r.job, r.metrics, settings.busy_util_pct) for r in sample.gpus
     ]
     peers = _peer_groups(views, settings.peer_min)
     seen = set()

@@ -3,9 +3,20 @@
 The query is an instant query of a range selector, `{__name__=~"(?i)dcgm_fi_.+"}[<window>]`,
 which returns the raw samples with their own timestamps (a range *query* would resample them
 at a step). Values arrive as strings (prometheus-api-client passes Prometheus's JSON through).
-Series are grouped by node (`Hostname`, `hostname`, then `node`, then the host of `instance`)
-and timestamp; each GPU is one `gpu` label value. `cluster`, `pool` and `zone` come from target
-labels when Prometheus adds them, else from settings.
+Series are grouped by node and timestamp, and within a node by GPU (`gpu`) and MIG instance
+(`GPU_I_ID`): a MIG-partitioned GPU gives one reading per GPU instance. `cluster`, `pool` and
+`zone` come from target labels when Prometheus adds them, else from settings.
+
+Every dcgm-exporter generation and deployment:
+- identity is `UUID` (`uuid` in 1.x) and `gpu`; `pci_bus_id` (added in 2024) is kept when there.
+- the node is the first of: the label named by `sources.prometheus_node_label` (default `node`,
+  what a Kubernetes scrape config or ServiceMonitor relabels `__meta_kubernetes_pod_node_name`
+  to), `node`, `Hostname` (released exporters; under Kubernetes it is the node only when the
+  DaemonSet sets NODE_NAME, else the exporter pod's hostname), `hostname` (exporter HEAD), the
+  host of `instance` (a static scrape of `<node>:9400`).
+- the job is the workload's pod: `exported_pod` when Prometheus renamed the exporter's labels
+  (the Prometheus Operator's default `honorLabels: false`, where `pod` is then the exporter's
+  own pod), else `pod` (`pod_name` in 1.x).
 
 Position: the newest timestamp read. Each poll reads `(position, now - lag]`; the lag leaves
 room for a scrape that is still on its way, so a sample is read once.
@@ -36,7 +47,12 @@ from pipeline.sources.base import (
 )
 
 QUERY = '{__name__=~"(?i)dcgm_fi_.+"}'
-_NODE_LABELS = ("Hostname", "hostname", "node")
+# After the configured label (Identity.node_label): the fallbacks, in order (module docstring).
+_NODE_LABELS = ("node", "Hostname", "hostname")
+# Labels Prometheus renames to exported_* when the target has the same ones (honor_labels false):
+# then the plain names are the exporter pod's, and the workload's are the exported_ ones.
+_EXPORTED = ("exported_pod", "exported_namespace", "exported_container")
+_POD_LABELS = ("pod", "pod_name")  # pod_name: dcgm-exporter 1.x (--use-old-namespace)
 # Blank/not-supported sentinels that older dcgm-exporter releases printed (dcgm_structs.h):
 # INT64 blanks start at 0x7ffffffffffffff0, FP64 blanks at 2**47 (four codes each).
 _INT64_BLANK = 0x7FFFFFFFFFFFFFF0
@@ -50,6 +66,7 @@ class Identity:
     cluster: str
     pool: str
     zone: str
+    node_label: str = "node"  # sources.prometheus_node_label: tried first for the node name
 
 
 class PrometheusPosition(msgspec.Struct, frozen=True):
@@ -95,7 +112,7 @@ class _NodeScrape:
     pool: str
     zone: str
     driver: str
-    gpus: dict[int, _Gpu]
+    gpus: dict[tuple[int, int | None], _Gpu]  # by (gpu index, MIG instance or None)
 
     def sample(self, node: str, ts: int) -> GpuSample:
         return GpuSample(
@@ -105,12 +122,13 @@ class _NodeScrape:
             pool=self.pool,
             zone=self.zone,
             driver=self.driver,
-            gpus=[_reading(index, gpu) for index, gpu in sorted(self.gpus.items())],
+            gpus=[_reading(key, gpu) for key, gpu in sorted(self.gpus.items(), key=_gpu_order)],
         )
 
     def raw(self, node: str, ts: int) -> bytes:
         gpus = {
-            str(i): {"labels": dict(g.labels), "metrics": g.metrics} for i, g in self.gpus.items()
+            _device(key): {"labels": dict(g.labels), "metrics": g.metrics}
+            for key, g in self.gpus.items()
         }
         return json.dumps({"node": node, "ts": ts, "gpus": gpus}, sort_keys=True).encode()
 
@@ -132,8 +150,8 @@ def _add_series(
     name = str(labels.get("__name__", "")).upper()
     if not name.startswith("DCGM_FI_"):
         raise DecodeError(field="__name__", expected="a DCGM_FI_* metric", got=repr(name))
-    node = _node(labels)
-    index = _gpu_index(labels)
+    node = _node(labels, identity.node_label)
+    key = (_gpu_index(labels), _mig_instance(labels))
     for ts_ms, value in _points(values, name):
         if ts_ms <= after_ms or value is None:
             continue
@@ -146,12 +164,13 @@ def _add_series(
                 driver=str(labels.get("DCGM_FI_DRIVER_VERSION", "")),
                 gpus={},
             )
-        gpu = scrape.gpus.setdefault(index, _Gpu(labels=labels, metrics={}))
+        gpu = scrape.gpus.setdefault(key, _Gpu(labels=labels, metrics={}))
         gpu.metrics[name] = value
 
 
-def _node(labels: Mapping[str, Any]) -> str:
-    for key in _NODE_LABELS:
+def _node(labels: Mapping[str, Any], node_label: str) -> str:
+    names = (node_label, *_NODE_LABELS) if node_label else _NODE_LABELS
+    for key in names:
         if labels.get(key):
             return str(labels[key])
     instance = str(labels.get("instance", ""))
@@ -159,7 +178,7 @@ def _node(labels: Mapping[str, Any]) -> str:
     if not host:
         raise DecodeError(
             field="labels",
-            expected="a node name in Hostname, hostname, node or instance",
+            expected=f"a node name in {', '.join(dict.fromkeys(names))} or instance",
             got=_shown(labels),
         )
     return host
@@ -170,6 +189,27 @@ def _gpu_index(labels: Mapping[str, Any]) -> int:
     if not text.isdigit():
         raise DecodeError(field="labels.gpu", expected='a GPU index like "0"', got=repr(text))
     return int(text)
+
+
+def _mig_instance(labels: Mapping[str, Any]) -> int | None:
+    text = str(labels.get("GPU_I_ID", ""))
+    if not text:
+        return None  # a whole GPU (MIG off, or a GPU-wide series)
+    if not text.isdigit():
+        raise DecodeError(
+            field="labels.GPU_I_ID", expected='a MIG GPU instance id like "1"', got=repr(text)
+        )
+    return int(text)
+
+
+def _gpu_order(item: tuple[tuple[int, int | None], _Gpu]) -> tuple[int, int]:
+    index, instance = item[0]
+    return index, -1 if instance is None else instance
+
+
+def _device(key: tuple[int, int | None]) -> str:
+    index, instance = key
+    return str(index) if instance is None else f"{index}/mig{instance}"
 
 
 def _points(values: list[Any], name: str) -> Iterable[tuple[int, float | None]]:
@@ -194,28 +234,41 @@ def _is_blank(value: float) -> bool:
     return value >= _INT64_BLANK or value in _FP64_BLANKS
 
 
-def _reading(index: int, gpu: _Gpu) -> GpuReading:
+def _reading(key: tuple[int, int | None], gpu: _Gpu) -> GpuReading:
+    index, instance = key
     labels = gpu.labels
     uuid = labels.get("UUID", labels.get("uuid"))
-    if uuid is None or "pci_bus_id" not in labels:
+    if uuid is None:
         raise DecodeError(
-            field=f"gpu {index} labels",
-            expected="UUID (or uuid) and pci_bus_id",
-            got=_shown(labels),
+            field=f"gpu {_device(key)} labels", expected="UUID (or uuid)", got=_shown(labels)
         )
+    pci_bus_id = labels.get("pci_bus_id")
+    profile = labels.get("GPU_I_PROFILE")
     return GpuReading(
         index=index,
         uuid=str(uuid),
-        pci_bus_id=str(labels["pci_bus_id"]),
+        pci_bus_id=str(pci_bus_id) if pci_bus_id else None,
         model=str(labels.get("modelName", labels.get("model_name", ""))),
-        job=str(labels["pod"]) if labels.get("pod") else None,
+        job=_job(labels),
         metrics=dict(sorted(gpu.metrics.items())),
+        mig_instance=instance,
+        mig_profile=str(profile) if instance is not None and profile else None,
     )
+
+
+def _job(labels: Mapping[str, Any]) -> str | None:
+    """The workload's pod. When Prometheus renamed the exporter's pod labels to exported_*
+    (honor_labels false), the plain `pod` is the exporter's own pod: never the job."""
+    if any(name in labels for name in _EXPORTED):
+        pod = labels.get("exported_pod")
+    else:
+        pod = next((labels[name] for name in _POD_LABELS if labels.get(name)), None)
+    return str(pod) if pod else None
 
 
 def _invalid(node: str, exc: Exception) -> DecodeError:
     return DecodeError(
-        field=f"node {node!r}", expected="values valid for gpu_sample/1", got=str(exc)
+        field=f"node {node!r}", expected="values valid for gpu_sample/2", got=str(exc)
     )
 
 
@@ -259,7 +312,9 @@ class PrometheusSource:
         from urllib3.util.retry import Retry
 
         self._settings = settings
-        self._identity = Identity(settings.cluster, settings.pool, settings.zone)
+        self._identity = Identity(
+            settings.cluster, settings.pool, settings.zone, settings.prometheus_node_label
+        )
         self._clock = clock
         self._checkpoint = checkpoint or Path(settings.state_dir) / "prometheus.json"
         # retry=Retry(0): no retries inside the client. Ours (run_source, jittered) are the

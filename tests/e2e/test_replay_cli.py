@@ -14,7 +14,7 @@ from pipeline.sim import read_truth
 
 SMALL = ["--duration", "600", "--gpu-nodes", "8", "--tpu-slices", "1", "--seed", "5",
          "--no-random-faults", "--quiet"]
-GARBAGE = [b"not json at all", b'{"schema": "gpu_sample/1", "ts": 5}', b"", b'{"schema": "nope/1"}',
+GARBAGE = [b"not json at all", b'{"schema": "gpu_sample/2", "ts": 5}', b"", b'{"schema": "nope/1"}',
            b'{"schema": "finding/1", "ts": 1767225700000}']
 
 
@@ -109,8 +109,8 @@ def test_files_split_by_topic_merge_back_by_event_time(
 ) -> None:
     gpu, rest = tmp_path / "gpu.jsonl", tmp_path / "rest.jsonl"
     lines = (recording / "events.jsonl").read_bytes().splitlines()
-    gpu.write_bytes(b"".join(line + b"\n" for line in lines if b'"gpu_sample/1"' in line))
-    rest.write_bytes(b"".join(line + b"\n" for line in lines if b'"gpu_sample/1"' not in line))
+    gpu.write_bytes(b"".join(line + b"\n" for line in lines if b'"gpu_sample/2"' in line))
+    rest.write_bytes(b"".join(line + b"\n" for line in lines if b'"gpu_sample/2"' not in line))
     document = _replay_json(str(gpu), str(rest), "--inventory", str(recording / "inventory.jsonl"))
     assert document["counts"]["lines"] == len(lines)
     assert document["actions"] == clean["actions"]

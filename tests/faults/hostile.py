@@ -192,6 +192,7 @@ def zeroed(events: list[Event], start: int, end: int) -> list[Event]:
 def fatal_xid(sample: GpuSample, ts: int, pool: str | None = None, cluster: str | None = None) -> XidEvent:
     """An XID 79 (GPU fallen off the bus) on the sample's first GPU."""
     gpu = sample.gpus[0]
+    assert gpu.pci_bus_id is not None, "the simulator names every GPU's PCI bus id"
     bus = gpu.pci_bus_id.lower()
     parts = bus.split(":")
     kernel_bus = f"{parts[-3][-4:]}:{parts[-2]}:{parts[-1].split('.')[0]}"

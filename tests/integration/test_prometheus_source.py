@@ -20,10 +20,11 @@ import msgspec
 import pytest
 
 from pipeline.config import SimSettings, SourcesSettings
-from pipeline.model import GpuSample
+from pipeline.model import GpuReading, GpuSample
 from pipeline.sim.endpoints.dcgm_exporter import DcgmExporter
 from pipeline.sim.endpoints.fleet import SimEndpoints
 from pipeline.sim.engine import Simulation
+from pipeline.sim.fleet import GpuNode
 from pipeline.sources.prometheus import PrometheusSource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,3 +145,52 @@ def test_scraped_samples_come_back_as_served(
     assert json.loads((tmp_path / "prometheus.json").read_text())["last_ts_ms"] >= last_ms
     again = PrometheusSource(settings, clock=lambda: last_ms / 1000 + 5).poll()
     assert again.events == [] and again.bad == []
+
+
+def _generations_sample(node: GpuNode, ts: int, mig: bool) -> GpuSample:
+    """One node as an exporter before 2024 prints it (no pci_bus_id), or as a MIG node prints
+    it (GPU 0 in two GPU instances, plus GPU 1 whole)."""
+    uuids = ["GPU-0a1b2c3d-0000-4000-8000-00000000000" + str(i) for i in range(2)]
+    if mig:
+        readings = [
+            GpuReading(index=0, uuid=uuids[0], pci_bus_id="00000000:18:00.0", model="A100",
+                       job=f"job-{i}", mig_instance=i, mig_profile="3g.40gb",
+                       metrics={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.25 * i})
+            for i in (1, 2)
+        ]
+        readings.append(GpuReading(index=1, uuid=uuids[1], pci_bus_id="00000000:2a:00.0",
+                                   model="A100", metrics={"DCGM_FI_DEV_GPU_TEMP": 40.0}))
+    else:
+        readings = [GpuReading(index=i, uuid=uuids[i], model="V100", job="old-job",
+                               metrics={"DCGM_FI_DEV_GPU_TEMP": 30.0 + i}) for i in range(2)]
+    return GpuSample(ts=ts, cluster=node.cluster, node=node.name, pool=node.pool, zone=node.zone,
+                     driver="535.104.05", gpus=readings)
+
+
+def test_older_exporters_and_mig_come_back_through_prometheus(
+    fleet: tuple[Simulation, SimEndpoints], prometheus_url: str, tmp_path: Path
+) -> None:
+    sim, endpoints = fleet
+    nodes = list(sim.fleet.gpu_nodes)[:2]
+    served: list[GpuSample] = []
+    for _ in range(2):
+        ts = int(time.time() * 1000)
+        for node, mig in zip(nodes, (False, True), strict=True):
+            sample = _generations_sample(node, ts, mig)
+            endpoints.exporters[node.name].update(sample)
+            served.append(sample)
+        _wait_for_scrapes([endpoints.exporters[n.name] for n in nodes])
+    _wait_for_scrapes([endpoints.exporters[n.name] for n in nodes])
+
+    settings = SourcesSettings(
+        prometheus_url=prometheus_url,
+        prometheus_lag_s=0.0,
+        prometheus_max_lookback_s=60.0,
+        state_dir=str(tmp_path),
+    )
+    last_ms = max(s.ts for s in served)
+    batch = PrometheusSource(settings, clock=lambda: last_ms / 1000 + 0.5).poll()
+    assert batch.bad == []
+    got = {(e.node, e.ts): e for e in batch.events if isinstance(e, GpuSample)}
+    for want in served:
+        assert got[(want.node, want.ts)] == want  # no pci_bus_id; MIG instances kept apart

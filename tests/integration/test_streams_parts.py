@@ -142,7 +142,7 @@ class _Record:
     offset: int = 41
     timestamp: float = 1_767_225_600.5
     key: bytes | None = b"node-1"
-    value: bytes | None = b'{"schema": "gpu_sample/1"}'
+    value: bytes | None = b'{"schema": "gpu_sample/2"}'
 
 
 def test_a_dead_letter_carries_the_coordinates_the_bytes_and_the_reason() -> None:

@@ -131,7 +131,7 @@ def test_non_finite_numbers_are_rejected(token: bytes) -> None:
 
 def test_value_of_another_topic_is_named() -> None:
     raw = json.dumps(_sample("tpu_sample")).encode()
-    with pytest.raises(DecodeError, match="expected 'gpu_sample/1', got 'tpu_sample/1'"):
+    with pytest.raises(DecodeError, match="expected 'gpu_sample/2', got 'tpu_sample/1'"):
         codec.decode(raw, TOPIC_VALUES["gpu_sample"])
 
 
@@ -172,7 +172,7 @@ def test_schema_files_ship_inside_the_package() -> None:
     import importlib.resources
 
     shipped = importlib.resources.files("pipeline.schemas")
-    assert shipped.joinpath("gpu_sample.v1.json").is_file()
+    assert shipped.joinpath("gpu_sample.v2.json").is_file()
     assert Path(str(shipped.joinpath("samples"))).is_dir()
 
 

@@ -514,3 +514,34 @@ def test_property_determinism_and_quiet_warmup(
     assert outputs[0] == outputs[1]
     statistical = {"gpu.power.peer", "gpu.clock.slow", "gpu.pcie.traffic"}
     assert not [c for _, c in outputs[0] if c in statistical]
+
+
+# --- MIG: each GPU instance is its own device ------------------------------------------------
+
+
+def _mig(sample: GpuSample, dbe_on_instance_2: float = 0.0) -> GpuSample:
+    """GPU 0 split into GPU instances 1 and 2 (same uuid and index); instance 2 may count DBEs."""
+    whole = sample.gpus[0]
+    instances = [
+        msgspec.structs.replace(
+            whole,
+            mig_instance=i,
+            mig_profile="3g.40gb",
+            metrics=whole.metrics
+            | ({"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": dbe_on_instance_2} if i == 2 else {}),
+        )
+        for i in (1, 2)
+    ]
+    return msgspec.structs.replace(sample, gpus=instances + sample.gpus[1:])
+
+
+def test_mig_instances_are_separate_devices() -> None:
+    state: GpuNodeState | None = None
+    findings: list[Finding] = []
+    for step in range(40):
+        sample = _mig(gpu_sample(step), dbe_on_instance_2=3.0 if step >= 30 else 0.0)
+        state, out = detect_gpu(state, sample, SETTINGS)
+        findings += out
+    assert state is not None and {"0/mig1", "0/mig2", "1"} <= set(state.devices)
+    bad = unhealthy(findings)
+    assert bad and {f.entity.device for f in bad} == {"0/mig2"}

@@ -385,3 +385,16 @@ def test_a_gpu_reset_names_the_gpus_its_conditions_are_on() -> None:
     state, proposals = transition(state, action_for(proposals[-1], 2), SETTINGS)  # drain
     state, proposals = transition(state, node_event(t, 3, "drained"), SETTINGS)
     assert [(p.kind, p.device) for p in proposals] == [("reset_gpu", "3,10")]
+
+
+def test_a_gpu_reset_for_mig_instances_names_their_gpu_once() -> None:
+    # nvidia-smi resets whole GPUs: faults on GPU instances 1 and 2 of GPU 3 reset GPU 3
+    t = target()
+    state, proposals = transition(None, finding(t, 0, fatal=True, device="3/mig1"), SETTINGS)
+    state, _ = transition(
+        state, finding(t, 0.5, "row_remap", fatal=True, device="3/mig2"), SETTINGS
+    )
+    state, proposals = transition(state, action_for(proposals[-1], 1), SETTINGS)  # cordon
+    state, proposals = transition(state, action_for(proposals[-1], 2), SETTINGS)  # drain
+    state, proposals = transition(state, node_event(t, 3, "drained"), SETTINGS)
+    assert [(p.kind, p.device) for p in proposals] == [("reset_gpu", "3")]

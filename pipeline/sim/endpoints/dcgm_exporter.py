@@ -2,7 +2,8 @@
 
 The text is what dcgm-exporter 4.x (released, `Hostname` label) prints (reference/data-shapes.md
 §1): metric name = DCGM field name, `# HELP`/`# TYPE` from the field catalog, labels
-`gpu, UUID, pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION` and, for a GPU
+`gpu, UUID, pci_bus_id, device, modelName, [GPU_I_PROFILE, GPU_I_ID], Hostname,
+DCGM_FI_DRIVER_VERSION` (no pci_bus_id when the reading has none, as before 2024) and, for a GPU
 that runs a job, the pod attributes `container, namespace, pod` (pod = the job name). Integers
 print as integers and other values with Go's `%f`, as the exporter does.
 
@@ -51,15 +52,13 @@ def render_exposition(
 
 
 def _labels(sample: GpuSample, gpu: GpuReading, hostname_label: str) -> str:
-    pairs = [
-        ("gpu", str(gpu.index)),
-        ("UUID", gpu.uuid),
-        ("pci_bus_id", gpu.pci_bus_id),
-        ("device", f"nvidia{gpu.index}"),
-        ("modelName", gpu.model),
-        (hostname_label, sample.node),
-        ("DCGM_FI_DRIVER_VERSION", sample.driver),
-    ]
+    pairs = [("gpu", str(gpu.index)), ("UUID", gpu.uuid)]
+    if gpu.pci_bus_id is not None:  # exporters before 2024 print no pci_bus_id
+        pairs.append(("pci_bus_id", gpu.pci_bus_id))
+    pairs += [("device", f"nvidia{gpu.index}"), ("modelName", gpu.model)]
+    if gpu.mig_instance is not None:
+        pairs += [("GPU_I_PROFILE", gpu.mig_profile or ""), ("GPU_I_ID", str(gpu.mig_instance))]
+    pairs += [(hostname_label, sample.node), ("DCGM_FI_DRIVER_VERSION", sample.driver)]
     if gpu.job is not None:
         pairs += [("container", "main"), ("namespace", "default"), ("pod", gpu.job)]
     return ",".join(f'{key}="{_escape(value)}"' for key, value in pairs)
