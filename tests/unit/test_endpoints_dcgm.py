@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 
@@ -82,6 +83,11 @@ def test_http_endpoint_serves_metrics_only() -> None:
             assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             body = response.read().decode()
         assert body == exporter.render()
+        # the handler counts a scrape served after its last write, which the client may
+        # have read before the count moves
+        deadline = time.monotonic() + 5
+        while exporter.scrapes_served < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert exporter.scrapes_started == exporter.scrapes_served == 1
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"http://{exporter.address}/other", timeout=5)
