@@ -189,7 +189,8 @@ def parse_time_series(series: Iterable[Any], inventory: Inventory) -> Parsed:
             parsed.bad.append(BadRecord(raw, error))
     # one event per (slice, time, kind): a pool's hosts and a slice's nodes say it once
     unique = {(e.target, e.ts, e.kind, e.source): e for e in interruptions}
-    parsed.events.extend(sorted(unique.values(), key=lambda e: (e.ts, e.target or "")))
+    ordered: list[CapacityEvent] = sorted(unique.values(), key=lambda e: (e.ts, e.target or ""))
+    parsed.events.extend(ordered)
     return parsed
 
 
