@@ -114,6 +114,8 @@ class SourcesSettings(Section, frozen=True):
     cloudmon_endpoint: str = ""  # "" = the real API; "host:port" = a plaintext stand-in
     cloudmon_project: str = "fleetpulse-sim"
     cloudmon_inventory: str = ""  # JSON: tpu_worker -> node/slice/pool (see sources/cloudmon.py)
+    # which TPUs: tpu-vm (tpu_worker), gke (k8s_node/k8s_container/k8s_node_pool) or all
+    cloudmon_mode: Literal["tpu-vm", "gke", "all"] = "tpu-vm"
     cloudmon_lag_s: Annotated[float, Meta(ge=0)] = 180.0  # Cloud Monitoring is ~3 min behind
     cloudmon_max_lookback_s: Annotated[float, Meta(gt=0)] = 3600.0
     cloudmon_page_size: PositiveInt = 1000

@@ -1,7 +1,13 @@
 """`fleetpulse ingest <source>`: one ingest adapter polling its endpoint into Kafka.
 
     fleetpulse ingest prometheus     DCGM metrics from Prometheus → fleet.telemetry.gpu
-    fleetpulse ingest cloudmon       TPU chip metrics from Cloud Monitoring → fleet.telemetry.tpu
+    fleetpulse ingest cloudmon       TPU chip metrics from Cloud Monitoring → fleet.telemetry.tpu,
+                                     interruptions → fleet.events.capacity; which TPUs:
+                                     FLEETPULSE_SOURCES__CLOUDMON_MODE = tpu-vm (tpu_worker,
+                                     default; serve-sim --cloudmon-gke serves GKE too),
+                                     gke (k8s_node/k8s_container accelerator metrics and
+                                     node_pool/node interruption_count) or all; the worker
+                                     inventory (sources.cloudmon_inventory) names the hosts
     fleetpulse ingest tpu-runtime    libtpu on this TPU host → fleet.telemetry.tpu / .ici
     fleetpulse ingest xid            NVRM Xid lines of the kernel log → fleet.events.xid
                                      (--log FILE, --journal-json FILE|-, or --kmsg [PATH])

@@ -58,6 +58,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--cloudmon-port", type=int, default=0, help="Cloud Monitoring port")
     parser.add_argument(
+        "--cloudmon-gke",
+        action="store_true",
+        help="Cloud Monitoring also serves the TPU slices as GKE nodes (k8s_node, k8s_container, "
+        "k8s_node_pool), for `ingest cloudmon` with sources.cloudmon_mode=gke",
+    )
+    parser.add_argument(
         "--rotate-every",
         type=float,
         default=0.0,
@@ -116,6 +122,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         gpu_port_base=args.gpu_port_base,
         tpu_runtime_port_base=args.tpu_runtime_port_base,
         cloudmon_port=args.cloudmon_port,
+        cloudmon_gke=args.cloudmon_gke,
         project=settings.sources.cloudmon_project,
         timestamps=not args.no_timestamps,
         boot_ms=sim.start_ms - 600_000,

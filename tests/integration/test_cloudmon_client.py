@@ -22,7 +22,7 @@ from google.cloud.monitoring_v3.services.metric_service.transports import (
 )
 
 from pipeline.config import SimSettings, SourcesSettings
-from pipeline.model import TpuChipReading, TpuSample
+from pipeline.model import CapacityEvent, TpuChipReading, TpuSample
 from pipeline.sim.endpoints.cloud_monitoring import CloudMonitoringStandIn
 from pipeline.sim.engine import Simulation
 from pipeline.sources.cloudmon import CloudMonitoringSource
@@ -242,3 +242,139 @@ def test_simulated_slice_reads_back_through_the_client(tmp_path: Path) -> None:
 
 def _order(event: Any) -> tuple[int, str]:
     return event.ts, event.node
+
+
+# --- GKE: the same slices as k8s_node / k8s_container, and interruption counts ---------------
+
+
+def _read(server: CloudMonitoringStandIn, mode: str, end_s: float, state: Path) -> Any:
+    config = SourcesSettings(
+        cloudmon_endpoint=server.address,
+        cloudmon_project=PROJECT,
+        cloudmon_lag_s=0.0,
+        cloudmon_page_size=50,
+        cloudmon_mode=mode,  # type: ignore[arg-type]
+        state_dir=str(state),
+    )
+    inventory = {(w.zone, w.instance_id): w for w in server.workers()}
+    source = CloudMonitoringSource(config, inventory=inventory, clock=lambda: end_s + 1)
+    try:
+        return source.poll()
+    finally:
+        source.close()
+
+
+def _duty_rounded(sample: TpuSample) -> TpuSample:
+    # GKE's duty_cycle is an integer percent (kubelet); every other reading is the same value
+    chips = [
+        msgspec.structs.replace(
+            chip,
+            metrics={
+                **chip.metrics,
+                "duty_cycle_pct": float(round(chip.metrics["duty_cycle_pct"])),
+            },
+        )
+        for chip in sample.chips
+    ]
+    return msgspec.structs.replace(sample, chips=chips)
+
+
+def test_gke_nodes_read_back_as_the_tpu_worker_samples(tmp_path: Path) -> None:
+    settings = SimSettings(
+        seed=7,
+        duration_s=40,
+        gpu_nodes=0,
+        tpu_slices=2,
+        clusters=1,
+        tpu_slice_types=("v5p-16:2x2x2", "v5litepod-16:4x4"),
+        random_faults=False,
+    )
+    samples = [e for e in Simulation(settings).events() if isinstance(e, TpuSample)]
+    with CloudMonitoringStandIn(project=PROJECT, gke=True) as server:
+        for sample in samples:
+            server.record(sample)
+        end_s = max(s.ts for s in samples) / 1000
+        vm = _read(server, "tpu-vm", end_s, tmp_path / "vm")
+        gke = _read(server, "gke", end_s, tmp_path / "gke")
+        types = {r.filter.split('"')[1] for r in server.requests}
+    assert vm.bad == [] and gke.bad == []
+    assert vm.events and len(gke.events) == len(vm.events)
+    assert sorted(gke.events, key=_order) == sorted(map(_duty_rounded, vm.events), key=_order)
+    assert sorted(vm.events, key=_order) == sorted(map(_without_jobs, samples), key=_order)
+    assert {
+        "kubernetes.io/node/accelerator/duty_cycle",
+        "kubernetes.io/container/accelerator/tensorcore_utilization",
+        "kubernetes.io/node_pool/interruption_count",
+    } <= types
+
+
+def test_gke_series_carry_the_published_labels(tmp_path: Path) -> None:
+    with CloudMonitoringStandIn(project=PROJECT, gke=True) as server:
+        sample = _samples(1, random.Random(3))[0]
+        chips = [msgspec.structs.replace(c, job="train-a") for c in sample.chips]
+        server.record(msgspec.structs.replace(sample, chips=chips))
+        channel = grpc.insecure_channel(server.address)
+        client = monitoring_v3.MetricServiceClient(
+            transport=MetricServiceGrpcTransport(channel=channel)
+        )
+        node = _list(client, filter='metric.type = "kubernetes.io/node/accelerator/memory_used"')
+        container = _list(
+            client,
+            filter='metric.type = "kubernetes.io/container/accelerator/duty_cycle" '
+            'AND resource.type = "k8s_container"',
+        )
+        channel.close()
+    assert {s.resource.type for s in node} == {"k8s_node"}
+    assert set(node[0].resource.labels) == {"project_id", "location", "cluster_name", "node_name"}
+    assert set(node[0].metric.labels) == {"accelerator_id", "make", "model", "tpu_topology"}
+    assert (node[0].metric.labels["make"], node[0].metric.labels["model"]) == (
+        "cloud-tpu",
+        "tpu-v5p-slice",
+    )
+    assert {s.resource.labels["node_name"] for s in node} == {sample.node}
+    assert len(container) == 4 and {s.value_type for s in container} == {2}  # INT64
+    assert set(container[0].resource.labels) == {
+        "project_id",
+        "location",
+        "cluster_name",
+        "node_name",
+        "namespace_name",
+        "pod_name",
+        "container_name",
+    }
+
+
+@pytest.mark.parametrize(("mode", "source"), [("gke", "gke.node_pool"), ("tpu-vm", "gcp.tpu.node")])
+def test_slice_interruptions_become_capacity_events(mode: str, source: str, tmp_path: Path) -> None:
+    served = _samples(1, random.Random(5))
+    first = served[0]
+    preempted = CapacityEvent(
+        event_id="sim-1",
+        ts=T0 + 5_000,
+        provider="gcp",
+        source="gcp.tpu.node",
+        kind="PREEMPTION",
+        severity="warning",
+        region="us-east5",
+        zone=first.zone,
+        cluster=first.cluster,
+        pool=first.pool,
+        target_kind="slice",
+        target=first.slice,
+        accelerator_type=first.accelerator_type,
+    )
+    with CloudMonitoringStandIn(project=PROJECT, gke=True) as server:
+        for sample in served:
+            server.record(sample)
+        server.record_capacity(preempted)
+        batch = _read(server, mode, (T0 + 10_000) / 1000, tmp_path)
+    assert batch.bad == []
+    [event] = [e for e in batch.events if isinstance(e, CapacityEvent)]
+    assert (event.ts, event.kind, event.source) == (preempted.ts, "PREEMPTION", source)
+    assert (event.target_kind, event.target, event.cluster, event.pool, event.zone) == (
+        "slice",
+        first.slice,
+        first.cluster,
+        first.pool,
+        first.zone,
+    )

@@ -13,6 +13,15 @@ memory_bandwidth_utilization}` (GAUGE DOUBLE, %) and
 (labels `resource_container` = project, `location` = zone, `worker_id`), one series per chip
 told apart by the metric label `accelerator_id` = `<worker_id>-<device ordinal>`. `tpu_worker`
 names no node, which is why the ingest side needs the worker inventory (sources/tpu_hosts.py).
+With `gke=True` the same chips are also served as a GKE TPU node pool would report them (§3.2):
+`kubernetes.io/node/accelerator/*` on `k8s_node` (project_id, location, cluster_name,
+node_name) for every chip, and `kubernetes.io/container/accelerator/*` on `k8s_container`
+(+ namespace_name, pod_name, container_name) for the chips a job holds; `duty_cycle` and the
+memory metrics are INT64 there, as kubelet reports them. Metric labels: `accelerator_id`,
+`make` = `cloud-tpu`, `model`, `tpu_topology`. The simulator's slice interruptions
+(CapacityEvents PREEMPTION, MAINTENANCE_STARTED, HOST_ERROR on a slice) become points of
+`tpu.googleapis.com/instance/interruption_count` on each `tpu_worker` of the slice and, with
+`gke=True`, of `kubernetes.io/node_pool/interruption_count` on `k8s_node_pool`.
 
 What ListTimeSeries honours, as the real API does: `name` = `projects/<project>`; a filter of
 `=`/`!=` comparisons joined by AND that names exactly one `metric.type`, over `metric.type`,
@@ -39,14 +48,37 @@ from typing import Any
 import grpc
 from google.cloud import monitoring_v3
 
-from pipeline.model import TpuSample
-from pipeline.sources.cloudmon import INT64, RESOURCE_TYPE, TPU_METRICS
+from pipeline.model import CapacityEvent, TpuSample
+from pipeline.sources.cloudmon import (
+    CHIP_METRICS,
+    GKE_CONTAINER_METRICS,
+    GKE_NODE_METRICS,
+    INT64,
+    INTERRUPTION_KINDS,
+    INTERRUPTION_METRICS,
+    NODE_POOL_INTERRUPTIONS,
+    RESOURCE_OF,
+    TPU_INTERRUPTIONS,
+    TPU_METRICS,
+)
 from pipeline.sources.tpu_hosts import TpuHost, TpuWorker, host_chips, worker_instance_id
 
 SERVICE = "google.monitoring.v3.MetricService"
 _GAUGE = 1  # google.api.MetricDescriptor.MetricKind
 MAX_PAGE_SIZE = 100_000
 _POINTS_KEPT = 4096
+# metric type → (value type, unit) of everything served
+_KINDS: dict[str, tuple[int, str]] = {
+    **{t: (spec[1], spec[2]) for t, spec in CHIP_METRICS.items()},
+    **dict.fromkeys(INTERRUPTION_METRICS, (INT64, "1")),
+}
+# CapacityEvent kind → (interruption_type, interruption_reason) of the interruption metrics
+_INTERRUPTION_OF = {
+    "PREEMPTION": ("PreemptionEvent", "Preemption"),
+    "MAINTENANCE_STARTED": ("MaintenanceEvent", "HW/SW Maintenance"),
+    "HOST_ERROR": ("TerminationEvent", "HostError"),
+}
+assert {kind for kind, _ in INTERRUPTION_KINDS.values()} == set(_INTERRUPTION_OF)
 
 _Request = monitoring_v3.ListTimeSeriesRequest.pb()
 _Response = monitoring_v3.ListTimeSeriesResponse.pb()
@@ -99,7 +131,7 @@ def _matches(conditions: Sequence[Condition], series: _Series) -> bool:
         kind, _, rest = condition.selector.partition(".")
         labels = series.metric_labels if kind == "metric" else series.resource_labels
         if rest == "type":
-            actual = series.metric_type if kind == "metric" else RESOURCE_TYPE
+            actual = series.metric_type if kind == "metric" else series.resource_type
         else:
             actual = labels.get(rest.removeprefix("labels."), "")
         if (actual == condition.value) != condition.equal:
@@ -113,6 +145,7 @@ def _matches(conditions: Sequence[Condition], series: _Series) -> bool:
 @dataclass
 class _Series:
     metric_type: str
+    resource_type: str
     resource_labels: dict[str, str]
     metric_labels: dict[str, str]
     points: deque[tuple[int, float]]  # (end ms, value), oldest first
@@ -124,8 +157,16 @@ class _Series:
 class CloudMonitoringStandIn:
     """An in-memory metric store behind a real gRPC server."""
 
-    def __init__(self, *, project: str = "fleetpulse-sim", host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        *,
+        project: str = "fleetpulse-sim",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        gke: bool = False,
+    ):
         self.project = project
+        self.gke = gke  # also serve the chips as GKE nodes/containers (k8s_* resources)
         self._series: dict[tuple[str, str, str], _Series] = {}
         self._workers: dict[tuple[str, str], TpuWorker] = {}
         self._lock = threading.Lock()
@@ -195,11 +236,75 @@ class CloudMonitoringStandIn:
                     )
                     raise ValueError(msg)
                 accelerator = {"accelerator_id": f"{instance}-{ordinals[chip.chip_id]}"}
-                for metric_type, (name, _, _) in TPU_METRICS.items():
-                    if name in chip.metrics:
-                        self._series_for(metric_type, resource, accelerator).points.append(
-                            (sample.ts, chip.metrics[name])
-                        )
+                self._write(TPU_METRICS, resource, accelerator, sample.ts, chip.metrics)
+                if not self.gke:
+                    continue
+                gke_labels = {
+                    **accelerator,
+                    "make": "cloud-tpu",
+                    "model": _gke_model(sample.accelerator_type),
+                    "tpu_topology": sample.topology,
+                }
+                node = {
+                    "project_id": self.project,
+                    "location": sample.zone,
+                    "cluster_name": sample.cluster,
+                    "node_name": sample.node,
+                }
+                self._write(GKE_NODE_METRICS, node, gke_labels, sample.ts, chip.metrics)
+                if chip.job is not None:  # container series exist only while a pod holds it
+                    container = {
+                        **node,
+                        "namespace_name": "default",
+                        "pod_name": f"{chip.job}-{sample.worker_id}",
+                        "container_name": "main",
+                    }
+                    self._write(
+                        GKE_CONTAINER_METRICS, container, gke_labels, sample.ts, chip.metrics
+                    )
+
+    def _write(
+        self,
+        metrics: dict[str, tuple[str, int, str]],
+        resource: dict[str, str],
+        labels: dict[str, str],
+        ts: int,
+        values: dict[str, float],
+    ) -> None:
+        for metric_type, (name, _, _) in metrics.items():
+            if name in values:
+                self._series_for(metric_type, resource, labels).points.append((ts, values[name]))
+
+    def record_capacity(self, event: CapacityEvent) -> None:
+        """A slice's interruption as the interruption_count metrics show it; others ignored."""
+        if event.target_kind != "slice" or event.kind not in _INTERRUPTION_OF:
+            return
+        interruption_type, reason = _INTERRUPTION_OF[event.kind]
+        labels = {"interruption_type": interruption_type, "interruption_reason": reason}
+        with self._lock:
+            hosts = [
+                (key, w)
+                for key, w in self._workers.items()
+                if w.cluster == event.cluster and w.slice == event.target
+            ]
+            for (zone, instance), _ in hosts:
+                worker = {
+                    "resource_container": self.project,
+                    "location": zone,
+                    "worker_id": instance,
+                }
+                series = self._series_for(TPU_INTERRUPTIONS, worker, labels)
+                series.points.append((event.ts, 1.0))
+            if self.gke and hosts:
+                first = hosts[0][1]
+                pool = {
+                    "project_id": self.project,
+                    "location": first.zone,
+                    "cluster_name": first.cluster,
+                    "node_pool_name": first.pool,
+                }
+                series = self._series_for(NODE_POOL_INTERRUPTIONS, pool, labels)
+                series.points.append((event.ts, 1.0))
 
     def _series_for(
         self, metric_type: str, resource: dict[str, str], metric: dict[str, str]
@@ -212,7 +317,11 @@ class CloudMonitoringStandIn:
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _Series(
-                metric_type, dict(resource), dict(metric), deque(maxlen=_POINTS_KEPT)
+                metric_type,
+                RESOURCE_OF[metric_type],
+                dict(resource),
+                dict(metric),
+                deque(maxlen=_POINTS_KEPT),
             )
         return series
 
@@ -265,6 +374,14 @@ class CloudMonitoringStandIn:
         return _page(request, windows, headers_only)
 
 
+def _gke_model(accelerator_type: str) -> str:
+    # GKE's `model` label names the node's accelerator, e.g. tpu-v5p-slice, tpu-v6e-slice
+    generation = accelerator_type.split("-", 1)[0]
+    return {"v5litepod": "tpu-v5-lite-podslice", "v4": "tpu-v4-podslice"}.get(
+        generation, f"tpu-{generation}-slice"
+    )
+
+
 class _RpcError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -297,7 +414,7 @@ def _page(
             continue
         taken = points[point_at : point_at + budget]
         for ts, value in taken:
-            _point(out.points.add(), ts, value, TPU_METRICS[series.metric_type][1])
+            _point(out.points.add(), ts, value, _KINDS[series.metric_type][0])
         budget -= len(taken)
         point_at += len(taken)
         if point_at >= len(points):
@@ -316,11 +433,10 @@ def _query_id(request: Any) -> str:
 def _header(out: Any, series: _Series) -> Any:
     out.metric.type = series.metric_type
     out.metric.labels.update(series.metric_labels)
-    out.resource.type = RESOURCE_TYPE
+    out.resource.type = series.resource_type
     out.resource.labels.update(series.resource_labels)
     out.metric_kind = _GAUGE
-    out.value_type = TPU_METRICS[series.metric_type][1]
-    out.unit = TPU_METRICS[series.metric_type][2]
+    out.value_type, out.unit = _KINDS[series.metric_type]
     return out
 
 
@@ -328,7 +444,7 @@ def _point(out: Any, ts: int, value: float, value_type: int) -> None:
     out.interval.end_time.seconds, millis = divmod(ts, 1000)
     out.interval.end_time.nanos = millis * 1_000_000
     if value_type == INT64:
-        out.value.int64_value = int(value)
+        out.value.int64_value = round(value)  # kubelet's integer duty cycle rounds
     else:
         out.value.double_value = float(value)
 

@@ -1,9 +1,10 @@
 """Every stand-in endpoint of a simulated fleet, fed from the simulator's events.
 
 One dcgm-exporter per GPU node and one kernel log per GPU node (kernel/<node>/kern.log), one
-libtpu runtime server per TPU host, one Cloud Monitoring server for the whole fleet. Endpoints
-exist from the start (the fleet is known before the first event), so Prometheus and the ingest
-adapters can be pointed at them before data flows. The manifests written to the output folder
+libtpu runtime server per TPU host, one Cloud Monitoring server for the whole fleet (with
+`cloudmon_gke`, the TPU hosts also as GKE nodes). Endpoints exist from the start (the fleet
+is known before the first event), so Prometheus and the ingest adapters can be pointed at them
+before data flows. The manifests written to the output folder
 say where everything is:
 
     prometheus-targets.json   file_sd targets, one per node, labels cluster/pool/zone
@@ -17,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.model import Event, GpuSample, IciSample, TpuSample, XidEvent
+from pipeline.model import CapacityEvent, Event, GpuSample, IciSample, TpuSample, XidEvent
 from pipeline.sim.endpoints.cloud_monitoring import CloudMonitoringStandIn
 from pipeline.sim.endpoints.dcgm_exporter import DcgmExporter
 from pipeline.sim.endpoints.kernel_log import KernelLogWriter
@@ -42,6 +43,7 @@ class SimEndpoints:
         gpu_port_base: int = 0,
         tpu_runtime_port_base: int = 0,
         cloudmon_port: int = 0,
+        cloudmon_gke: bool = False,
         project: str = "fleetpulse-sim",
         timestamps: bool = True,
         boot_ms: int = 0,
@@ -76,7 +78,9 @@ class SimEndpoints:
             name: TpuRuntimeStandIn(host=host, port=_port(tpu_runtime_port_base, i))
             for i, name in enumerate(self.tpu_hosts)
         }
-        self.cloudmon = CloudMonitoringStandIn(project=project, host=host, port=cloudmon_port)
+        self.cloudmon = CloudMonitoringStandIn(
+            project=project, host=host, port=cloudmon_port, gke=cloudmon_gke
+        )
         self.counts: dict[str, int] = {}
 
     def start(self) -> SimEndpoints:
@@ -101,6 +105,8 @@ class SimEndpoints:
                 self.runtimes[event.node].update_chips(event)
         elif isinstance(event, IciSample) and event.node in self.runtimes:
             self.runtimes[event.node].update_links(event)
+        elif isinstance(event, CapacityEvent):  # slice interruptions → interruption_count
+            self.cloudmon.record_capacity(event)
 
     def rotate_kernel_logs(self) -> None:
         for writer in self.kernel_logs.values():
