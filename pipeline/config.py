@@ -45,10 +45,37 @@ class KafkaSettings(Section, frozen=True):
     max_value_bytes: PositiveInt = 1 << 20
 
 
-class MetricsSettings(Section, frozen=True):
-    """Self-metrics of long-running processes (prometheus-client /metrics)."""
+# Each kind of long-running process has its own /metrics port, so the README's setup (worker,
+# sink, alerts and the adapters on one host) starts without a clash; next to the exporters'
+# usual 91xx range. An explicit metrics.port overrides it (0 = any free port).
+DEFAULT_METRICS_PORTS: dict[str, int] = {
+    "worker": 9108,
+    "lake_sink": 9109,
+    "alerts": 9110,
+    "ingest_prometheus": 9111,
+    "ingest_cloudmon": 9112,
+    "ingest_tpu_runtime": 9113,
+    "ingest_xid": 9114,
+}
 
-    port: Annotated[int, Meta(ge=0, le=65535)] = 9108  # 0 = pick a free port
+
+class MetricsSettings(Section, frozen=True):
+    """/metrics, /healthz and /readyz of long-running processes (worker, sinks, ingest, alerts).
+
+    host: all interfaces by default, as exporters do, so Prometheus and the kubelet reach it;
+    "127.0.0.1" keeps it on the host. port: unset = the process kind's default
+    (DEFAULT_METRICS_PORTS), 0 = any free port (printed or logged at start). A taken port stops
+    the process at start with an error naming it; there is no fallback.
+    """
+
+    host: str = "0.0.0.0"
+    port: Annotated[int, Meta(ge=0, le=65535)] | None = None
+
+    def port_for(self, process: str) -> int:
+        """The port `process` (a DEFAULT_METRICS_PORTS key) listens on."""
+        if self.port is not None:
+            return self.port
+        return DEFAULT_METRICS_PORTS[process]
 
 
 class LakeSettings(Section, frozen=True):

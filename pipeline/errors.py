@@ -4,7 +4,8 @@ FleetPulseError
 ├── ConfigError        bad config file or environment override (raised at start-up)
 ├── DecodeError        a record that does not match its schema (goes to fleet.dlq)
 ├── SourceError        an ingest endpoint failed or answered nonsense (retried with backoff)
-└── SinkError          an output could not be written (the record is not acknowledged)
+├── SinkError          an output could not be written (the record is not acknowledged)
+└── ListenError        a listening address is taken or not allowed (raised at start-up)
 """
 
 from __future__ import annotations
@@ -42,3 +43,7 @@ class SourceError(FleetPulseError):
 
 class SinkError(FleetPulseError):
     """An output could not be written; the input is not acknowledged."""
+
+
+class ListenError(FleetPulseError):
+    """A process cannot listen where it is configured to; the message names the setting."""

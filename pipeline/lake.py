@@ -141,7 +141,9 @@ def parse_time(text: str) -> datetime:
 class Lake:
     """A read-only DuckDB view of the lake at `root`. Open one per query session."""
 
-    def __init__(self, root: Path | str, settings: LakeSettings | None = None) -> None:
+    def __init__(
+        self, root: Path | str, settings: LakeSettings | None = None, *, locked: bool = True
+    ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise QueryError(f"lake folder {self.root} does not exist (see lake.path or --lake)")
@@ -150,8 +152,21 @@ class Lake:
         self._files: dict[str, list[Path]] = {}  # the files each raw_<table> reads
         self.con = duckdb.connect(":memory:")
         self.con.execute("SET TimeZone = 'UTC'")
+        if locked:
+            self._lock()
         self._register_reference_tables()
         self._register_tables()
+
+    def _lock(self) -> None:
+        """Our own queries (report, canned analyses, lake status) read the lake's files and
+        nothing else: no other file, no network, no extension, and no SET that undoes it.
+        Ad-hoc `fleetpulse sql` opens with locked=False: the user's own rights. The lake
+        folder stays allowed for writes too (DuckDB has no read-only directory), so a COPY
+        into it would pass; our queries have none, and their parameters are bound."""
+        lake = str(self.root.resolve()) + "/"
+        self.con.execute("SET allowed_directories = $dirs", {"dirs": [lake]})
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
 
     def close(self) -> None:
         self.con.close()

@@ -1,22 +1,125 @@
-"""Self-metrics for the long-running processes other than the worker (lake sink, ingest,
-alerts): their own running counters, served on /metrics with prometheus-client.
+"""The listening side of every long-running process (worker, lake sink, ingest, alerts):
+/metrics (prometheus-client), /healthz (the process is alive) and /readyz (it is doing its
+job: connected to Kafka, or for the worker assigned and caught up), for Prometheus and
+Kubernetes probes.
 
-Each loop already keeps a small stats object; a collector reads it at scrape time, so the hot
-loop pays nothing and the numbers on /metrics are the ones the process logs when it stops.
+The processes other than the worker expose their own running counters: each loop already
+keeps a small stats object; a collector reads it at scrape time, so the hot loop pays nothing
+and the numbers on /metrics are the ones the process logs when it stops.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlparse
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import MetricsHandler
+
+from pipeline.config import MetricsSettings
+from pipeline.errors import ListenError
 
 log = logging.getLogger("fleetpulse.metrics")
+
+# what /readyz answers: ready or not, and a short reason for whoever reads the probe's body
+Ready = Callable[[], tuple[bool, str]]
+
+
+@dataclasses.dataclass
+class Readiness:
+    """/readyz of a process whose Kafka client is made after the server starts: not ready
+    until the loop sets `check` (asked at each probe, from the HTTP thread)."""
+
+    check: Ready | None = None
+
+    def __call__(self) -> tuple[bool, str]:
+        return (False, "starting") if self.check is None else self.check()
+
+
+def consumer_readiness(consumer: Any, group: str) -> tuple[bool, str]:
+    """Ready once a kafka-python consumer is a stable member of its group: it reached the
+    broker and the coordinator; holding no partition (more members than partitions) is still
+    ready, so a standby does not hold up a rollout."""
+    from kafka.structs import MemberState  # the Kafka client only where Kafka is used
+
+    state = consumer.group_metadata().state
+    if state == MemberState.STABLE:
+        return True, f"joined group {group}"
+    return False, f"not a member of group {group} yet (state {state})"
+
+
+def _handler(registry: CollectorRegistry, ready: Ready) -> type[MetricsHandler]:
+    class Handler(MetricsHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            path = urlparse(self.path).path
+            if path == "/metrics":
+                super().do_GET()
+                return
+            if path == "/healthz":
+                self._answer(200, "ok")  # the process answers: it is alive
+            elif path == "/readyz":
+                ok, reason = ready()
+                self._answer(200 if ok else 503, ("ready: " if ok else "not ready: ") + reason)
+            else:
+                self._answer(404, "not found: /metrics, /healthz, /readyz")
+
+        def _answer(self, status: int, text: str) -> None:
+            body = (text + "\n").encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    Handler.registry = registry
+    return Handler
+
+
+def serve(
+    process: str,
+    registry: CollectorRegistry,
+    settings: MetricsSettings,
+    ready: Ready,
+) -> tuple[str, int]:
+    """Serve /metrics, /healthz and /readyz in a daemon thread on metrics.host and the port
+    of `process` (see MetricsSettings.port_for). A taken or forbidden port is a ListenError
+    naming the port and the setting: two processes must never share, or silently swap, the
+    address Prometheus and the kubelet were told about. Returns the (host, port) bound."""
+    host, port = settings.host, settings.port_for(process)
+    setting = "metrics.port (FLEETPULSE_METRICS__PORT)"
+    if settings.port is None:
+        setting += f", unset: {process}'s default {port}"
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise ListenError(
+            f"metrics.host {host!r} (FLEETPULSE_METRICS__HOST) is not an address: {exc}"
+        ) from None
+
+    class Server(ThreadingHTTPServer):
+        address_family = family
+        daemon_threads = True
+
+    try:
+        server = Server((host, port), _handler(registry, ready))
+    except OSError as exc:
+        why = "already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise ListenError(
+            f"cannot listen on {host}:{port} for /metrics: {why}; set {setting} "
+            "to a free port (0 = any free port)"
+        ) from None
+    threading.Thread(target=server.serve_forever, name=f"{process}-http", daemon=True).start()
+    bound: int = server.server_port
+    return host, bound
 
 
 class StatsCollector:
@@ -39,16 +142,10 @@ class StatsCollector:
         )
 
 
-def serve_stats(process: str, stats: Any, port: int) -> int:
-    """Serve `stats` on /metrics; a busy configured port falls back to a free one (logged),
-    so a second process on one host never fails to start over its metrics. Returns the port."""
+def serve_stats(process: str, stats: Any, settings: MetricsSettings, ready: Ready) -> int:
+    """Serve `stats` on /metrics, with /healthz and /readyz (see serve). Returns the port."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StatsCollector(process, stats))  # type: ignore[arg-type]
-    try:
-        server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
-    except OSError as exc:
-        log.warning("metrics port %d unavailable (%s); using a free port", port, exc)
-        server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
-    bound: int = server.server_port
-    log.info("%s: self-metrics on http://127.0.0.1:%d/metrics", process, bound)
+    host, bound = serve(process, registry, settings, ready)
+    log.info("%s: /metrics, /healthz, /readyz on http://%s:%d", process, host, bound)
     return bound

@@ -117,7 +117,7 @@ def _add_timers(ctx: Context) -> None:
 
     async def lag() -> None:
         backlog = await _backlog(ctx)
-        ctx.backlog = backlog
+        ctx.backlog, ctx.backlog_at = backlog, time.monotonic()
         for (topic, partition), behind in backlog.items():
             ctx.metrics.lag.labels(topic, str(partition)).set(behind)
         _catch_up_quiet_partitions(ctx, backlog)

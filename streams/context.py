@@ -74,6 +74,7 @@ class Context:
     decoded: dict[tuple[str, int, int], Event] = field(default_factory=dict)
     stages: list[Any] = field(default_factory=list)  # agents.Stage, in registration order
     backlog: dict[tuple[str, int], int] = field(default_factory=dict)  # from the lag timer
+    backlog_at: float = 0.0  # monotonic time the lag timer last measured it
 
     def behind(self, topics: list[str], partition: int) -> bool:
         """Is this partition catching up on a backlog in any of `topics`?"""

@@ -9,7 +9,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pipeline.config import MetricsSettings
+from pipeline.selfmetrics import Ready
+from pipeline.selfmetrics import serve as serve_http
 
 log = logging.getLogger("fleetpulse.worker")
 
@@ -88,8 +92,7 @@ class WorkerMetrics:
         )
 
 
-def serve(metrics: WorkerMetrics, port: int) -> int:
-    """Serve /metrics on `port` (0 = a free one) in a daemon thread; return the port."""
-    server, _thread = start_http_server(port, registry=metrics.registry)
-    bound: int = server.server_port
-    return bound
+def serve(metrics: WorkerMetrics, settings: MetricsSettings, ready: Ready) -> tuple[str, int]:
+    """Serve /metrics, /healthz and /readyz (pipeline.selfmetrics.serve); a taken port is a
+    ListenError. Returns the (host, port) bound."""
+    return serve_http("worker", metrics.registry, settings, ready)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from typing import Any, TextIO, cast
 
 import faust
@@ -21,7 +22,7 @@ from pipeline.errors import FleetPulseError
 from pipeline.runtime.topics import TOPICS, topic_name
 from streams.agents import HEALTH_TOPICS, INVENTORY, TELEMETRY_TOPICS
 from streams.app import app_id, create_app
-from streams.context import INTERNAL_TOPICS, POLICY_INPUT
+from streams.context import CATCHING_UP, INTERNAL_TOPICS, POLICY_INPUT, Context
 from streams.metrics import WorkerMetrics, serve
 
 log = logging.getLogger("fleetpulse.worker")
@@ -88,27 +89,57 @@ def describe_assignment(app: faust.App, sources: set[str]) -> str:
     return " ".join(f"{t}={','.join(map(str, sorted(p)))}" for t, p in sorted(owned.items()))
 
 
+class WorkerReadiness:
+    """/readyz of the worker: the group assigned its partitions (possibly none, when there are
+    more workers than partitions) and the lag timer, measuring after that, finds no source
+    partition more than CATCHING_UP records behind. A rebalance makes it not ready again
+    until the new assignment is caught up. Read from the HTTP thread; written by the app's
+    event loop, which only ever replaces the values."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.assigned_at: float | None = None
+
+    def __call__(self) -> tuple[bool, str]:
+        assigned_at, ctx = self.assigned_at, self.ctx
+        if assigned_at is None:
+            return False, "waiting for the group to assign partitions"
+        if ctx.backlog_at < assigned_at:
+            return False, "measuring the lag of the new assignment"
+        behind = sorted((tp, n) for tp, n in ctx.backlog.items() if n > CATCHING_UP)
+        if behind:
+            shown = " ".join(f"{t}[{p}]={n}" for (t, p), n in behind[:5])
+            return False, f"catching up: {shown}"
+        return True, f"assigned {len(ctx.backlog)} source partitions, caught up"
+
+
 def run(settings: Settings, loglevel: str = "warning", out: TextIO = sys.stdout) -> int:
     internal = prepare_topics(settings)
     metrics = WorkerMetrics()
-    port = serve(metrics, settings.metrics.port)
     ctx = create_app(settings, metrics)
+    readiness = WorkerReadiness(ctx)
+    host, port = serve(metrics, settings.metrics, readiness)
     inputs = ", ".join(topic_name(settings.kafka, suffix) for suffix in INPUTS)
     print(
         f"fleetpulse worker: broker={settings.kafka.bootstrap} group={app_id(settings)} "
         f"partitions={settings.kafka.partitions} store={settings.worker.store} "
-        f"metrics=http://0.0.0.0:{port}/metrics\n"
+        f"metrics=http://{host}:{port}/metrics\n"
         f"  inputs: {inputs}\n  internal: {', '.join(internal)}",
         file=out,
         flush=True,
     )
 
     async def on_assigned(app: faust.App, **kwargs: object) -> None:
+        readiness.assigned_at = time.monotonic()
         print(
             f"fleetpulse worker: assigned {describe_assignment(app, sources)}", file=out, flush=True
         )
 
+    async def on_revoked(app: faust.App, *args: object, **kwargs: object) -> None:
+        readiness.assigned_at = None  # a rebalance: not ready until reassigned and caught up
+
     ctx.app.on_rebalance_complete.connect(cast(Any, on_assigned))
+    ctx.app.on_partitions_revoked.connect(cast(Any, on_revoked))
 
     sources = {ctx.name(suffix) for suffix in INPUTS} | set(internal)
     worker = faust.Worker(ctx.app, loglevel=loglevel.upper(), quiet=True, stdout=out)

@@ -32,7 +32,7 @@ from pipeline.model import Alert, DeadLetter
 from pipeline.redact import redact, redact_logs, remember
 from pipeline.retry import Backoff
 from pipeline.runtime.topics import topic_name
-from pipeline.selfmetrics import serve_stats
+from pipeline.selfmetrics import Readiness, consumer_readiness, serve_stats
 from pipeline.sinks.alertmanager import AlertmanagerSink
 from pipeline.sinks.webhook import (
     BearerAuth,
@@ -174,6 +174,7 @@ def run_alerts(
     max_records: int = 500,
     sleep: Callable[[float], Any] | None = None,
     stats: RunStats | None = None,
+    readiness: Readiness | None = None,
 ) -> RunStats:
     """Consume fleet.alerts until `stop` is set (or nothing arrived for `idle_exit_s`)."""
     from kafka import KafkaConsumer, KafkaProducer
@@ -193,6 +194,8 @@ def run_alerts(
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
     backoff = Backoff(settings.alerts.backoff_initial_s, settings.alerts.backoff_max_s)
     stats = RunStats() if stats is None else stats
+    if readiness is not None:  # /readyz asks the consumer from the HTTP thread
+        readiness.check = lambda: consumer_readiness(consumer, settings.alerts.group_id)
     idle_since = time.monotonic()
     try:
         while not stop.is_set():
@@ -304,9 +307,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     sinks = build_sinks(settings)
-    stats = RunStats()
-    serve_stats("alerts", stats, settings.metrics.port)
-    run_alerts(settings, sinks, idle_exit_s=args.idle_exit, stats=stats)
+    stats, readiness = RunStats(), Readiness()
+    serve_stats("alerts", stats, settings.metrics, readiness)
+    run_alerts(settings, sinks, idle_exit_s=args.idle_exit, stats=stats, readiness=readiness)
     print(
         f"alerts: {stats.alerts} delivered in {stats.batches} batches, "
         f"{stats.dead_letters} dead letters, {stats.tombstones} tombstones skipped, "

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pipeline.config import Settings
 from pipeline.retry import Backoff
-from pipeline.selfmetrics import serve_stats
+from pipeline.selfmetrics import Ready, serve_stats
 from pipeline.sources.base import LoopStats, Publisher, Source, run_source
 
 SOURCES = ("prometheus", "cloudmon", "tpu-runtime", "xid")
@@ -107,19 +107,22 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         args.source, settings, args.log, journal_json=args.journal_json, kmsg=args.kmsg
     )
     publisher: Publisher
+    ready: Ready
     if args.stdout:
         from pipeline.sources.publish import StdoutPublisher
 
         publisher = StdoutPublisher()
+        ready = lambda: (True, "writing to stdout")  # noqa: E731
     else:
         from pipeline.sources.publish import KafkaPublisher
 
-        publisher = KafkaPublisher(settings.kafka, f"{settings.kafka.client_id}-{source.name}")
+        kafka = KafkaPublisher(settings.kafka, f"{settings.kafka.client_id}-{source.name}")
+        publisher, ready = kafka, kafka.readiness
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     config = settings.sources
     stats = LoopStats()
-    serve_stats(f"ingest_{source.name.replace('-', '_')}", stats, settings.metrics.port)
+    serve_stats(f"ingest_{source.name}", stats, settings.metrics, ready)
     try:
         run_source(
             source,

@@ -8,6 +8,10 @@
 or not), never pasted into it. --since takes a duration before --until (24h, 7d) or a time;
 --until defaults to the end of the newest data in the lake, so a replayed or simulated day
 reads the same as a live one.
+
+Ad-hoc SQL runs with your own rights: DuckDB can read and write any file you can (read_csv,
+COPY ... TO, ATTACH). Canned analyses (--query), `report` and `lake status` run locked: no
+file outside the lake, no network, no SET enable_external_access, lock_configuration on.
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ def _handle(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if bool(args.text) == bool(args.query):
         raise QueryError("give either SQL text or --query NAME (see --list)")
-    with Lake(args.lake or settings.lake.path, settings.lake) as lake:
+    # a canned analysis runs locked like `report`; ad-hoc SQL has the user's own rights
+    with Lake(args.lake or settings.lake.path, settings.lake, locked=bool(args.query)) as lake:
         query = _query(args)
         given = {k: v for k, v in window_params(args, lake).items() if v is not None}
         result = lake.sql(query.sql, lake.bind(query, given))

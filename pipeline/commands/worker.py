@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "letters. Start as many workers as partitions allow: they share the work as one "
         "consumer group and take over each other's partitions. Stops cleanly on SIGTERM.",
         epilog="Settings: [kafka] bootstrap/topic_prefix/partitions, [worker] group_id/store/"
-        "standby_replicas/session_timeout_s, [metrics] port (0 = any free port). The topics "
+        "standby_replicas/session_timeout_s, [metrics] host/port (default 0.0.0.0:9108, "
+        "0 = any free port; /metrics, /healthz, /readyz). The topics "
         "must exist: `fleetpulse topics create`.",
     )
     parser.add_argument(

@@ -24,7 +24,7 @@ from pipeline.config import Settings
 from pipeline.deadletter import dead_letter
 from pipeline.errors import DecodeError
 from pipeline.runtime.topics import TOPICS, topic_name
-from pipeline.selfmetrics import serve_stats
+from pipeline.selfmetrics import consumer_readiness, serve_stats
 from pipeline.sinks.lake import LakeWriter, Positions
 from pipeline.sinks.lake_tables import TABLES, TableSpec
 
@@ -60,6 +60,12 @@ class LakeSink:
         self.last_activity = time.monotonic()
         self._consumer: KafkaConsumer | None = None
         self._producer: KafkaProducer | None = None
+
+    def readiness(self) -> tuple[bool, str]:
+        """/readyz: the consumer has joined the lake group (it reached Kafka)."""
+        if self._consumer is None:
+            return False, "starting"
+        return consumer_readiness(self._consumer, self.settings.lake.group_id)
 
     def run(self, idle_exit_s: float | None = None) -> SinkStats:
         kafka = self.settings.kafka
@@ -192,7 +198,7 @@ def run_until_signalled(
 ) -> SinkStats:
     """Run a LakeSink; SIGTERM/SIGINT stop it after a last flush and commit."""
     sink = LakeSink(settings, root)
-    serve_stats("lake_sink", sink.stats, settings.metrics.port)
+    serve_stats("lake_sink", sink.stats, settings.metrics, sink.readiness)
 
     def stop(signum: int, frame: object) -> None:
         sink.stop.set()

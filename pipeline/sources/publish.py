@@ -58,6 +58,9 @@ class KafkaPublisher:
             )
         except KafkaError as exc:
             raise SourceError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
+        # the producer bootstrapped (it reached the broker); a batch the broker did not
+        # acknowledge makes the adapter not ready until one is acknowledged again
+        self._ready = (True, f"connected to {settings.bootstrap}")
 
     def publish(self, source: str, events: Sequence[Event], bad: Sequence[BadRecord]) -> None:
         now_ms = int(time.time() * 1000)
@@ -76,7 +79,13 @@ class KafkaPublisher:
             for future in futures:
                 future.get(timeout=_SEND_TIMEOUT_S)
         except self._error as exc:
+            self._ready = (False, f"Kafka did not acknowledge the last batch: {exc}")
             raise SourceError(f"{source}: Kafka did not acknowledge the batch: {exc}") from exc
+        self._ready = (True, f"connected to {self._settings.bootstrap}")
+
+    def readiness(self) -> tuple[bool, str]:
+        """/readyz: the broker answered, and acknowledged the last batch."""
+        return self._ready
 
     def close(self) -> None:
         self._producer.close(timeout=_SEND_TIMEOUT_S)

@@ -27,6 +27,7 @@ def _run_cli(kafka: KafkaSettings, *args: str) -> subprocess.CompletedProcess[st
         "FLEETPULSE_KAFKA__BOOTSTRAP": kafka.bootstrap,
         "FLEETPULSE_KAFKA__TOPIC_PREFIX": kafka.topic_prefix,
         "FLEETPULSE_KAFKA__PARTITIONS": str(kafka.partitions),
+        "FLEETPULSE_METRICS__PORT": "0",  # the default ports may be another run's
         "PATH": "/usr/bin:/bin",
     }
     return subprocess.run(

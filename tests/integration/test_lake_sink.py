@@ -61,6 +61,7 @@ def _sink(
         "FLEETPULSE_KAFKA__BOOTSTRAP": kafka.bootstrap,
         "FLEETPULSE_KAFKA__TOPIC_PREFIX": kafka.topic_prefix,
         "FLEETPULSE_LAKE__GROUP_ID": group,
+        "FLEETPULSE_METRICS__PORT": "0",  # two sinks at once, and the default may be taken
         # small flushes of tiny, hard-compressed row groups: many files, each written for long
         # enough that the test can catch one in the act
         "FLEETPULSE_LAKE__FLUSH_ROWS": "200",

@@ -72,6 +72,7 @@ def test_ingest_command_publishes_to_kafka(
             "FLEETPULSE_KAFKA__BOOTSTRAP": settings.kafka.bootstrap,
             "FLEETPULSE_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,
             "FLEETPULSE_SOURCES__STATE_DIR": str(tmp_path),
+            "FLEETPULSE_METRICS__PORT": "0",  # the default may be another run's
             "FLEETPULSE_SOURCES__TPU_RUNTIME_ENDPOINT": server.address,
             "FLEETPULSE_SOURCES__CLUSTER": tpu_slice.cluster,
             "FLEETPULSE_SOURCES__POOL": tpu_slice.pool,
