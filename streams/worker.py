@@ -18,6 +18,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from pipeline.config import Settings
 from pipeline.errors import FleetPulseError
+from pipeline.kafka_client import client_kwargs
 from pipeline.runtime.topics import TOPICS, topic_name
 from streams.agents import HEALTH_TOPICS, INVENTORY, TELEMETRY_TOPICS
 from streams.app import app_id, create_app
@@ -34,7 +35,7 @@ def prepare_topics(settings: Settings) -> list[str]:
     k = settings.kafka
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=k.bootstrap, client_id=f"{k.client_id}-worker-admin"
+            **client_kwargs(k), client_id=f"{k.client_id}-worker-admin"
         )
     except KafkaError as exc:
         raise FleetPulseError(f"cannot reach Kafka at {k.bootstrap}: {exc}") from exc

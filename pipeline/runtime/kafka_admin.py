@@ -10,6 +10,7 @@ from kafka.errors import KafkaError
 
 from pipeline.config import KafkaSettings
 from pipeline.errors import FleetPulseError
+from pipeline.kafka_client import client_kwargs
 from pipeline.runtime.topics import TOPICS, TopicSpec, topic_configs, topic_name
 
 
@@ -31,7 +32,7 @@ def create_topics(settings: KafkaSettings, bootstrap_timeout_s: float = 30.0
     """
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=settings.bootstrap,
+            **client_kwargs(settings),
             client_id=f"{settings.client_id}-admin",
             request_timeout_ms=30_000,
             bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
@@ -91,7 +92,7 @@ def require_topic(settings: KafkaSettings, suffix: str) -> str:
     name = topic_name(settings, suffix)
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=settings.bootstrap,
+            **client_kwargs(settings),
             client_id=f"{settings.client_id}-admin",
             request_timeout_ms=30_000,
         )

@@ -15,6 +15,7 @@ import msgspec
 from pipeline import codec
 from pipeline.config import KafkaSettings
 from pipeline.errors import SinkError
+from pipeline.kafka_client import client_kwargs
 from pipeline.model import (
     Event,
 )
@@ -79,7 +80,7 @@ def produce_kafka(
     from kafka import KafkaProducer  # the Kafka client only when asked to produce
 
     producer = KafkaProducer(
-        bootstrap_servers=settings.bootstrap,
+        **client_kwargs(settings),
         client_id=f"{settings.client_id}-simulate",
         acks="all",
         linger_ms=linger_ms,
