@@ -15,12 +15,13 @@ the next start) and remembered by pipeline.redact, so it is masked in every log 
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.config import KafkaSettings
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, FleetPulseError
 from pipeline.redact import remember
 
 Library = Literal["kafka-python", "aiokafka", "faust"]
@@ -51,14 +52,64 @@ def client_kwargs(kafka: KafkaSettings, library: Library = "kafka-python") -> di
     return kwargs
 
 
+def check_login(kafka: KafkaSettings, timeout_s: float = 15.0) -> None:
+    """Fail fast, with a clear error, when the broker refuses our TLS or SASL login.
+
+    The clients retry a refused login until their bootstrap timeout and then say only "unable
+    to bootstrap"; one direct connection per bootstrap address says why at once. Returns when
+    one address accepts the login; an address that does not answer at all is left to the
+    clients (their errors already say "cannot reach"). Plaintext: nothing to check.
+    """
+    if kafka.security_protocol == "PLAINTEXT":
+        return
+    asyncio.run(_check_login(kafka, timeout_s))
+
+
+async def _check_login(kafka: KafkaSettings, timeout_s: float) -> None:
+    from aiokafka.conn import create_conn
+    from aiokafka.errors import KafkaError as AioKafkaError
+
+    kwargs = client_kwargs(kafka, "aiokafka")
+    del kwargs["bootstrap_servers"]
+    refused: FleetPulseError | None = None
+    for address in (a.strip() for a in kafka.bootstrap.split(",") if a.strip()):
+        host, _, port = address.rpartition(":")
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(host.strip("[]"), int(port), client_id=f"{kafka.client_id}-login",
+                            request_timeout_ms=int(timeout_s * 1000), **kwargs),
+                timeout_s,
+            )
+        except ssl.SSLError as exc:
+            refused = FleetPulseError(
+                f"Kafka TLS handshake with {describe(kafka, address)} failed: {exc.reason or exc}; "
+                "check kafka.ssl_cafile (the CA that signed the broker certificate) and that "
+                "the certificate names this host (kafka.ssl_check_hostname)"
+            )
+        except AioKafkaError as exc:
+            if "auth" not in type(exc).__name__.lower():
+                continue  # not a login refusal: the clients report it their way
+            refused = FleetPulseError(
+                f"Kafka refused the SASL login at {describe(kafka, address)}: {exc}; check "
+                "kafka.sasl_username and kafka.sasl_password (or sasl_password_file)"
+            )
+        except (TimeoutError, OSError):
+            continue  # not listening / not answering: the clients say "cannot reach"
+        else:
+            conn.close()
+            return
+    if refused is not None:
+        raise refused
+
+
 def broker_urls(bootstrap: str) -> list[str]:
     """faust's broker list: `kafka://host:port` each (TLS/SASL come from the credentials)."""
     return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
 
 
-def describe(kafka: KafkaSettings) -> str:
+def describe(kafka: KafkaSettings, address: str = "") -> str:
     """How we connect, for error messages and start lines: listener, protocol, mechanism, user."""
-    text = f"{kafka.bootstrap} ({kafka.security_protocol}"
+    text = f"{address or kafka.bootstrap} ({kafka.security_protocol}"
     if kafka.security_protocol.startswith("SASL_"):
         text += f", {kafka.sasl_mechanism} as {kafka.sasl_username!r}"
     return text + ")"

@@ -28,7 +28,7 @@ from pipeline.codec import decode, encode
 from pipeline.config import AlertSettings, HttpClientSettings, Settings, WebhookTarget
 from pipeline.deadletter import dead_letter
 from pipeline.errors import ConfigError, DecodeError
-from pipeline.kafka_client import client_kwargs
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.model import Alert, DeadLetter
 from pipeline.redact import redact, redact_logs, remember
 from pipeline.retry import Backoff
@@ -183,6 +183,7 @@ def run_alerts(
     wait = sleep or stop.wait
     kafka = settings.kafka
     topic = topic_name(kafka, "alerts")
+    check_login(kafka)  # a refused login fails here, clearly, not after a bootstrap timeout
     consumer = KafkaConsumer(
         topic,
         **client_kwargs(kafka),

@@ -23,7 +23,7 @@ from pipeline.codec import decode, encode
 from pipeline.config import Settings
 from pipeline.deadletter import dead_letter
 from pipeline.errors import DecodeError
-from pipeline.kafka_client import client_kwargs
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.selfmetrics import serve_stats
 from pipeline.sinks.lake import LakeWriter, Positions
@@ -64,6 +64,7 @@ class LakeSink:
 
     def run(self, idle_exit_s: float | None = None) -> SinkStats:
         kafka = self.settings.kafka
+        check_login(kafka)  # a refused login fails here, clearly, not after a bootstrap timeout
         self._consumer = KafkaConsumer(
             **client_kwargs(kafka),
             client_id=f"{kafka.client_id}-lake",

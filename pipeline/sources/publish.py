@@ -16,7 +16,7 @@ from pipeline import deadletter
 from pipeline.codec import encode
 from pipeline.config import KafkaSettings
 from pipeline.errors import SourceError
-from pipeline.kafka_client import client_kwargs
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.model import (
     DeadLetter,
     Event,
@@ -50,6 +50,7 @@ class KafkaPublisher:
         self._error = KafkaError
         self._settings = settings
         self._topics = {spec.value: topic_name(settings, spec.suffix) for spec in TOPICS}
+        check_login(settings)  # a refused login fails here, not after a bootstrap timeout
         try:
             self._producer = KafkaProducer(
                 **client_kwargs(settings),
