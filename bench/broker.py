@@ -27,6 +27,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from bench.common import proc_cpu_seconds
 from pipeline import codec
 from pipeline.config import Settings, load_settings
+from pipeline.kafka_client import client_kwargs
 from pipeline.model import Event
 from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import record_key, topic_name
@@ -52,7 +53,7 @@ def reachable(settings: Settings) -> str | None:
     """None when the broker answers, else why not (benchmarks then skip the Kafka parts)."""
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=settings.kafka.bootstrap, request_timeout_ms=5000
+            **client_kwargs(settings.kafka), request_timeout_ms=5000
         )
     except Exception as exc:  # any client error means: no broker to measure against
         return f"no Kafka broker at {settings.kafka.bootstrap}: {exc}"
@@ -73,7 +74,7 @@ def private_topics(settings: Settings) -> Iterator[None]:
 
 def delete_prefixed(settings: Settings) -> None:
     prefix = settings.kafka.topic_prefix
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
+    admin = KafkaAdminClient(**client_kwargs(settings.kafka))
     try:
         doomed = [t for t in admin.list_topics() if t.startswith(prefix)]
         if doomed:
@@ -93,7 +94,7 @@ def set_log_append_time(settings: Settings, suffixes: Iterable[str]) -> None:
     so a latency is two broker timestamps apart, whatever the producers' clocks say."""
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
+    admin = KafkaAdminClient(**client_kwargs(settings.kafka))
     try:
         admin.alter_configs([
             ConfigResource(ConfigResourceType.TOPIC, topic_name(settings.kafka, suffix),
@@ -106,7 +107,7 @@ def set_log_append_time(settings: Settings, suffixes: Iterable[str]) -> None:
 
 def producer(settings: Settings, linger_ms: int = 20) -> KafkaProducer:
     return KafkaProducer(
-        bootstrap_servers=settings.kafka.bootstrap,
+        **client_kwargs(settings.kafka),
         acks="all",
         linger_ms=linger_ms,
         batch_size=512 * 1024,
@@ -127,7 +128,7 @@ def produce(settings: Settings, batch: list[Record]) -> None:
 
 
 def end_offsets(settings: Settings, topics: Iterable[str]) -> dict[TopicPartition, int]:
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap)
+    consumer = KafkaConsumer(**client_kwargs(settings.kafka))
     try:
         partitions = [
             TopicPartition(t, p) for t in sorted(set(topics))
@@ -157,7 +158,7 @@ async def _consume_nothing(settings: Settings, ends: dict[TopicPartition, int],
     from aiokafka.structs import TopicPartition as AioPartition
 
     # client defaults, as faust leaves them; no group: partitions are assigned by hand
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap, group_id=None,
+    consumer = AIOKafkaConsumer(**client_kwargs(settings.kafka, "aiokafka"), group_id=None,
                                 enable_auto_commit=False)
     await consumer.start()
     try:
@@ -277,7 +278,7 @@ def drain(worker: Worker, ends: dict[TopicPartition, int], timeout: float,
     worker.wait_assigned(timeout)
     wall, cpu = time.perf_counter(), worker.cpu_seconds()
     total = sum(ends.values())
-    admin = KafkaAdminClient(bootstrap_servers=worker.settings.kafka.bootstrap)
+    admin = KafkaAdminClient(**client_kwargs(worker.settings.kafka))
     try:
         worker._poll(lambda: worker.committed(admin, ends) >= total, timeout,
                      f"commit of all {total} records", every=0.1)

@@ -38,6 +38,7 @@ from bench.common import load_average, ratio, result_name, write_result
 from bench.sim import metric_samples
 from pipeline import codec
 from pipeline.config import Settings, SimSettings
+from pipeline.kafka_client import client_kwargs
 from pipeline.model import Action, Event, GpuSample, XidEvent
 from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.engine import Simulation
@@ -167,7 +168,7 @@ def watch(settings: Settings, load: Load, producer: threading.Thread, tail_s: fl
     (or `tail_s` more seconds passed); fill in delivery and action times."""
     xid_topic = topic_name(settings.kafka, "events.xid")
     actions_topic = topic_name(settings.kafka, "actions")
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
+    consumer = KafkaConsumer(**client_kwargs(settings.kafka),
                              enable_auto_commit=False, fetch_max_wait_ms=10)
     partitions = [TopicPartition(t, p) for t in (xid_topic, actions_topic)
                   for p in sorted(consumer.partitions_for_topic(t) or ())]
@@ -269,7 +270,7 @@ def _backlog(settings: Settings, worker: broker.Worker) -> int:
     inputs = [topic_name(settings.kafka, s) for s in
               ("telemetry.gpu", "telemetry.tpu", "telemetry.ici", "events.xid")]
     ends = broker.end_offsets(settings, inputs)
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
+    admin = KafkaAdminClient(**client_kwargs(settings.kafka))
     try:
         return sum(ends.values()) - worker.committed(admin, ends)
     finally:

@@ -4,6 +4,7 @@ set -euo pipefail
 need=()
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
+command -v openssl >/dev/null || need+=(openssl)  # kafka.sh secure profile: per-run CA
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null || need+=(chromium)

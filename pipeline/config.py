@@ -29,6 +29,10 @@ class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """Base of a config section; unknown keys are errors, so typos never pass silently."""
 
 
+_SASL_FIELDS = ("sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file")
+_SSL_FIELDS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+
+
 class KafkaSettings(Section, frozen=True):
     bootstrap: str = "127.0.0.1:19092"
     client_id: str = "fleetpulse"
@@ -43,6 +47,54 @@ class KafkaSettings(Section, frozen=True):
     # runaway producer must not cost a consumer its memory. The broker's own limit
     # (message.max.bytes, 1 MiB by default) usually stops larger ones first.
     max_value_bytes: PositiveInt = 1 << 20
+    # Security, one section for every client (pipeline/kafka_client.py builds each library's
+    # arguments from it). The password comes from sasl_password (e.g. from
+    # FLEETPULSE_KAFKA__SASL_PASSWORD) or, better, sasl_password_file (a mounted secret).
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = ""
+    sasl_username: str = ""
+    sasl_password: str = ""
+    sasl_password_file: str = ""
+    ssl_cafile: str = ""  # "" = the system CAs
+    ssl_certfile: str = ""  # client certificate (mutual TLS), with ssl_keyfile
+    ssl_keyfile: str = ""
+    ssl_check_hostname: bool = True  # the broker certificate must name the host we dialled
+
+    def __post_init__(self) -> None:
+        sasl = self.security_protocol.startswith("SASL_")
+        given = [n for n in _SASL_FIELDS if getattr(self, n)]
+        if not sasl and given:
+            raise ValueError(
+                f"{', '.join(given)} set, but security_protocol is {self.security_protocol}: "
+                "use SASL_SSL or SASL_PLAINTEXT"
+            )
+        if sasl:
+            if not self.sasl_mechanism:
+                raise ValueError(
+                    f"security_protocol {self.security_protocol} needs sasl_mechanism "
+                    "(PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)"
+                )
+            if not self.sasl_username:
+                raise ValueError(f"security_protocol {self.security_protocol} needs sasl_username")
+            if not (self.sasl_password or self.sasl_password_file):
+                raise ValueError(
+                    f"security_protocol {self.security_protocol} needs sasl_password "
+                    "or sasl_password_file"
+                )
+        if self.sasl_password and self.sasl_password_file:
+            raise ValueError("set sasl_password or sasl_password_file, not both")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("set ssl_certfile and ssl_keyfile together (client certificate)")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        tls_given = [n for n in _SSL_FIELDS if getattr(self, n)]
+        if not tls and tls_given:
+            raise ValueError(
+                f"{', '.join(tls_given)} set, but security_protocol is {self.security_protocol}: "
+                "use SSL or SASL_SSL"
+            )
+
+    def __repr__(self) -> str:
+        return _masked_repr(self, frozenset({"sasl_password"}))
 
 
 # Each kind of long-running process has its own /metrics port, so the README's setup (worker,

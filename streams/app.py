@@ -20,6 +20,7 @@ from typing import Any, cast
 import faust
 
 from pipeline.config import Settings
+from pipeline.kafka_client import client_kwargs
 from streams import agents
 from streams.acks import Settler
 from streams.clock import Family, PartitionClocks
@@ -35,16 +36,12 @@ def app_id(settings: Settings) -> str:
     return settings.worker.group_id or f"{settings.kafka.topic_prefix}-worker"
 
 
-def broker_urls(bootstrap: str) -> list[str]:
-    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
-
-
 def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Context:
     w, k = settings.worker, settings.kafka
     Path(w.datadir).mkdir(parents=True, exist_ok=True)  # faust makes only the last level
     app = faust.App(
         app_id(settings),
-        broker=broker_urls(k.bootstrap),
+        **client_kwargs(k, "faust"),  # broker URLs and broker_credentials (TLS / SASL)
         broker_client_id=f"{k.client_id}-worker",
         store=w.store,
         datadir=str(Path(w.datadir) / app_id(settings)),

@@ -22,8 +22,9 @@ from typing import IO, Any, TypeVar
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from pipeline.codec import decode, encode
-from pipeline.config import Settings, SimSettings
+from pipeline.config import KafkaSettings, Settings, SimSettings
 from pipeline.errors import DecodeError
+from pipeline.kafka_client import client_kwargs
 from pipeline.model import Event
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.runtime.topics import TOPICS, record_key, topic_name
@@ -57,6 +58,15 @@ def scenario() -> Simulation:
     return Simulation(settings, faults)
 
 
+def security_env(kafka: KafkaSettings) -> dict[str, str]:
+    """FLEETPULSE_KAFKA__* variables carrying `kafka`'s security settings to a child process."""
+    names = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
+             "sasl_password_file", "ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    env = {f"FLEETPULSE_KAFKA__{n.upper()}": getattr(kafka, n) for n in names if getattr(kafka, n)}
+    env["FLEETPULSE_KAFKA__SSL_CHECK_HOSTNAME"] = str(kafka.ssl_check_hostname).lower()
+    return env
+
+
 def worker_env(settings: Settings, workdir: Path, **extra: str) -> dict[str, str]:
     """Environment for `python -m pipeline.cli worker` matching `settings`, fast failover."""
     k = settings.kafka
@@ -74,6 +84,7 @@ def worker_env(settings: Settings, workdir: Path, **extra: str) -> dict[str, str
         "FLEETPULSE_WORKER__ALIGN_ALWAYS": "true",
         "FLEETPULSE_WORKER__ALIGN_GRACE_MS": "2000",
         "PYTHONUNBUFFERED": "1",
+        **security_env(k),
     }
     env.pop("FLEETPULSE_CONFIG", None)
     env.update(extra)
@@ -187,10 +198,13 @@ def embedded_outputs(settings: Settings, events: Iterable[Event]) -> dict[str, l
     return outputs
 
 
-def producer(bootstrap: str) -> KafkaProducer:
+def producer(kafka: str | KafkaSettings) -> KafkaProducer:
+    """A fast producer for tests; `kafka` is a bootstrap address or the settings (security)."""
+    if isinstance(kafka, str):
+        kafka = KafkaSettings(bootstrap=kafka)
     # gzip and big batches: kafka-python checksums in pure Python; fewer bytes, ~4x faster
     return KafkaProducer(
-        bootstrap_servers=bootstrap,
+        **client_kwargs(kafka),
         linger_ms=20,
         acks="all",
         compression_type="gzip",
@@ -204,7 +218,7 @@ def produce_events(
     """Send input events to their topics, keyed as the ingest adapters key them; return the
     partition each key went to."""
     own = kafka is None
-    kafka = kafka or producer(settings.kafka.bootstrap)
+    kafka = kafka or producer(settings.kafka)
     futures = [
         (key_of(e), kafka.send(topic_of(settings, e), key=key_of(e).encode(), value=encode(e)))
         for e in events
@@ -223,10 +237,12 @@ class TopicReader:
     bootstrap: str
     topics: list[str]
     records: dict[str, list[Any]] = field(default_factory=dict)
+    kafka: KafkaSettings | None = None  # security settings; None = plaintext to `bootstrap`
 
     def __post_init__(self) -> None:
         self._consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, consumer_timeout_ms=200
+            **client_kwargs(self.kafka or KafkaSettings(bootstrap=self.bootstrap)),
+            enable_auto_commit=False, consumer_timeout_ms=200
         )
         assigned = []
         for topic in self.topics:

@@ -19,6 +19,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from pipeline.config import Settings
 from pipeline.errors import FleetPulseError
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.runtime.topics import TOPICS, topic_name
 from streams.agents import HEALTH_TOPICS, INVENTORY, TELEMETRY_TOPICS
 from streams.app import app_id, create_app
@@ -33,9 +34,10 @@ def prepare_topics(settings: Settings) -> list[str]:
     """Fail early when a FleetPulse topic is missing or its partition count is not the
     configured one (co-partitioned topics must agree); create the app's internal topics."""
     k = settings.kafka
+    check_login(k)  # a refused TLS / SASL login: a clear error now, not a timeout
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=k.bootstrap, client_id=f"{k.client_id}-worker-admin"
+            **client_kwargs(k), client_id=f"{k.client_id}-worker-admin"
         )
     except KafkaError as exc:
         raise FleetPulseError(f"cannot reach Kafka at {k.bootstrap}: {exc}") from exc

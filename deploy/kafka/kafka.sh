@@ -11,6 +11,10 @@
 # Env: KAFKA_PORT (client port, default 19092), KAFKA_CONTROLLER_PORT (default KAFKA_PORT+1),
 #      KAFKA_START_TIMEOUT (seconds, default 90), KAFKA_HEAP_OPTS (default -Xms512m -Xmx512m),
 #      JAVA_HOME (optional: use $JAVA_HOME/bin/java), MVN (default mvn).
+# Secure profile: KAFKA_SECURE=1 start adds a SASL_SSL listener on KAFKA_SECURE_PORT (default
+#      KAFKA_PORT+2) with a CA and broker certificate made per run (openssl), SCRAM users with
+#      per-run passwords, and the StandardAuthorizer with ACLs; the data dir is fresh each run.
+#      Files (CA, passwords, client env) land in .cache/kafka/secure-<KAFKA_PORT>; see README.md.
 # Everything it writes lives under <repo>/.cache/kafka (git-ignored). See README.md beside it.
 set -euo pipefail
 
@@ -49,6 +53,15 @@ is_port_number "$KAFKA_CONTROLLER_PORT" \
 [[ "$START_TIMEOUT" =~ ^[0-9]+$ ]] || die "KAFKA_START_TIMEOUT must be whole seconds, got '$START_TIMEOUT'"
 
 DATA_DIR="$CACHE_DIR/data-$KAFKA_PORT"
+SECURE="${KAFKA_SECURE:-0}"
+KAFKA_SECURE_PORT="${KAFKA_SECURE_PORT:-$((KAFKA_PORT + 2))}"
+SECURE_DIR="$CACHE_DIR/secure-$KAFKA_PORT"
+# prefixes of the topics the telemetry-only user may write (PREFIXED ACLs)
+TELEMETRY_PREFIXES="${KAFKA_TELEMETRY_PREFIXES:-fleet.telemetry.}"
+if [[ "$SECURE" == 1 ]]; then
+  is_port_number "$KAFKA_SECURE_PORT" || die "KAFKA_SECURE_PORT must be a port number, got '$KAFKA_SECURE_PORT'"
+  DATA_DIR="$CACHE_DIR/data-secure-$KAFKA_PORT"  # never mixed with a plaintext broker's data
+fi
 PID_FILE="$CACHE_DIR/broker-$KAFKA_PORT.pid"
 LOG_FILE="$CACHE_DIR/broker-$KAFKA_PORT.log"
 PROPS_FILE="$CACHE_DIR/server-$KAFKA_PORT.properties"
@@ -127,6 +140,7 @@ render_props() {
       -e "s|@KAFKA_CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
       -e "s|@KAFKA_DATA_DIR@|$(sed_escape "$DATA_DIR")|g" \
       "$TEMPLATE" >"$PROPS_FILE.tmp"
+  [[ "$SECURE" == 1 ]] && secure_props >>"$PROPS_FILE.tmp"
   mv -f "$PROPS_FILE.tmp" "$PROPS_FILE"
 }
 
@@ -155,6 +169,92 @@ print_log_tail() {
     tail -n 40 "$LOG_FILE" >&2 || true
     printf -- '--- end of log ---\n' >&2
   fi
+}
+
+# --- secure profile --------------------------------------------------------------------------
+
+SECURE_USERS=(admin fleetpulse telemetry-only)
+
+make_certs() { # a CA and a broker certificate for 127.0.0.1 / localhost, new every run
+  local d="$SECURE_DIR"
+  rm -rf "$d"
+  mkdir -p "$d"
+  chmod 700 "$d"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 7 -subj "/CN=FleetPulse test CA" \
+    -keyout "$d/ca.key" -out "$d/ca.pem" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    >/dev/null 2>&1 || die "openssl could not make the CA"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$d/broker.key" -out "$d/broker.csr" >/dev/null 2>&1 || die "openssl could not make the broker key"
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=serverAuth" "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+    "authorityKeyIdentifier=keyid" "subjectKeyIdentifier=hash" >"$d/broker.ext"
+  openssl x509 -req -in "$d/broker.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+    -days 7 -extfile "$d/broker.ext" -out "$d/broker.pem" >/dev/null 2>&1 || die "openssl could not sign the broker certificate"
+  # Kafka's PEM keystore: the (PKCS#8, unencrypted) key, then the chain
+  cat "$d/broker.key" "$d/broker.pem" "$d/ca.pem" >"$d/broker-keystore.pem"
+  local user
+  for user in "${SECURE_USERS[@]}"; do
+    head -c 18 /dev/urandom | base64 | tr '+/' 'xy' >"$d/$user.password"
+  done
+  chmod 600 "$d"/*
+  { # what a client needs to connect as the fleetpulse user (source it, or copy to a config)
+    echo "FLEETPULSE_KAFKA__BOOTSTRAP=127.0.0.1:$KAFKA_SECURE_PORT"
+    echo "FLEETPULSE_KAFKA__SECURITY_PROTOCOL=SASL_SSL"
+    echo "FLEETPULSE_KAFKA__SASL_MECHANISM=SCRAM-SHA-512"
+    echo "FLEETPULSE_KAFKA__SASL_USERNAME=fleetpulse"
+    echo "FLEETPULSE_KAFKA__SASL_PASSWORD_FILE=$d/fleetpulse.password"
+    echo "FLEETPULSE_KAFKA__SSL_CAFILE=$d/ca.pem"
+  } >"$d/fleetpulse.env"
+}
+
+secure_props() { # appended to the rendered template; later keys win in a .properties file
+  cat <<PROPS
+
+# --- secure profile (kafka.sh, KAFKA_SECURE=1) ---
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_SSL://127.0.0.1:$KAFKA_SECURE_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_SSL://127.0.0.1:$KAFKA_SECURE_PORT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required $(plain_users);
+ssl.keystore.type=PEM
+ssl.keystore.location=$SECURE_DIR/broker-keystore.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$SECURE_DIR/ca.pem
+ssl.client.auth=none
+# ACLs: the loopback PLAINTEXT and CONTROLLER listeners (broker, controller, local admin) are
+# ANONYMOUS and super users; on SASL_SSL only what an ACL allows.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:admin
+allow.everyone.if.no.acl.found=false
+PROPS
+}
+
+plain_users() { # user_<name>="<password>" for the PLAIN mechanism
+  local user
+  for user in "${SECURE_USERS[@]}"; do
+    printf 'user_%s="%s" ' "$user" "$(cat "$SECURE_DIR/$user.password")"
+  done
+}
+
+scram_args() { # StorageTool --add-scram for every user, both SCRAM mechanisms
+  local user mech pw
+  for user in "${SECURE_USERS[@]}"; do
+    pw="$(cat "$SECURE_DIR/$user.password")"
+    for mech in SCRAM-SHA-256 SCRAM-SHA-512; do
+      printf '%s\n' --add-scram "$mech=[name=$user,password=$pw]"
+    done
+  done
+}
+
+create_acls() { # over the PLAINTEXT listener (a super user), with the project's Python client
+  local py="${PYTHON:-}"
+  [[ -z "$py" && -x "$REPO_ROOT/.venv/bin/python" ]] && py="$REPO_ROOT/.venv/bin/python"
+  py="${py:-python3}"
+  PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" "$SCRIPT_DIR/secure_acls.py" \
+    "127.0.0.1:$KAFKA_PORT" "$TELEMETRY_PREFIXES" 8>&- 9>&-
 }
 
 # --- subcommands -------------------------------------------------------------------------------
@@ -206,18 +306,25 @@ cmd_start() {
   require_java
   jars_present || cmd_fetch
   mkdir -p "$CACHE_DIR" "$TMP_DIR"
+  if [[ "$SECURE" == 1 ]]; then
+    port_open "$KAFKA_SECURE_PORT" && die "secure port $KAFKA_SECURE_PORT is already in use; set KAFKA_SECURE_PORT"
+    make_certs
+    rm -rf "$DATA_DIR"  # SCRAM users are written at format time: a fresh cluster per run
+  fi
   render_props
   local -a JVM_ARGS
   jvm_args
 
   if [[ ! -f "$DATA_DIR/meta.properties" ]]; then
+    local -a SCRAM=()
+    [[ "$SECURE" == 1 ]] && mapfile -t SCRAM < <(scram_args)
     # never formatted (or a format that died half way): start from an empty dir
     rm -rf "$DATA_DIR"
     local cid
     cid="$(new_cluster_id)"
     log "formatting KRaft storage in $DATA_DIR (cluster id $cid)"
     if ! "$JAVA" "${JVM_ARGS[@]}" kafka.tools.StorageTool format --ignore-formatted \
-          -t "$cid" -c "$PROPS_FILE" >"$CACHE_DIR/format-$KAFKA_PORT.log" 2>&1 8>&- 9>&-; then
+          -t "$cid" -c "$PROPS_FILE" "${SCRAM[@]}" >"$CACHE_DIR/format-$KAFKA_PORT.log" 2>&1 8>&- 9>&-; then
       cat "$CACHE_DIR/format-$KAFKA_PORT.log" >&2
       die "formatting $DATA_DIR failed"
     fi
@@ -254,6 +361,18 @@ cmd_start() {
     fi
     sleep 0.25
   done
+  if [[ "$SECURE" == 1 ]]; then
+    until port_open "$KAFKA_SECURE_PORT"; do
+      (( $(date +%s) < deadline )) || { print_log_tail; die "secure listener :$KAFKA_SECURE_PORT not open"; }
+      sleep 0.25
+    done
+    if ! create_acls; then
+      stop_pid "$pid"  # a secure broker without its ACLs is of no use to anyone
+      rm -f "$PID_FILE"
+      die "could not create the ACLs (see above); broker stopped"
+    fi
+    log "SASL_SSL listener on 127.0.0.1:$KAFKA_SECURE_PORT; CA, passwords, client env in $SECURE_DIR"
+  fi
   log "Kafka $KAFKA_VERSION ready on 127.0.0.1:$KAFKA_PORT (pid $pid) in $(elapsed_since "$t0") s"
 }
 

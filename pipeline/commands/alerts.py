@@ -28,6 +28,7 @@ from pipeline.codec import decode, encode
 from pipeline.config import AlertSettings, HttpClientSettings, Settings, WebhookTarget
 from pipeline.deadletter import dead_letter
 from pipeline.errors import ConfigError, DecodeError
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.model import Alert, DeadLetter
 from pipeline.redact import redact, redact_logs, remember
 from pipeline.retry import Backoff
@@ -183,15 +184,16 @@ def run_alerts(
     wait = sleep or stop.wait
     kafka = settings.kafka
     topic = topic_name(kafka, "alerts")
+    check_login(kafka)  # a refused login fails here, clearly, not after a bootstrap timeout
     consumer = KafkaConsumer(
         topic,
-        bootstrap_servers=kafka.bootstrap,
+        **client_kwargs(kafka),
         client_id=f"{kafka.client_id}-alerts",
         group_id=settings.alerts.group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
     )
-    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    producer = KafkaProducer(**client_kwargs(kafka), acks="all")
     backoff = Backoff(settings.alerts.backoff_initial_s, settings.alerts.backoff_max_s)
     stats = RunStats() if stats is None else stats
     if readiness is not None:  # /readyz asks the consumer from the HTTP thread

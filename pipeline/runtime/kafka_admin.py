@@ -10,6 +10,7 @@ from kafka.errors import KafkaError
 
 from pipeline.config import KafkaSettings
 from pipeline.errors import FleetPulseError
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.runtime.topics import TOPICS, TopicSpec, topic_configs, topic_name
 
 
@@ -29,9 +30,10 @@ def create_topics(settings: KafkaSettings, bootstrap_timeout_s: float = 30.0
     partitions moves keys between partitions, which breaks per-key state. Someone must decide.
     No broker answering within `bootstrap_timeout_s` is an error naming the bootstrap address.
     """
+    check_login(settings)  # a refused TLS / SASL login: a clear error now, not a timeout
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=settings.bootstrap,
+            **client_kwargs(settings),
             client_id=f"{settings.client_id}-admin",
             request_timeout_ms=30_000,
             bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000),
@@ -89,9 +91,10 @@ def require_topic(settings: KafkaSettings, suffix: str) -> str:
     use would make a plain, uncompacted one, and the mistake would only show much later."""
     spec = next(spec for spec in TOPICS if spec.suffix == suffix)
     name = topic_name(settings, suffix)
+    check_login(settings)
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=settings.bootstrap,
+            **client_kwargs(settings),
             client_id=f"{settings.client_id}-admin",
             request_timeout_ms=30_000,
         )

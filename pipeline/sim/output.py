@@ -15,6 +15,7 @@ import msgspec
 from pipeline import codec
 from pipeline.config import KafkaSettings
 from pipeline.errors import SinkError
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.model import (
     Event,
 )
@@ -78,8 +79,9 @@ def produce_kafka(
     SinkError if the broker does not acknowledge them all."""
     from kafka import KafkaProducer  # the Kafka client only when asked to produce
 
+    check_login(settings)  # a refused login fails here, clearly, not after a bootstrap timeout
     producer = KafkaProducer(
-        bootstrap_servers=settings.bootstrap,
+        **client_kwargs(settings),
         client_id=f"{settings.client_id}-simulate",
         acks="all",
         linger_ms=linger_ms,

@@ -23,6 +23,7 @@ from pipeline.codec import decode, encode
 from pipeline.config import Settings
 from pipeline.deadletter import dead_letter
 from pipeline.errors import DecodeError
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.selfmetrics import consumer_readiness, serve_stats
 from pipeline.sinks.lake import LakeWriter, Positions
@@ -69,8 +70,9 @@ class LakeSink:
 
     def run(self, idle_exit_s: float | None = None) -> SinkStats:
         kafka = self.settings.kafka
+        check_login(kafka)  # a refused login fails here, clearly, not after a bootstrap timeout
         self._consumer = KafkaConsumer(
-            bootstrap_servers=kafka.bootstrap,
+            **client_kwargs(kafka),
             client_id=f"{kafka.client_id}-lake",
             group_id=self.settings.lake.group_id,
             enable_auto_commit=False,
@@ -80,7 +82,7 @@ class LakeSink:
             heartbeat_interval_ms=min(3000, self.settings.lake.session_timeout_s * 1000 // 3),
         )
         self._producer = KafkaProducer(
-            bootstrap_servers=kafka.bootstrap, acks="all", client_id=f"{kafka.client_id}-lake-dlq"
+            **client_kwargs(kafka), acks="all", client_id=f"{kafka.client_id}-lake-dlq"
         )
         self._consumer.subscribe(sorted(self._tables), listener=_FlushOnRevoke(self))
         try:

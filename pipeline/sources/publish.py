@@ -16,6 +16,7 @@ from pipeline import deadletter
 from pipeline.codec import encode
 from pipeline.config import KafkaSettings
 from pipeline.errors import SourceError
+from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.model import (
     DeadLetter,
     Event,
@@ -49,9 +50,10 @@ class KafkaPublisher:
         self._error = KafkaError
         self._settings = settings
         self._topics = {spec.value: topic_name(settings, spec.suffix) for spec in TOPICS}
+        check_login(settings)  # a refused login fails here, not after a bootstrap timeout
         try:
             self._producer = KafkaProducer(
-                bootstrap_servers=settings.bootstrap,
+                **client_kwargs(settings),
                 client_id=client_id,
                 acks="all",
                 linger_ms=5,

@@ -1,0 +1,236 @@
+"""FleetPulse over SASL_SSL on a real broker: kafka.sh's secure profile, started here.
+
+The module starts its own broker (`KAFKA_SECURE=1 deploy/kafka/kafka.sh start` on free ports:
+a per-run CA and broker certificate, SCRAM users, StandardAuthorizer ACLs), so it runs from a
+fresh clone under `make test` next to the plaintext broker the other tests use.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition as AioPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import TopicAuthorizationFailedError
+
+from pipeline.config import KafkaSettings, Settings, load_settings
+from pipeline.kafka_client import client_kwargs
+from pipeline.runtime.topics import topic_name
+from streams.testing import WorkerProcess, create_topics, produce_events, scenario, worker_env
+
+pytestmark = pytest.mark.kafka
+REPO = Path(__file__).resolve().parents[2]
+KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
+
+
+@dataclass(frozen=True)
+class SecureBroker:
+    plain_port: int
+    secure_port: int
+    files: Path  # CA, per-user password files, fleetpulse.env
+
+    def settings(self, user: str = "fleetpulse", **extra: object) -> KafkaSettings:
+        return KafkaSettings(
+            bootstrap=f"127.0.0.1:{self.secure_port}",
+            partitions=2,
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username=user,
+            sasl_password_file=str(self.files / f"{user}.password"),
+            ssl_cafile=str(self.files / "ca.pem"),
+            **extra,  # type: ignore[arg-type]
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def secure_broker() -> Iterator[SecureBroker]:
+    plain, controller, secure = _free_port(), _free_port(), _free_port()
+    env = {
+        **os.environ,
+        "KAFKA_SECURE": "1",
+        "KAFKA_PORT": str(plain),
+        "KAFKA_CONTROLLER_PORT": str(controller),
+        "KAFKA_SECURE_PORT": str(secure),
+        "KAFKA_HEAP_OPTS": "-Xms256m -Xmx384m",
+        "PYTHON": sys.executable,  # kafka.sh creates the ACLs with the project's client
+    }
+    start = subprocess.run(["bash", str(KAFKA_SH), "start"], env=env, capture_output=True,
+                           text=True, timeout=240, check=False)
+    try:
+        assert start.returncode == 0, start.stdout + start.stderr
+        yield SecureBroker(plain, secure, REPO / ".cache" / "kafka" / f"secure-{plain}")
+    finally:
+        subprocess.run(["bash", str(KAFKA_SH), "stop"], env=env, capture_output=True,
+                       timeout=120, check=False)
+
+
+def _env(kafka: KafkaSettings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETPULSE_")}
+    env.update({
+        "FLEETPULSE_KAFKA__BOOTSTRAP": kafka.bootstrap,
+        "FLEETPULSE_KAFKA__PARTITIONS": str(kafka.partitions),
+        "FLEETPULSE_KAFKA__SECURITY_PROTOCOL": kafka.security_protocol,
+        "FLEETPULSE_KAFKA__SASL_MECHANISM": kafka.sasl_mechanism,
+        "FLEETPULSE_KAFKA__SASL_USERNAME": kafka.sasl_username,
+        "FLEETPULSE_KAFKA__SASL_PASSWORD_FILE": kafka.sasl_password_file,
+        "FLEETPULSE_KAFKA__SSL_CAFILE": kafka.ssl_cafile,
+    })
+    env.update(extra)
+    return env
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _end_offsets(kafka: KafkaSettings, topic: str) -> dict[int, int]:
+    consumer = KafkaConsumer(**client_kwargs(kafka))
+    try:
+        tps = [TopicPartition(topic, p) for p in range(kafka.partitions)]
+        return {tp.partition: n for tp, n in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def test_topics_create_and_a_round_trip_over_sasl_ssl(secure_broker: SecureBroker) -> None:
+    kafka = secure_broker.settings(topic_prefix="rt")
+    done = _cli("topics", "create", env=_env(kafka, FLEETPULSE_KAFKA__TOPIC_PREFIX="rt"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"15 created, 0 already present on 127.0.0.1:{secure_broker.secure_port}" in (
+        done.stdout
+    )
+    topic = topic_name(kafka, "findings")
+    producer = KafkaProducer(**client_kwargs(kafka), acks="all")
+    sent = producer.send(topic, key=b"node-1", value=b"over-tls").get(timeout=30)
+    producer.close()
+    # kafka-python consumer in a group (group ACLs, offset commits)
+    consumer = KafkaConsumer(topic, **client_kwargs(kafka), group_id="rt-group",
+                             auto_offset_reset="earliest", consumer_timeout_ms=20_000)
+    values = [m.value for m in consumer]
+    consumer.commit()
+    consumer.close()
+    assert values == [b"over-tls"]
+    # aiokafka (the client under faust), its own TLS context from the same settings
+    assert _aiokafka_read(kafka, topic, sent.partition) == [b"over-tls"]
+
+
+def _aiokafka_read(kafka: KafkaSettings, topic: str, partition: int) -> list[bytes]:
+    import asyncio
+
+    async def read() -> list[bytes]:
+        consumer = AIOKafkaConsumer(**client_kwargs(kafka, "aiokafka"), group_id=None)
+        await consumer.start()
+        try:
+            tp = AioPartition(topic, partition)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            batch = await consumer.getmany(tp, timeout_ms=20_000)
+            return [m.value for m in batch.get(tp, []) if m.value is not None]
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())
+
+
+def test_a_wrong_password_fails_fast_naming_listener_and_mechanism(
+    secure_broker: SecureBroker, tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    kafka = secure_broker.settings()
+    env = _env(kafka, FLEETPULSE_KAFKA__SASL_PASSWORD_FILE=str(wrong))
+    started = time.monotonic()
+    done = _cli("topics", "create", env=env)
+    took = time.monotonic() - started
+    assert done.returncode != 0
+    listener = f"127.0.0.1:{secure_broker.secure_port} (SASL_SSL, SCRAM-SHA-512 as 'fleetpulse')"
+    assert f"Kafka refused the SASL login at {listener}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "not-the-password" not in done.stderr
+    assert took < 15, f"took {took:.1f} s"  # not the clients' 30 s bootstrap timeout
+
+
+def test_an_unknown_ca_is_a_clear_tls_error(secure_broker: SecureBroker, tmp_path: Path) -> None:
+    other_ca = tmp_path / "other.pem"  # a CA that did not sign the broker certificate
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=other", "-keyout", str(tmp_path / "k"), "-out", str(other_ca)],
+                   capture_output=True, check=True, timeout=60)
+    env = _env(secure_broker.settings(), FLEETPULSE_KAFKA__SSL_CAFILE=str(other_ca))
+    done = _cli("topics", "create", env=env)
+    assert done.returncode != 0
+    assert "TLS handshake with 127.0.0.1" in done.stderr and "CERTIFICATE_VERIFY_FAILED" in (
+        done.stderr
+    ), done.stderr
+
+
+def test_telemetry_only_is_refused_writing_actions_and_nothing_lands(
+    secure_broker: SecureBroker,
+) -> None:
+    admin = secure_broker.settings(topic_prefix="fleet")  # ACLs name fleet.telemetry.*
+    assert _cli("topics", "create", env=_env(admin)).returncode == 0
+    telemetry = secure_broker.settings("telemetry-only", topic_prefix="fleet")
+    # default retries: a just-created topic may answer NotLeader once; authorization
+    # errors are not retried, so the refusal still comes at once
+    producer = KafkaProducer(**client_kwargs(telemetry), acks="all")
+    try:
+        # its own topics: allowed
+        producer.send(topic_name(telemetry, "telemetry.gpu"), value=b"sample").get(timeout=30)
+        with pytest.raises(TopicAuthorizationFailedError):
+            producer.send(topic_name(telemetry, "actions"), value=b"forged").get(timeout=30)
+    finally:
+        producer.close()
+    assert sum(_end_offsets(admin, topic_name(admin, "actions")).values()) == 0
+    assert sum(_end_offsets(admin, topic_name(admin, "telemetry.gpu")).values()) >= 1
+
+
+def test_the_worker_processes_records_over_sasl_ssl(
+    secure_broker: SecureBroker, tmp_path: Path
+) -> None:
+    kafka = secure_broker.settings(topic_prefix="wk")
+    settings: Settings = msgspec.structs.replace(load_settings(environ={}), kafka=kafka)
+    env = worker_env(settings, tmp_path)
+    create_topics(env)
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        worker.wait_for(r"fleetpulse worker: assigned .*telemetry\.gpu=0,1", 180)
+        events = [e for e in scenario().events() if getattr(e, "ts", 0) < 1_767_225_630_000]
+        produce_events(settings, events)
+        gpu = topic_name(kafka, "telemetry.gpu")
+        _wait_for_processed(worker, sum(_end_offsets(kafka, gpu).values()), gpu)
+    finally:
+        code = worker.stop(timeout=60)
+    assert code == 0, worker.tail()
+
+
+def _wait_for_processed(worker: WorkerProcess, count: int, topic: str) -> None:
+    url = f"http://127.0.0.1:{worker.metrics_port()}/metrics"
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        seen = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in lines
+            if line.startswith("fleetpulse_worker_records_in_total{") and f'"{topic}"' in line
+        )
+        if count and seen >= count:
+            return
+        assert time.monotonic() < deadline, f"{seen} of {count} records read:\n{worker.tail()}"
+        time.sleep(0.3)
