@@ -7,6 +7,7 @@ Example: FLEETPULSE_KAFKA__BOOTSTRAP=broker:9092 overrides [kafka] bootstrap.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -190,6 +191,21 @@ class SourcesSettings(Section, frozen=True):
     # __meta_kubernetes_pod_node_name to `node` (or name your target label here), because
     # Hostname is the exporter pod's hostname unless NODE_NAME is set.
     prometheus_node_label: str = "node"
+    # Auth and TLS as Alertmanager's http_config (certificates checked unless told otherwise):
+    # prometheus_http = {bearer_token_file = "/run/secrets/prom-token", tls_ca_file = "ca.pem"}
+    # or FLEETPULSE_SOURCES__PROMETHEUS_HTTP='{basic_username = "u", basic_password_file = "/p"}'
+    # (a factory: HttpClientSettings is defined further down this module)
+    prometheus_http: HttpClientSettings = msgspec.field(
+        default_factory=lambda: HttpClientSettings()
+    )
+    # Sent with every query, e.g. {"X-Scope-OrgID" = "team-a"} for Thanos / Cortex / Mimir
+    # tenants. Not treated as secrets: put credentials in prometheus_http.
+    prometheus_headers: dict[str, str] = {}
+    # Label matchers added to the DCGM query, so several adapters can each read a shard of a
+    # large Prometheus: '{shard="a"}' or 'cluster=~"eu-.*",pool!="spare"'. "" = every series.
+    # In the environment leave out the braces (a braced value reads as a TOML table):
+    # FLEETPULSE_SOURCES__PROMETHEUS_SELECTOR='shard="a"'.
+    prometheus_selector: str = ""
     cloudmon_endpoint: str = ""  # "" = the real API; "host:port" = a plaintext stand-in
     cloudmon_project: str = "fleetpulse-sim"
     cloudmon_inventory: str = ""  # JSON: tpu_worker -> node/slice/pool (see sources/cloudmon.py)
@@ -204,6 +220,34 @@ class SourcesSettings(Section, frozen=True):
     tpu_topology: str = ""
     tpu_worker_id: Annotated[int, Meta(ge=0)] = 0
     xid_log_path: str = "/var/log/kern.log"
+
+    def __post_init__(self) -> None:
+        if not _MATCHERS.fullmatch(selector_matchers(self.prometheus_selector)):
+            raise ValueError(
+                f"prometheus_selector {self.prometheus_selector!r}: expected label matchers "
+                "like '{shard=\"a\"}' or 'zone=~\"us-.*\",pool!=\"spare\"'"
+            )
+        headers = {name.lower() for name in self.prometheus_headers}
+        if "authorization" in headers and _has_auth(self.prometheus_http):
+            raise ValueError("set prometheus_http auth or an Authorization header, not both")
+
+
+# One PromQL label matcher: name, operator, double-quoted value (escapes allowed).
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"(?:{_MATCHER}(?:,{_MATCHER})*)?")
+
+
+def selector_matchers(selector: str) -> str:
+    """The matchers of a selector, without braces: '{shard="a"}' -> 'shard="a"'."""
+    text = selector.strip()
+    if text.startswith("{") and text.endswith("}"):
+        text = text[1:-1]
+    return text.strip().rstrip(",").strip()
+
+
+def _has_auth(http: HttpClientSettings) -> bool:
+    secrets = (http.bearer_token, http.bearer_token_file, http.basic_password)
+    return any(secrets) or bool(http.basic_username or http.basic_password_file)
 
 
 def _masked_repr(struct: msgspec.Struct, secrets: frozenset[str]) -> str:

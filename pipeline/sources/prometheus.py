@@ -18,6 +18,13 @@ Every dcgm-exporter generation and deployment:
   (the Prometheus Operator's default `honorLabels: false`, where `pod` is then the exporter's
   own pod), else `pod` (`pod_name` in 1.x).
 
+Connection (sources.prometheus_http, as Alertmanager's http_config): certificates are checked
+(against `tls_ca_file` or the system CAs) unless `tls_insecure_skip_verify`; a bearer token or
+basic auth, from the setting or its file, remembered by pipeline.redact so no log shows it;
+`prometheus_headers` are sent with every query (tenant headers of Thanos, Cortex, Mimir).
+`prometheus_selector` adds label matchers to the query, so several adapters can each read one
+shard of a large Prometheus.
+
 Position: the newest timestamp read. Each poll reads `(position, now - lag]`; the lag leaves
 room for a scrape that is still on its way, so a sample is read once.
 """
@@ -25,6 +32,7 @@ room for a scrape that is still on its way, so a sample is read once.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -34,9 +42,10 @@ from typing import Any
 
 import msgspec
 
-from pipeline.config import SourcesSettings
-from pipeline.errors import DecodeError, SourceError
+from pipeline.config import HttpClientSettings, SourcesSettings, selector_matchers
+from pipeline.errors import ConfigError, DecodeError, SourceError
 from pipeline.model import GpuReading, GpuSample
+from pipeline.redact import redact, redact_logs, remember
 from pipeline.sources.base import (
     BadRecord,
     Batch,
@@ -47,6 +56,7 @@ from pipeline.sources.base import (
 )
 
 QUERY = '{__name__=~"(?i)dcgm_fi_.+"}'
+log = logging.getLogger(__name__)
 # After the configured label (Identity.node_label): the fallbacks, in order (module docstring).
 _NODE_LABELS = ("node", "Hostname", "hostname")
 # Labels Prometheus renames to exported_* when the target has the same ones (honor_labels false):
@@ -284,7 +294,62 @@ def _shown(value: object) -> str:
     return text if len(text) <= 120 else text[:120] + "…"
 
 
+def series_selector(selector: str = "") -> str:
+    """The DCGM series selector with the configured matchers added (sources.prometheus_selector):
+    '{shard="a"}' -> '{__name__=~"(?i)dcgm_fi_.+",shard="a"}'."""
+    matchers = selector_matchers(selector)
+    return f"{QUERY[:-1]},{matchers}}}" if matchers else QUERY
+
+
 # --- the I/O side ---------------------------------------------------------------------------
+
+
+def http_session(settings: SourcesSettings) -> Any:
+    """A requests.Session for Prometheus: certificate checks (CA file, or skipped only when
+    asked), bearer or basic auth with secrets read and remembered, extra headers."""
+    import requests
+
+    http = settings.prometheus_http
+    session = requests.Session()
+    session.headers.update(settings.prometheus_headers)
+    token = _secret(http.bearer_token, http.bearer_token_file, "bearer_token")
+    password = _secret(http.basic_password, http.basic_password_file, "basic_password")
+    if token:
+        session.headers["Authorization"] = f"Bearer {token}"
+    elif http.basic_username or password:
+        session.auth = (http.basic_username, password)
+    session.verify = _verify(http, settings.prometheus_url)
+    # Never follow a redirect: requests would resend our headers (tenant, auth on the same
+    # host) to wherever it points; Prometheus itself does not redirect its API.
+    session.max_redirects = 0
+    return session
+
+
+def _verify(http: HttpClientSettings, url: str) -> bool | str:
+    if http.tls_insecure_skip_verify:
+        log.warning(
+            "prometheus: TLS certificate of %s is not checked "
+            "(sources.prometheus_http.tls_insecure_skip_verify)",
+            redact(url),
+        )
+        return False
+    if http.tls_ca_file and not Path(http.tls_ca_file).is_file():
+        raise ConfigError(f"sources.prometheus_http.tls_ca_file {http.tls_ca_file}: no such file")
+    return http.tls_ca_file or True
+
+
+def _secret(value: str, path: str, name: str) -> str:
+    """A credential from its setting or its file (trailing newline dropped); remembered."""
+    setting = f"sources.prometheus_http.{name}"
+    if path:
+        try:
+            value = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{setting}_file {path}: {exc.strerror}") from None
+        if not value:
+            raise ConfigError(f"{setting}_file {path} is empty")
+    remember(value)
+    return value
 
 
 def _reason(exc: BaseException) -> str:
@@ -293,6 +358,13 @@ def _reason(exc: BaseException) -> str:
     text = str(exc)
     marker = text.rfind("[Errno")
     return text[marker:].rstrip("'\")") if marker >= 0 else type(exc).__name__
+
+
+def _userinfo(url: str) -> list[str]:
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    return [value for value in (parts.username, parts.password) if value]
 
 
 class PrometheusSource:
@@ -319,9 +391,17 @@ class PrometheusSource:
         self._checkpoint = checkpoint or Path(settings.state_dir) / "prometheus.json"
         # retry=Retry(0): no retries inside the client. Ours (run_source, jittered) are the
         # only ones, so a failed poll is one log line, not three urllib3 warnings and ours.
-        self._client = client or PrometheusConnect(
-            url=settings.prometheus_url, disable_ssl=True, retry=Retry(total=0), timeout=30
-        )
+        self._series = series_selector(settings.prometheus_selector)
+        if client is None:
+            redact_logs("urllib3.connectionpool")  # request lines may carry the URL's userinfo
+            remember(*_userinfo(settings.prometheus_url))
+            client = PrometheusConnect(
+                url=settings.prometheus_url,
+                session=http_session(settings),
+                retry=Retry(total=0),
+                timeout=30,
+            )
+        self._client = client
         saved = load_checkpoint(self._checkpoint, PrometheusPosition)
         self.position = saved.last_ts_ms if saved else None
 
@@ -339,11 +419,11 @@ class PrometheusSource:
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
-        query = f"{QUERY}[{end_ms - start_ms}ms]"
+        query = f"{self._series}[{end_ms - start_ms}ms]"
         try:
             result = self._client.custom_query(query, params={"time": f"{end_ms / 1000:.3f}"})
         except requests.ConnectionError as exc:
-            url = self._settings.prometheus_url
+            url = redact(self._settings.prometheus_url)
             raise SourceError(
                 f"cannot reach Prometheus at {url} (sources.prometheus_url, "
                 f"FLEETPULSE_SOURCES__PROMETHEUS_URL): {_reason(exc)}"

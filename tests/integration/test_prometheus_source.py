@@ -7,19 +7,23 @@ free port with a 1 s scrape interval; it fails (never skips) when the binary is 
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
 import os
 import socket
 import subprocess
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import msgspec
 import pytest
 
-from pipeline.config import SimSettings, SourcesSettings
+from pipeline.config import HttpClientSettings, SimSettings, SourcesSettings
 from pipeline.model import GpuReading, GpuSample
 from pipeline.sim.endpoints.dcgm_exporter import DcgmExporter
 from pipeline.sim.endpoints.fleet import SimEndpoints
@@ -194,3 +198,71 @@ def test_older_exporters_and_mig_come_back_through_prometheus(
     got = {(e.node, e.ts): e for e in batch.events if isinstance(e, GpuSample)}
     for want in served:
         assert got[(want.node, want.ts)] == want  # no pci_bus_id; MIG instances kept apart
+
+
+class _RecordingProxy(http.server.BaseHTTPRequestHandler):
+    """Forwards each GET to the real Prometheus and keeps the request headers it received."""
+
+    upstream = ""
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(dict(self.headers.items()))
+        with urllib.request.urlopen(self.upstream + self.path, timeout=10) as answer:
+            body = answer.read()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_auth_headers_arrive_and_the_selector_reads_one_shard(
+    fleet: tuple[Simulation, SimEndpoints], prometheus_url: str, tmp_path: Path
+) -> None:
+    sim, endpoints = fleet
+    nodes = list(sim.fleet.gpu_nodes)[:2]
+    ts = int(time.time() * 1000)
+    for node in nodes:
+        endpoints.exporters[node.name].update(_generations_sample(node, ts, mig=False))
+    _wait_for_scrapes([endpoints.exporters[n.name] for n in nodes])
+    _wait_for_scrapes([endpoints.exporters[n.name] for n in nodes])
+
+    handler = type("Proxy", (_RecordingProxy,), {"upstream": prometheus_url, "seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = tmp_path / "token"
+    token.write_text("prom-reader-token-5e1f\n")
+    try:
+        shard = endpoints.exporters[nodes[0].name].address  # one node's scrape target
+        settings = SourcesSettings(
+            prometheus_url=f"http://127.0.0.1:{server.server_address[1]}",
+            prometheus_lag_s=0.0,
+            prometheus_max_lookback_s=30.0,
+            prometheus_http=HttpClientSettings(bearer_token_file=str(token)),
+            prometheus_headers={"X-Scope-OrgID": "team-a"},
+            prometheus_selector=f'{{instance="{shard}"}}',
+            state_dir=str(tmp_path),
+        )
+        batch = PrometheusSource(settings, clock=lambda: ts / 1000 + 0.5).poll()
+    finally:
+        server.shutdown()
+        server.server_close()
+    [headers] = handler.seen
+    assert headers["Authorization"] == "Bearer prom-reader-token-5e1f"
+    assert headers["X-Scope-OrgID"] == "team-a"
+    assert batch.bad == []
+    got = {e.node for e in batch.events if isinstance(e, GpuSample)}
+    assert got == {nodes[0].name}, "the selector keeps the other node's series out"
+    # without the selector the same window holds both nodes: the selector did the restricting
+    unsharded = msgspec.structs.replace(
+        settings, prometheus_url=prometheus_url, prometheus_selector="",
+        prometheus_http=HttpClientSettings(),
+    )
+    everything = PrometheusSource(unsharded, clock=lambda: ts / 1000 + 0.5).poll()
+    assert {e.node for e in everything.events if isinstance(e, GpuSample)} >= {
+        n.name for n in nodes
+    }
