@@ -231,7 +231,11 @@ def test_auth_headers_arrive_and_the_selector_reads_one_shard(
     _wait_for_scrapes([endpoints.exporters[n.name] for n in nodes])
     _wait_for_scrapes([endpoints.exporters[n.name] for n in nodes])
 
-    handler = type("Proxy", (_RecordingProxy,), {"upstream": prometheus_url, "seen": []})
+    class Proxy(_RecordingProxy):
+        upstream = prometheus_url
+        seen: ClassVar[list[dict[str, str]]] = []
+
+    handler = Proxy
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     token = tmp_path / "token"
