@@ -7,16 +7,21 @@ fresh clone under `make test` next to the plaintext broker the other tests use.
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
+import duckdb
 import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -24,9 +29,12 @@ from aiokafka.structs import TopicPartition as AioPartition
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import TopicAuthorizationFailedError
 
+from pipeline import codec
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.kafka_client import client_kwargs
+from pipeline.model import Action
 from pipeline.runtime.topics import topic_name
+from pipeline.sim import read_truth
 from streams.testing import WorkerProcess, create_topics, produce_events, scenario, worker_env
 
 pytestmark = pytest.mark.kafka
@@ -234,3 +242,91 @@ def _wait_for_processed(worker: WorkerProcess, count: int, topic: str) -> None:
             return
         assert time.monotonic() < deadline, f"{seen} of {count} records read:\n{worker.tail()}"
         time.sleep(0.3)
+
+
+class _Webhook(http.server.BaseHTTPRequestHandler):
+    """A local alert receiver: keeps every JSON body posted to it."""
+
+    bodies: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        self.bodies.append(json.loads(self.rfile.read(length)))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _actions_for(kafka: KafkaSettings, node: str, deadline: float) -> list[Action]:
+    """The actions on fleet.actions that target `node`, read until one arrives."""
+    consumer = KafkaConsumer(topic_name(kafka, "actions"), **client_kwargs(kafka),
+                             group_id=None, auto_offset_reset="earliest")
+    found: list[Action] = []
+    try:
+        while not found and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=1000).values():
+                actions = [codec.decode(r.value, Action) for r in records if r.value]
+                found += [a for a in actions if a.target.name == node]
+    finally:
+        consumer.close()
+    return found
+
+
+def test_the_whole_pipeline_end_to_end_over_sasl_ssl(
+    secure_broker: SecureBroker, tmp_path: Path
+) -> None:
+    """simulate --to kafka → worker → sink lake and alerts (to a local webhook), every process
+    a subprocess speaking SASL_SSL with SCRAM to the secure listener."""
+    started = time.monotonic()
+    kafka = secure_broker.settings(topic_prefix="e2e")
+    settings: Settings = msgspec.structs.replace(load_settings(environ={}), kafka=kafka)
+    env = worker_env(settings, tmp_path / "worker")
+    create_topics(env)
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
+    _Webhook.bodies = []
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        worker.wait_for(r"fleetpulse worker: assigned .*telemetry\.gpu=0,1", 180)
+        # an HBM failure (DBE + XID 48): a fatal fault the policy cordons at once
+        sim = _cli("simulate", "--to", "kafka", "--out", str(tmp_path / "sim"),
+                   "--duration", "240", "--gpu-nodes", "2", "--tpu-slices", "0",
+                   "--no-random-faults", "--inject", "G5/hbm@60", "--seed", "7", "--quiet",
+                   env=env)
+        assert sim.returncode == 0, sim.stdout + sim.stderr
+        [fault] = [f for f in read_truth(tmp_path / "sim" / "events.truth.jsonl") if f.forced]
+        node = fault.target.name
+        actions = _actions_for(kafka, node, time.monotonic() + 60)
+        assert "cordon" in {a.kind for a in actions}, worker.tail()
+
+        lake = tmp_path / "lake"
+        port = receiver.server_address[1]
+        outputs = {
+            "lake": [sys.executable, "-m", "pipeline.cli", "sink", "lake", "--lake", str(lake),
+                     "--exit-when-idle", "4"],
+            "alerts": [sys.executable, "-m", "pipeline.cli", "alerts", "--idle-exit", "4"],
+        }
+        sink_env = {**env, "FLEETPULSE_ALERTS__WEBHOOK_URLS": f'["http://127.0.0.1:{port}/hook"]'}
+        procs = {name: subprocess.Popen(cmd, env=sink_env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+                 for name, cmd in outputs.items()}
+        for name, proc in procs.items():
+            out, _ = proc.communicate(timeout=90)
+            assert proc.returncode == 0, f"{name}:\n{out}"
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+        code = worker.stop(timeout=60)
+    assert code == 0, worker.tail()
+
+    rows = duckdb.connect().execute(
+        f"select target_name, kind from read_parquet('{lake}/actions/**/*.parquet')"
+    ).fetchall()
+    assert (node, "cordon") in rows, rows
+    delivered = [a for body in _Webhook.bodies for a in body["alerts"]]
+    cordons = [a for a in delivered if a["labels"]["alertname"] == "FleetPulseTargetCordoned"]
+    assert node in {a["labels"].get("node") for a in cordons}, delivered
+    print(f"simulate → worker → lake, alerts over SASL_SSL in {time.monotonic() - started:.1f}s")
