@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from pipeline.config import HttpClientSettings, SourcesSettings, load_settings
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, SourceError
 from pipeline.redact import redact
 from pipeline.sources.prometheus import PrometheusSource, http_session, series_selector
 
@@ -139,3 +139,35 @@ def test_the_query_carries_the_selector(tmp_path: Path) -> None:
     [(query, params)] = client.queries
     assert query == '{__name__=~"(?i)dcgm_fi_.+",shard="b"}[600000ms]'
     assert params == {"time": "1000.000"}
+
+
+def test_a_redirect_is_not_followed(tmp_path: Path) -> None:
+    """A 3xx would carry our headers (tenant, auth) to wherever it points: a failed poll."""
+    import http.server
+    import threading
+
+    followed: list[str] = []
+
+    class Redirecting(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/elsewhere"):
+                followed.append(self.path)
+            self.send_response(302)
+            self.send_header("Location", "/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        source = PrometheusSource(_settings(tmp_path, prometheus_url=url), clock=lambda: 1000.0)
+        with pytest.raises(SourceError, match="redirects"):
+            source.poll()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert followed == []
