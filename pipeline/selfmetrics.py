@@ -123,7 +123,13 @@ def serve(
 
 
 class StatsCollector:
-    """Exposes every int field of a stats dataclass as `fleetpulse_<process>_<field>_total`."""
+    """Exposes every int field of a stats dataclass as `fleetpulse_<process>_<field>_total`.
+
+    Field metadata widens that: `{"gauge": True}` on an int field makes it a gauge named
+    `fleetpulse_<process>_<field>` (a state such as "writes blocked", not a count), and
+    `{"label": "reason"}` on a dict[str, int] field makes one labelled counter,
+    `fleetpulse_<process>_<field>_total{reason="…"}`.
+    """
 
     def __init__(self, process: str, stats: Any) -> None:
         self.process, self.stats = process, stats
@@ -132,9 +138,18 @@ class StatsCollector:
     def collect(self) -> Iterator[Metric]:
         for field in dataclasses.fields(self.stats):
             value = getattr(self.stats, field.name)
-            if isinstance(value, int):
-                name = f"fleetpulse_{self.process}_{field.name}"
-                yield CounterMetricFamily(name, f"{self.process}: {field.name}", value=value)
+            name = f"fleetpulse_{self.process}_{field.name}"
+            described = f"{self.process}: {field.name}"
+            label = field.metadata.get("label")
+            if field.metadata.get("gauge") and isinstance(value, int):
+                yield GaugeMetricFamily(name, described, value=value)
+            elif isinstance(value, int):
+                yield CounterMetricFamily(name, described, value=value)
+            elif label and isinstance(value, dict):
+                counter = CounterMetricFamily(name, described, labels=[label])
+                for key, count in sorted(value.copy().items()):  # the loop may add keys
+                    counter.add_metric([key], count)
+                yield counter
         yield GaugeMetricFamily(
             f"fleetpulse_{self.process}_start_time_seconds",
             "Unix time the process started",
