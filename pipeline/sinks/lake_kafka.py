@@ -8,7 +8,10 @@ rebalance the sink flushes and commits what it holds before giving partitions aw
 A write that fails (a full disk, above all) commits nothing: the sink pauses its partitions,
 keeps what it holds, says why in its log, on /metrics (`fleetpulse_lake_sink_write_errors_total
 {reason="disk_full"}`, `fleetpulse_lake_sink_writes_blocked` 1) and on /readyz, and retries the
-same write every few seconds until it succeeds, then resumes where it stopped. Readers never see
+same write every few seconds until it succeeds, then resumes where it stopped. A commit the
+broker cannot take (it is away) is retried the same way; a commit the group refuses (we were
+away longer than the session, the partitions may have moved) drops what we hold and rewinds to
+the last commit, so the replay rewrites the same files. Readers never see
 a failed file: it is written under a hidden temporary name that is removed on error.
 """
 
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
+from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from pipeline.codec import decode, encode
@@ -54,6 +58,8 @@ class SinkStats:
     # failed lake writes by reason ("disk_full", "quota", "io_error"); nothing was committed
     write_errors: dict[str, int] = field(default_factory=dict, metadata={"label": "reason"})
     writes_blocked: int = field(default=0, metadata={"gauge": True})  # 1 while writes fail
+    # offset commits refused: "broker_unavailable" (retried), "rebalanced" (replayed)
+    commit_errors: dict[str, int] = field(default_factory=dict, metadata={"label": "reason"})
 
 
 class LakeSink:
@@ -77,6 +83,7 @@ class LakeSink:
         self._blocked: str | None = None  # why writes fail, while they do
         self._retry_at = 0.0
         self._unmarked: Positions = {}  # committed, not yet recorded under lake/_offsets
+        self._replay_from: Positions = {}  # first offset handled since the last commit
 
 
     def readiness(self) -> tuple[bool, str]:
@@ -84,7 +91,7 @@ class LakeSink:
         if self._consumer is None:
             return False, "starting"
         if self._blocked is not None:
-            return False, f"lake writes failing ({self._blocked}); offsets not committed"
+            return False, f"lake blocked ({self._blocked}); offsets not committed"
         return consumer_readiness(self._consumer, self.settings.lake.group_id)
 
     def run(self, idle_exit_s: float | None = None) -> SinkStats:
@@ -154,6 +161,7 @@ class LakeSink:
             self.writer.add(spec.name, event, source)
             self.stats.tables[spec.name] = self.stats.tables.get(spec.name, 0) + 1
         self._positions[(record.topic, record.partition)] = record.offset + 1
+        self._replay_from.setdefault((record.topic, record.partition), record.offset)
 
     def _compacted(self, topic: str) -> bool:
         return topic in self._compacted_topics
@@ -197,18 +205,31 @@ class LakeSink:
         try:
             self.writer.flush()
         except SinkError as exc:
-            self._write_failed(exc)
+            self._block(write_error_reason(exc), exc, self.stats.write_errors)
             return False
-        if self._blocked is not None:
-            self._writes_resumed()
         self._producer.flush()
-        positions, self._positions = self._positions, {}
-        self._consumer.commit(
-            {
-                TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
-                for (topic, partition), offset in positions.items()
-            }
-        )
+        positions = self._positions
+        try:
+            self._consumer.commit(
+                {
+                    TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
+                    for (topic, partition), offset in positions.items()
+                }
+            )
+        except CommitFailedError:
+            # the group moved on while we could not reach it: what we wrote is replayed (by
+            # us or the partitions' new owner) from the last commit and rewrites the same files
+            _count(self.stats.commit_errors, "rebalanced")
+            log.warning("lake: offsets refused by the group (rebalanced); replaying from the "
+                        "last commit")
+            self.give_up_held()
+            return False
+        except KafkaError as exc:
+            self._block("broker_unavailable", exc, self.stats.commit_errors)
+            return False
+        self._positions, self._replay_from = {}, {}
+        if self._blocked is not None:
+            self._unblock()
         self._mark(positions)
         self.stats.commits += 1
         self.stats.rows, self.stats.files = self.writer.rows_written, self.writer.files_written
@@ -228,10 +249,9 @@ class LakeSink:
         else:
             self._unmarked = {}
 
-    def _write_failed(self, exc: SinkError) -> None:
+    def _block(self, reason: str, exc: Exception, counts: dict[str, int]) -> None:
         assert self._consumer is not None
-        reason = write_error_reason(exc)
-        self.stats.write_errors[reason] = self.stats.write_errors.get(reason, 0) + 1
+        _count(counts, reason)
         if self._blocked is None:
             self._blocked = reason
             self.stats.writes_blocked = 1
@@ -240,11 +260,11 @@ class LakeSink:
             self._consumer.pause(*self._consumer.assignment())
         self._retry_at = time.monotonic() + RETRY_WRITE_S
         log.error(
-            "lake writes failing (%s), offsets not committed, partitions paused; "
+            "lake blocked (%s): offsets not committed, partitions paused; "
             "retrying every %.0f s: %s", reason, RETRY_WRITE_S, exc,
         )
 
-    def _writes_resumed(self) -> None:
+    def _unblock(self) -> None:
         assert self._consumer is not None
         log.warning("lake writes succeed again after %s; resuming", self._blocked)
         self._blocked = None
@@ -252,14 +272,27 @@ class LakeSink:
         self._consumer.resume(*self._consumer.paused())
 
     def give_up_held(self) -> None:
-        """Drop what we hold (partitions revoked while writes fail): its offsets were never
-        committed, so the next owner replays it."""
+        """Drop what we hold (partitions revoked while writes fail, or a commit the group
+        refused): its offsets were never committed, so it is replayed from the last commit.
+        The client keeps its position for a partition the group gives back to us, so seek
+        those back ourselves."""
+        assert self._consumer is not None
         self.writer.discard()
-        self._positions = {}
+        owned = self._consumer.assignment()
+        for (topic, partition), offset in self._replay_from.items():
+            if TopicPartition(topic, partition) in owned:
+                self._consumer.seek(TopicPartition(topic, partition), offset)
+        self._positions, self._replay_from = {}, {}
         if self._blocked is not None:
-            log.warning("lake: partitions revoked while writes fail; their records are replayed")
+            log.warning("lake: partitions revoked while blocked (%s); their records are "
+                        "replayed", self._blocked)
             self._blocked = None
             self.stats.writes_blocked = 0
+            self._consumer.resume(*self._consumer.paused())
+
+
+def _count(counts: dict[str, int], reason: str) -> None:
+    counts[reason] = counts.get(reason, 0) + 1
 
 
 def write_error_reason(exc: BaseException) -> str:

@@ -186,7 +186,7 @@ def test_disk_full_under_the_lake_sink_blocks_commits_then_resumes_with_nothing_
             port, "/metrics")[1]
         status, body = _get(port, "/readyz")
         assert status == 503 and "disk_full" in body, body
-        assert "lake writes failing (disk_full)" in log.read_text()
+        assert "lake blocked (disk_full)" in log.read_text()
         rows_while_full = sum(_read_lake(small_disk).values())  # raises on a truncated file
         assert _hidden_leftovers(small_disk) == []
         errors = _metric(port, "fleetpulse_lake_sink_write_errors_total")
