@@ -44,6 +44,9 @@ from pipeline.sinks.lake_tables import TABLES, TableSpec
 log = logging.getLogger(__name__)
 
 RETRY_WRITE_S = 2.0  # how often a sink whose writes fail tries the same write again
+# a commit waits this long for the broker, then the sink pauses and retries (it would block
+# the loop for the client's default minute otherwise)
+COMMIT_TIMEOUT_MS = 5000
 
 
 @dataclass
@@ -214,7 +217,8 @@ class LakeSink:
                 {
                     TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
                     for (topic, partition), offset in positions.items()
-                }
+                },
+                timeout_ms=COMMIT_TIMEOUT_MS,
             )
         except CommitFailedError:
             # the group moved on while we could not reach it: what we wrote is replayed (by

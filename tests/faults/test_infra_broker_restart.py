@@ -89,7 +89,9 @@ def own_broker() -> Iterator[str]:
 
 def _sink(env: dict[str, str], lake: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**env, "FLEETPULSE_LAKE__GROUP_ID": f"lake-{uuid.uuid4().hex[:8]}",
-           "FLEETPULSE_LAKE__FLUSH_SECONDS": "1", "FLEETPULSE_LAKE__SESSION_TIMEOUT_S": "6"}
+           "FLEETPULSE_LAKE__SESSION_TIMEOUT_S": "6",
+           # it holds records when the broker goes: its commit meets the outage
+           "FLEETPULSE_LAKE__FLUSH_SECONDS": "4"}
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "sink", "lake", "--lake", str(lake)],
