@@ -47,6 +47,9 @@ RETRY_WRITE_S = 2.0  # how often a sink whose writes fail tries the same write a
 # a commit waits this long for the broker, then the sink pauses and retries (it would block
 # the loop for the client's default minute otherwise)
 COMMIT_TIMEOUT_MS = 5000
+# kafka-python backs off reconnecting up to 30 s by default: after a broker restart the sink
+# would sit that long with the broker back; try at least every 2 s
+RECONNECT_BACKOFF_MAX_MS = 2000
 
 
 @dataclass
@@ -109,9 +112,11 @@ class LakeSink:
             max_poll_records=10_000,
             session_timeout_ms=self.settings.lake.session_timeout_s * 1000,
             heartbeat_interval_ms=min(3000, self.settings.lake.session_timeout_s * 1000 // 3),
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
         )
         self._producer = KafkaProducer(
-            **client_kwargs(kafka), acks="all", client_id=f"{kafka.client_id}-lake-dlq"
+            **client_kwargs(kafka), acks="all", client_id=f"{kafka.client_id}-lake-dlq",
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
         )
         self._consumer.subscribe(sorted(self._tables), listener=_FlushOnRevoke(self))
         try:
