@@ -52,9 +52,28 @@ def consumer_readiness(consumer: Any, group: str) -> tuple[bool, str]:
     from kafka.structs import MemberState  # the Kafka client only where Kafka is used
 
     state = consumer.group_metadata().state
-    if state == MemberState.STABLE:
-        return True, f"joined group {group}"
-    return False, f"not a member of group {group} yet (state {state})"
+    if state != MemberState.STABLE:
+        return False, f"not a member of group {group} yet (state {state})"
+    # the member stays "stable" while the broker is away: a coordinator that answered no
+    # heartbeat for a few intervals means we cannot reach Kafka
+    silent = _heartbeat_silence(consumer)
+    if silent is not None:
+        return False, f"no heartbeat answered for {silent:.0f} s (Kafka unreachable?)"
+    return True, f"joined group {group}"
+
+
+def _heartbeat_silence(consumer: Any) -> float | None:
+    """Seconds since the group coordinator last answered a heartbeat (or we joined), when that
+    is over two intervals plus a second; None otherwise. kafka-python keeps this only in its
+    coordinator's heartbeat state: read defensively, a version without it counts as answered."""
+    heartbeat = getattr(getattr(consumer, "_coordinator", None), "heartbeat", None)
+    last = max(getattr(heartbeat, "last_receive", None) or 0.0,
+               getattr(heartbeat, "last_reset", None) or 0.0)
+    if heartbeat is None or last <= 0:
+        return None
+    interval_s = consumer.config.get("heartbeat_interval_ms", 3000) / 1000
+    silent = time.monotonic() - last
+    return silent if silent > 2 * interval_s + 1 else None
 
 
 def _handler(registry: CollectorRegistry, ready: Ready) -> type[MetricsHandler]:
@@ -123,7 +142,13 @@ def serve(
 
 
 class StatsCollector:
-    """Exposes every int field of a stats dataclass as `fleetpulse_<process>_<field>_total`."""
+    """Exposes every int field of a stats dataclass as `fleetpulse_<process>_<field>_total`.
+
+    Field metadata widens that: `{"gauge": True}` on an int field makes it a gauge named
+    `fleetpulse_<process>_<field>` (a state such as "writes blocked", not a count), and
+    `{"label": "reason"}` on a dict[str, int] field makes one labelled counter,
+    `fleetpulse_<process>_<field>_total{reason="…"}`.
+    """
 
     def __init__(self, process: str, stats: Any) -> None:
         self.process, self.stats = process, stats
@@ -132,9 +157,18 @@ class StatsCollector:
     def collect(self) -> Iterator[Metric]:
         for field in dataclasses.fields(self.stats):
             value = getattr(self.stats, field.name)
-            if isinstance(value, int):
-                name = f"fleetpulse_{self.process}_{field.name}"
-                yield CounterMetricFamily(name, f"{self.process}: {field.name}", value=value)
+            name = f"fleetpulse_{self.process}_{field.name}"
+            described = f"{self.process}: {field.name}"
+            label = field.metadata.get("label")
+            if field.metadata.get("gauge") and isinstance(value, int):
+                yield GaugeMetricFamily(name, described, value=value)
+            elif isinstance(value, int):
+                yield CounterMetricFamily(name, described, value=value)
+            elif label and isinstance(value, dict):
+                counter = CounterMetricFamily(name, described, labels=[label])
+                for key, count in sorted(value.copy().items()):  # the loop may add keys
+                    counter.add_metric([key], count)
+                yield counter
         yield GaugeMetricFamily(
             f"fleetpulse_{self.process}_start_time_seconds",
             "Unix time the process started",

@@ -227,6 +227,12 @@ class LakeWriter:
         self.pending_rows = 0
         return positions
 
+    def discard(self) -> None:
+        """Forget every buffered event (their input was not acknowledged: it is replayed)."""
+        self._buffers.clear()
+        self._positions = {}
+        self.pending_rows = 0
+
     def mark_committed(self, positions: Mapping[tuple[str, int], int]) -> None:
         """Record offsets the input has committed; compaction merges only files below them."""
         directory = self.root / OFFSETS_DIR

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -49,6 +49,48 @@ def test_counters_are_read_at_scrape_time() -> None:
     assert samples["fleetpulse_lake_sink_dead_letters_total"] == 2
     assert samples["fleetpulse_lake_sink_start_time_seconds"] > 1.7e9
     assert not any("label" in name for name in samples)
+
+
+@dataclass
+class BlockingStats:
+    errors: dict[str, int] = field(default_factory=dict, metadata={"label": "reason"})
+    blocked: int = field(default=0, metadata={"gauge": True})
+    tables: dict[str, int] = field(default_factory=dict)  # no label: not exported
+
+
+def test_labelled_counters_and_gauges_come_from_field_metadata() -> None:
+    stats = BlockingStats()
+    port = serve_stats("lake_sink", stats, LOCAL_ANY, Readiness())
+    stats.errors["disk_full"], stats.blocked, stats.tables["t"] = 3, 1, 9
+    text = _get(port, "/metrics")[1]
+    assert 'fleetpulse_lake_sink_errors_total{reason="disk_full"} 3.0' in text
+    assert "# TYPE fleetpulse_lake_sink_blocked gauge" in text
+    assert "fleetpulse_lake_sink_blocked 1.0" in text
+    assert "tables" not in text
+    stats.blocked = 0
+    assert "fleetpulse_lake_sink_blocked 0.0" in _get(port, "/metrics")[1]
+
+
+def test_a_failed_write_is_told_apart_by_its_errno() -> None:
+    import errno
+    import os
+
+    from pipeline.errors import SinkError
+    from pipeline.sinks.lake_kafka import write_error_reason
+
+    def failed(cause: OSError) -> SinkError:
+        try:
+            raise SinkError("lake: cannot write x") from cause
+        except SinkError as exc:
+            return exc
+
+    assert write_error_reason(failed(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))) == (
+        "disk_full")
+    # Arrow's OSError carries the errno only in its text
+    arrow = OSError("error writing bytes to file. Detail: [errno 28] No space left on device")
+    assert write_error_reason(failed(arrow)) == "disk_full"
+    assert write_error_reason(failed(OSError(errno.EDQUOT, "quota"))) == "quota"
+    assert write_error_reason(failed(OSError(errno.EIO, "I/O error"))) == "io_error"
 
 
 def test_healthz_answers_and_readyz_follows_the_process() -> None:
