@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pipeline.config import KafkaSettings
 from pipeline.errors import ConfigError, FleetPulseError
-from pipeline.redact import remember
+from pipeline.redact import load_secret
 
 Library = Literal["kafka-python", "aiokafka", "faust"]
 
@@ -117,18 +117,7 @@ def describe(kafka: KafkaSettings, address: str = "") -> str:
 
 def sasl_password(kafka: KafkaSettings) -> str:
     """The SASL password, from the setting or its file (trailing newline dropped)."""
-    password = kafka.sasl_password
-    if kafka.sasl_password_file:
-        try:
-            password = Path(kafka.sasl_password_file).read_text(encoding="utf-8").rstrip("\r\n")
-        except OSError as exc:
-            raise ConfigError(
-                f"kafka.sasl_password_file {kafka.sasl_password_file}: {exc.strerror}"
-            ) from None
-        if not password:
-            raise ConfigError(f"kafka.sasl_password_file {kafka.sasl_password_file} is empty")
-    remember(password)
-    return password
+    return load_secret(kafka.sasl_password, kafka.sasl_password_file, "kafka.sasl_password")
 
 
 def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
+
+from pipeline.errors import ConfigError
 
 MASK = "***"
 _MIN_REMEMBERED = 4  # shorter values would mask ordinary words; patterns still apply
@@ -50,6 +53,20 @@ def remember(*secrets: str) -> None:
     for secret in secrets:
         if len(secret) >= _MIN_REMEMBERED:
             _remembered.add(secret)
+
+
+def load_secret(value: str, path: str, setting: str) -> str:
+    """A credential from its setting or, when `path` is set, its file (trailing newline
+    dropped), remembered so that it is masked from now on. `setting` names it in errors."""
+    if path:
+        try:
+            value = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{setting}_file {path}: {exc.strerror}") from None
+        if not value:
+            raise ConfigError(f"{setting}_file {path} is empty")
+    remember(value)
+    return value
 
 
 def redact(text: str) -> str:

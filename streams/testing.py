@@ -281,3 +281,15 @@ class TopicReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def announced_port(log: Path, process: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    """The port a FleetPulse process (started with metrics.port 0) says it serves /readyz on."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"/readyz on http://[^:]+:(\d+)", log.read_text(errors="replace"))
+        if found:
+            return int(found[1])
+        assert process.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"the process never said where /readyz is:\n{log.read_text()[-3000:]}")

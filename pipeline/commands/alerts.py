@@ -18,7 +18,6 @@ import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import requests.auth
@@ -30,7 +29,7 @@ from pipeline.deadletter import dead_letter
 from pipeline.errors import ConfigError, DecodeError
 from pipeline.kafka_client import check_login, client_kwargs
 from pipeline.model import Alert, DeadLetter
-from pipeline.redact import redact, redact_logs, remember
+from pipeline.redact import load_secret, redact, redact_logs, remember
 from pipeline.retry import Backoff
 from pipeline.runtime.topics import topic_name
 from pipeline.selfmetrics import Readiness, consumer_readiness, serve_stats
@@ -116,7 +115,9 @@ def build_sinks(settings: Settings) -> list[AlertSink]:
 
 
 def _signing(alerts: AlertSettings) -> Callable[[str, bytes], dict[str, str]] | None:
-    secret = _secret(alerts.webhook_secret, alerts.webhook_secret_file, "alerts.webhook_secret")
+    secret = load_secret(
+        alerts.webhook_secret, alerts.webhook_secret_file, "alerts.webhook_secret"
+    )
     if not secret:
         log.warning("alerts: webhooks are not signed (set alerts.webhook_secret_file)")
         return None
@@ -129,8 +130,10 @@ def _signing(alerts: AlertSettings) -> Callable[[str, bytes], dict[str, str]] | 
 
 def _target(url: str, http: HttpClientSettings, setting: str) -> Target:
     auth: requests.auth.AuthBase | None = None
-    token = _secret(http.bearer_token, http.bearer_token_file, f"{setting}.bearer_token")
-    password = _secret(http.basic_password, http.basic_password_file, f"{setting}.basic_password")
+    token = load_secret(http.bearer_token, http.bearer_token_file, f"{setting}.bearer_token")
+    password = load_secret(
+        http.basic_password, http.basic_password_file, f"{setting}.basic_password"
+    )
     if token:
         auth = BearerAuth(token)
     elif http.basic_username or password:
@@ -142,19 +145,6 @@ def _target(url: str, http: HttpClientSettings, setting: str) -> Target:
         log.warning("alerts: TLS certificate of %s is not checked (%s)", redact(url), setting)
         verify = False
     return Target(url, auth=auth, verify=verify)
-
-
-def _secret(value: str, path: str, setting: str) -> str:
-    """A credential from its setting or its file (trailing newline dropped); remembered."""
-    if path:
-        try:
-            value = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
-        except OSError as exc:
-            raise ConfigError(f"{setting}_file {path}: {exc.strerror}") from None
-        if not value:
-            raise ConfigError(f"{setting}_file {path} is empty")
-    remember(value)
-    return value
 
 
 @dataclass

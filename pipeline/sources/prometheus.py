@@ -45,7 +45,7 @@ import msgspec
 from pipeline.config import HttpClientSettings, SourcesSettings, selector_matchers
 from pipeline.errors import ConfigError, DecodeError, SourceError
 from pipeline.model import GpuReading, GpuSample
-from pipeline.redact import redact, redact_logs, remember
+from pipeline.redact import load_secret, redact, redact_logs, remember
 from pipeline.sources.base import (
     BadRecord,
     Batch,
@@ -312,8 +312,12 @@ def http_session(settings: SourcesSettings) -> Any:
     http = settings.prometheus_http
     session = requests.Session()
     session.headers.update(settings.prometheus_headers)
-    token = _secret(http.bearer_token, http.bearer_token_file, "bearer_token")
-    password = _secret(http.basic_password, http.basic_password_file, "basic_password")
+    token = load_secret(
+        http.bearer_token, http.bearer_token_file, "sources.prometheus_http.bearer_token"
+    )
+    password = load_secret(
+        http.basic_password, http.basic_password_file, "sources.prometheus_http.basic_password"
+    )
     if token:
         session.headers["Authorization"] = f"Bearer {token}"
     elif http.basic_username or password:
@@ -336,20 +340,6 @@ def _verify(http: HttpClientSettings, url: str) -> bool | str:
     if http.tls_ca_file and not Path(http.tls_ca_file).is_file():
         raise ConfigError(f"sources.prometheus_http.tls_ca_file {http.tls_ca_file}: no such file")
     return http.tls_ca_file or True
-
-
-def _secret(value: str, path: str, name: str) -> str:
-    """A credential from its setting or its file (trailing newline dropped); remembered."""
-    setting = f"sources.prometheus_http.{name}"
-    if path:
-        try:
-            value = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
-        except OSError as exc:
-            raise ConfigError(f"{setting}_file {path}: {exc.strerror}") from None
-        if not value:
-            raise ConfigError(f"{setting}_file {path} is empty")
-    remember(value)
-    return value
 
 
 def _reason(exc: BaseException) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -37,6 +36,7 @@ from pipeline.sinks.lake_tables import TABLES
 from streams.testing import (
     TopicReader,
     WorkerProcess,
+    announced_port,
     create_topics,
     embedded_outputs,
     produce_events,
@@ -101,16 +101,6 @@ def _sink(env: dict[str, str], lake: Path, log: Path) -> subprocess.Popen[bytes]
         )
 
 
-def _sink_port(log: Path, process: subprocess.Popen[bytes]) -> int:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        found = re.search(r"/readyz on http://[^:]+:(\d+)", log.read_text(errors="replace"))
-        if found:
-            return int(found[1])
-        assert process.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.2)
-    raise AssertionError(f"the sink never said where /readyz is:\n{log.read_text()[-3000:]}")
-
 
 def _ready(port: int) -> bool:
     try:
@@ -151,7 +141,7 @@ def test_broker_stopped_and_started_mid_stream_loses_nothing(
     outputs = [topic_name(kafka, spec.topic_suffix) for spec in TABLES.values()]
     try:
         worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=60)
-        worker_port, sink_port = worker.metrics_port(), _sink_port(sink_log, sink)
+        worker_port, sink_port = worker.metrics_port(), announced_port(sink_log, sink)
         produce_events(settings, events[:half])
         time.sleep(2)  # the worker is busy with the first half
 

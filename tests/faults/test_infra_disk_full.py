@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import topic_name
 from pipeline.sinks.lake import visible_files
 from pipeline.sinks.lake_tables import TABLES
+from streams.testing import announced_port
 from tests.faults import reliability
 
 pytestmark = pytest.mark.kafka
@@ -98,16 +98,6 @@ def _sink(kafka: KafkaSettings, group: str, lake: Path, log: Path) -> subprocess
         )
 
 
-def _port(log: Path, process: subprocess.Popen[bytes]) -> int:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        found = re.search(r"/readyz on http://[^:]+:(\d+)", log.read_text(errors="replace"))
-        if found:
-            return int(found[1])
-        assert process.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.2)
-    pytest.fail(f"the sink never said where /metrics is:\n{log.read_text()[-3000:]}")
-
 
 def _get(port: int, path: str) -> tuple[int, str]:
     try:
@@ -162,7 +152,7 @@ def test_disk_full_under_the_lake_sink_blocks_commits_then_resumes_with_nothing_
                              linger_ms=20)
     sink = _sink(kafka_settings, group, small_disk, log)
     try:
-        port = _port(log, sink)
+        port = announced_port(log, sink)
         produced = 0
         for _ in range(MOST):  # fill the disk
             _produce(producer, topic, _rows(produced, CHUNK))
