@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 KAFKA_PORT ?= 19092
 export KAFKA_PORT
 
-.PHONY: help demo test check bench kafka-up kafka-down services-up services-down clean
+.PHONY: help demo test faults check bench kafka-up kafka-down kube-build kube-up kube-down services-up services-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -29,11 +29,19 @@ demo: $(STAMP)  ## simulate a mixed fleet through the whole pipeline in-process 
 test: $(STAMP) system-deps  ## run the whole suite against real Kafka (and the other real services)
 	@bash deploy/with-services.sh $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-check: $(STAMP)  ## ruff + mypy
+faults: $(STAMP) system-deps  ## run the fault scenarios (tests/faults), slow ones included; README Reliability tables
+	@bash deploy/with-services.sh $(BIN)/python -m pytest -q -m "slow or not slow" tests/faults $(PYTEST_ARGS)
+	$(BIN)/python -m tests.faults.reliability
+
+check: $(STAMP)  ## ruff + mypy + docs/checks.md current with the check catalog
 	$(BIN)/ruff check pipeline streams tests bench
 	$(BIN)/mypy
+	$(BIN)/python -m pipeline.detect.check_docs --check
 
-bench: $(STAMP) system-deps  ## run the benchmarks (bench/), write bench/results/*.json
+checks-doc: $(STAMP)  ## regenerate docs/checks.md's table from pipeline/detect/catalog.py
+	$(BIN)/python -m pipeline.detect.check_docs
+
+bench: $(STAMP) system-deps  ## run the benchmarks (bench/), write bench/results/*.json and the README tables
 	@bash deploy/with-services.sh $(BIN)/python -m bench
 
 kafka-up:  ## start the development Kafka broker (127.0.0.1:$KAFKA_PORT)
@@ -41,6 +49,15 @@ kafka-up:  ## start the development Kafka broker (127.0.0.1:$KAFKA_PORT)
 
 kafka-down:  ## stop it
 	@bash deploy/kafka/kafka.sh stop
+
+kube-build:  ## build kube-apiserver and helm from the Go module proxy (once; ~5 min, cached)
+	@bash deploy/kubernetes/kube.sh build && bash deploy/kubernetes/helm.sh build
+
+kube-up:  ## start the development Kubernetes API server + etcd (127.0.0.1:$KUBE_API_PORT)
+	@bash deploy/kubernetes/kube.sh start
+
+kube-down:  ## stop it
+	@bash deploy/kubernetes/kube.sh stop
 
 clean:  ## remove the venv, caches and local outputs (keeps the Kafka jar cache)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache fleetpulse.egg-info out

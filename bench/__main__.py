@@ -4,10 +4,13 @@
     python -m bench --quick            # short pass (~5 min): smaller runs, fewer repetitions
     python -m bench --only latency     # one benchmark (repeatable, or comma-separated)
     python -m bench --table            # print the table from the last results, run nothing
+    python -m bench --only lake --no-readme   # leave README.md as it is
 
 Each benchmark writes bench/results/<name>.json (quick runs: <name>-quick.json) with its
 figures, settings and machine; the table is rebuilt from those files and written to
-bench/results/summary.md (summary-quick.md), which the README quotes. The Kafka parts need the
+bench/results/summary.md (summary-quick.md) and, for full runs and --table, into the README's
+"Latest results" between its <!-- bench:start/end --> markers, with the paragraphs of figures
+(bench/prose.py) between theirs (quick runs leave the README). The Kafka parts need the
 broker that `make bench` starts (deploy/with-services.sh); without one they report "skipped".
 Benchmarks are not tests: nothing here passes or fails on a speed.
 """
@@ -59,6 +62,12 @@ def _profile(quick: bool) -> Any:
     return profile.run(quick, worker=not quick)
 
 
+def _latency_take(quick: bool) -> Any:
+    from bench import latency, throughput
+
+    return latency.run(quick, take=throughput.TAKE)
+
+
 def _sim(quick: bool) -> Any:
     from bench import sim
 
@@ -71,17 +80,27 @@ def _remediation(quick: bool) -> Any:
     return remediation.main(["--repeat", "2"] if quick else [])
 
 
+def _scaling(quick: bool) -> Any:
+    from bench import scaling
+
+    return scaling.run(quick)
+
+
 BENCHMARKS: dict[str, Runner] = {
     "throughput": _throughput,
     "latency": _latency,
+    "latency-take": _latency_take,
     "detection": _detection,
     "lake": _lake,
     "profile": _profile,
     "sim": _sim,
     "remediation": _remediation,
+    "scaling": _scaling,
 }
 # write one result file whatever the mode: a quick pass would overwrite their full figures
 FULL_ONLY = summary.WITHOUT_QUICK
+# run only when named (--only): the worker.take variant of the latency benchmark
+OPTIONAL = frozenset({"latency-take"})
 
 
 def chosen(only: list[str], quick: bool) -> list[str]:
@@ -91,7 +110,7 @@ def chosen(only: list[str], quick: bool) -> list[str]:
         raise SystemExit(f"unknown benchmark {unknown}; known: {', '.join(BENCHMARKS)}")
     if names:
         return names
-    return [n for n in BENCHMARKS if not (quick and n in FULL_ONLY)]
+    return [n for n in BENCHMARKS if not (quick and n in FULL_ONLY) and n not in OPTIONAL]
 
 
 def print_table(console: Console, quick: bool) -> None:
@@ -115,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short pass: smaller, fewer runs")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help=f"run only these ({', '.join(BENCHMARKS)})")
-    parser.add_argument("--table", action="store_true", help="print the last results only")
+    parser.add_argument("--table", action="store_true",
+                        help="print the last results only (and rewrite summary.md, README.md)")
+    parser.add_argument("--no-readme", action="store_true",
+                        help="do not rewrite the README's results section")
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 200)
     failed: list[str] = []
@@ -132,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     print_table(console, args.quick)
     path = summary.write_markdown(args.quick)
     console.print(f"table written to {path}")
+    if not (args.quick or args.no_readme):
+        changed = summary.write_readme()
+        console.print(f"{summary.README.name}: generated sections "
+                      f"{'rewritten' if changed else 'unchanged'}")
     if failed:
         console.print(f"[red]failed: {', '.join(failed)}[/]")
     return 1 if failed else 0

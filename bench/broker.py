@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import msgspec
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -33,7 +33,12 @@ from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.output import topic_for
 
-Record = tuple[str, str, bytes]  # topic, key, value
+
+class Record(NamedTuple):
+    topic: str
+    key: str
+    value: bytes
+    content_type: str  # the record's content-type header (pipeline/codec.py)
 
 
 def bench_settings(name: str) -> Settings:
@@ -45,8 +50,13 @@ def bench_settings(name: str) -> Settings:
 
 
 def records(settings: Settings, events: Iterable[Event]) -> list[Record]:
-    """Events as the ingest adapters would write them: topic, key and encoded value."""
-    return [(topic_for(settings.kafka, e), record_key(e), codec.encode(e)) for e in events]
+    """Events as the ingest adapters would write them: topic, key, encoded value (in
+    `kafka.telemetry_format`) and its content type."""
+    fmt = settings.kafka.telemetry_format
+    return [
+        Record(topic_for(settings.kafka, e), record_key(e), *codec.encode_as(e, fmt))
+        for e in events
+    ]
 
 
 def reachable(settings: Settings) -> str | None:
@@ -119,7 +129,10 @@ def produce(settings: Settings, batch: list[Record]) -> None:
     """Send every record and wait until the broker has acknowledged all of them."""
     kafka = producer(settings)
     try:
-        futures = [kafka.send(t, key=k.encode(), value=v) for t, k, v in batch]
+        futures = [
+            kafka.send(t, key=k.encode(), value=v, headers=codec.record_headers(c))
+            for t, k, v, c in batch
+        ]
         kafka.flush()
         for future in futures:
             future.get(timeout=60)
@@ -144,15 +157,16 @@ def end_offsets(settings: Settings, topics: Iterable[str]) -> dict[TopicPartitio
 
 
 def consume_nothing(settings: Settings, ends: dict[TopicPartition, int],
-                    each: Callable[[str, bytes], object] | None = None) -> tuple[float, float]:
+                    each: Callable[[str, bytes, Any], object] | None = None,
+                    ) -> tuple[float, float]:
     """aiokafka (the client under faust) reading every record of `ends`' partitions from the
-    start, doing nothing with them (or only `each(topic, value)`); returns (wall s, CPU s)
+    start, doing nothing with them (or only `each(topic, value, headers)`); returns (wall s, CPU s)
     for the reading alone."""
     return asyncio.run(_consume_nothing(settings, ends, each))
 
 
 async def _consume_nothing(settings: Settings, ends: dict[TopicPartition, int],
-                           each: Callable[[str, bytes], object] | None,
+                           each: Callable[[str, bytes, Any], object] | None,
                            ) -> tuple[float, float]:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition as AioPartition
@@ -176,7 +190,7 @@ async def _consume_nothing(settings: Settings, ends: dict[TopicPartition, int],
                 seen += len(batch)
                 if each is not None:
                     for record in batch:
-                        each(record.topic, record.value)
+                        each(record.topic, record.value, record.headers)
         return time.perf_counter() - wall, time.process_time() - cpu
     finally:
         await consumer.stop()

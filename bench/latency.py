@@ -2,6 +2,7 @@
 
     python -m bench.latency            # writes bench/results/latency.json
     python -m bench.latency --quick    # shorter warm-up, fewer faults
+    python -m bench.latency --take 500 # the worker taking batches (writes latency-take.json)
 
 One `fleetpulse worker` runs under a steady background load paced in real time: 10,000
 simulated GPUs (1,250 nodes) scraped every 10 s plus TPU slices (chip and ICI samples), each
@@ -123,8 +124,9 @@ class Load:
             else:
                 tick = self.ticks[a]
                 share = len(tick) // SLICES_PER_INTERVAL + 1
-                for topic, key, value in tick[b * share:(b + 1) * share]:
-                    kafka.send(topic, key=key.encode(), value=value)
+                for topic, key, value, content_type in tick[b * share:(b + 1) * share]:
+                    kafka.send(topic, key=key.encode(), value=value,
+                               headers=codec.record_headers(content_type))
                     self.sent += 1
         kafka.flush()
         for injection, future in self._futures:
@@ -182,9 +184,8 @@ def watch(settings: Settings, load: Load, producer: threading.Thread, tail_s: fl
             for batch in consumer.poll(timeout_ms=50).values():
                 got_ms = int(time.time() * 1000)
                 for record in batch:
-                    node = record.key.decode() if record.key else ""
-                    if record.topic == xid_topic:
-                        delivered.setdefault(node, got_ms)
+                    if record.topic == xid_topic:  # keyed cluster/node: the node is in the value
+                        delivered.setdefault(codec.decode(record.value, XidEvent).node, got_ms)
                     else:
                         action = codec.decode(record.value, Action)
                         first_action.setdefault(action.target.name,
@@ -210,7 +211,7 @@ def quantiles(values: list[float]) -> dict[str, float | None]:
             "max": round(float(arr.max()), 4), "count": len(values)}
 
 
-def bench_latency(quick: bool) -> dict[str, Any]:
+def bench_latency(quick: bool, take: int = 0) -> dict[str, Any]:
     p = plan(quick)
     settings = broker.bench_settings("latency")
     unreachable = broker.reachable(settings)
@@ -224,7 +225,9 @@ def bench_latency(quick: bool) -> dict[str, Any]:
     load = Load(settings, ticks, xids, sim.start_ms)
     with broker.private_topics(settings), tempfile.TemporaryDirectory() as tmp:
         broker.set_log_append_time(settings, ["events.xid", "actions"])
-        worker = broker.Worker(settings, Path(tmp)).start()
+        # worker.take > 0: agents take batches from faust (0: one event at a time, the default)
+        worker = broker.Worker(settings, Path(tmp), {"FLEETPULSE_WORKER__TAKE": str(take)})
+        worker.start()
         try:
             worker.wait_assigned(timeout=180)
             cpu0, wall0 = worker.cpu_seconds(), time.perf_counter()
@@ -245,6 +248,7 @@ def bench_latency(quick: bool) -> dict[str, Any]:
     fault_to_action = quantiles(latencies)
     broker_delivery = quantiles(delivery)
     return {
+        **({"take": take} if take else {}),
         "fault_to_action_s": fault_to_action,
         "broker_delivery_s": broker_delivery,
         "p99_vs_broker_delivery": ratio(fault_to_action["p99"], broker_delivery["p99"], 1),
@@ -277,13 +281,14 @@ def _backlog(settings: Settings, worker: broker.Worker) -> int:
         admin.close()
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, take: int = 0) -> dict[str, Any]:
     p = plan(quick)
-    figures = bench_latency(quick)
-    settings = {"quick": quick, "warmup_s": p.warmup_s, "faults": p.faults,
+    figures = bench_latency(quick, take)
+    settings = {"quick": quick, "take": take, "warmup_s": p.warmup_s, "faults": p.faults,
                 "fault_every_s": p.every_s, "gpus": GPUS, "tpu_slices": TPU_SLICES,
                 "interval_s": INTERVAL_S, "xid": FATAL_XID, "load_average": load_average()}
-    path = write_result(result_name("latency", quick), figures, settings)
+    path = write_result(result_name("latency-take" if take else "latency", quick), figures,
+                        settings)
     return {"figures": figures, "settings": settings, "path": str(path)}
 
 
@@ -291,7 +296,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short warm-up, fewer faults")
-    result = run(parser.parse_args().quick)
+    parser.add_argument("--take", type=int, default=0, metavar="N",
+                        help="run the worker with worker.take = N (results: latency-take.json)")
+    args = parser.parse_args()
+    result = run(args.quick, args.take)
     print(json.dumps(result["figures"], indent=1))
     print(f"results in {result['path']}")
 

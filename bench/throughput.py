@@ -11,6 +11,8 @@ produced once into private topics of the real broker, then measured on one proce
 - kafka pipeline: `fleetpulse worker` (faust) doing detect + health + policy + aggregate with
   its outputs produced and acknowledged, timed from its partition assignment until it has
   committed the offset of the last input record (it commits only past acknowledged outputs);
+  once one event at a time (the default) and once with `worker.take = TAKE` (each agent takes
+  batches of up to TAKE records from faust);
 - embedded: the in-process runtime on the same encoded records (decode included), no Kafka.
 
 A metric sample is one value of one device (bench.sim.metric_samples). Rates are per wall
@@ -40,7 +42,7 @@ from bench import broker
 from bench.common import Timing, load_average, measure, ratio, result_name, rss_bytes, timing
 from bench.common import write_result as _write
 from bench.sim import metric_samples
-from pipeline.codec import decode
+from pipeline.codec import content_type_of, decode
 from pipeline.config import Settings, SimSettings
 from pipeline.model import Event
 from pipeline.runtime.embedded import EmbeddedRuntime
@@ -49,6 +51,7 @@ from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.sim.engine import Simulation
 
 SCALE_GPUS = (1_000, 10_000, 100_000)
+TAKE = 500  # worker.take of the batched variant: one ack batch (worker.ack_batch)
 GPUS_PER_NODE = 8
 GPUS_PER_SLICE = 128  # the default fleet's mix: 512 GPUs beside 4 slices (240 chips)
 
@@ -68,21 +71,24 @@ def run_decode(settings: Settings, ends: dict[Any, int], repeat: int) -> Timing:
     prefix = settings.kafka.topic_prefix + "."
     types = {topic_name(settings.kafka, spec.suffix): spec.value for spec in TOPICS}
 
-    def each(topic: str, value: bytes) -> None:
-        decode(value, types[topic])
+    def each(topic: str, value: bytes, headers: Any) -> None:
+        decode(value, types[topic], content_type=content_type_of(headers))
 
     assert all(tp.topic.startswith(prefix) for tp in ends)
     return timing([broker.consume_nothing(settings, ends, each) for _ in range(repeat)])
 
 
-def run_worker(settings: Settings, ends: dict[Any, int], repeat: int, workdir: Path) -> Timing:
+def run_worker(settings: Settings, ends: dict[Any, int], repeat: int, workdir: Path,
+               take: int = 0) -> Timing:
+    """`fleetpulse worker` draining the topics; `take` > 0: agents take batches from faust."""
     runs = []
     for i in range(repeat):
         # a fresh group each time: it reads from the start, with empty tables
         worker_settings = msgspec.structs.replace(
-            settings.worker, group_id=f"{settings.kafka.topic_prefix}-worker-{i}")
+            settings.worker, group_id=f"{settings.kafka.topic_prefix}-worker-{take}-{i}",
+            take=take)
         worker = broker.Worker(msgspec.structs.replace(settings, worker=worker_settings),
-                               workdir / f"worker-{i}").start()
+                               workdir / f"worker-{take}-{i}", {"FLEETPULSE_WORKER__TAKE": str(take)}).start()
         try:
             runs.append(broker.drain(worker, ends, timeout=900))
         finally:
@@ -92,12 +98,12 @@ def run_worker(settings: Settings, ends: dict[Any, int], repeat: int, workdir: P
 
 def run_embedded(settings: Settings, batch: list[broker.Record], repeat: int) -> Timing:
     prefix = settings.kafka.topic_prefix + "."
-    work = [(topic.removeprefix(prefix), value, key) for topic, key, value in batch]
+    work = [(r.topic.removeprefix(prefix), r.value, r.key, r.content_type) for r in batch]
 
     def feed() -> None:
         runtime = EmbeddedRuntime(settings)
-        for offset, (suffix, value, key) in enumerate(work):
-            runtime.feed_raw(suffix, value, offset, key)
+        for offset, (suffix, value, key, content_type) in enumerate(work):
+            runtime.feed_raw(suffix, value, offset, key, content_type)
         runtime.finish()
 
     return measure(feed, repeat)
@@ -127,15 +133,25 @@ def bench_pipeline(quick: bool) -> dict[str, Any]:
         return figures
     with broker.private_topics(settings), tempfile.TemporaryDirectory() as tmp:
         broker.produce(settings, batch)
-        topics = sorted({topic for topic, _, _ in batch})
+        topics = sorted({record.topic for record in batch})
         ends = broker.end_offsets(settings, topics)
         figures["limit"] = rates(run_limit(settings, ends, max(5, repeat)),
                                  len(batch), samples)
         figures["limit_decode"] = rates(run_decode(settings, ends, repeat), len(batch), samples)
         figures["kafka_pipeline"] = rates(run_worker(settings, ends, repeat, Path(tmp)),
                                           len(batch), samples)
+        figures["kafka_pipeline_take"] = {
+            "take": TAKE, **rates(run_worker(settings, ends, repeat, Path(tmp), TAKE),
+                                  len(batch), samples)}
     limit, pipe, emb = figures["limit"], figures["kafka_pipeline"], figures["embedded"]
+    take = figures["kafka_pipeline_take"]
     figures["ratios"] = {
+        "kafka_pipeline_take_vs_limit_per_core": ratio(take["samples_per_core_s"],
+                                                       limit["samples_per_core_s"]),
+        "kafka_pipeline_take_vs_embedded_per_core": ratio(take["samples_per_core_s"],
+                                                          emb["samples_per_core_s"]),
+        "kafka_pipeline_take_vs_per_record_per_core": ratio(take["samples_per_core_s"],
+                                                            pipe["samples_per_core_s"]),
         "kafka_pipeline_vs_limit_per_core": ratio(pipe["samples_per_core_s"],
                                                   limit["samples_per_core_s"]),
         "kafka_pipeline_vs_limit_wall": ratio(pipe["samples_per_s"], limit["samples_per_s"]),

@@ -4,10 +4,14 @@ set -euo pipefail
 need=()
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
+command -v go >/dev/null || need+=(golang-go)  # deploy/toxiproxy: builds Toxiproxy (Go 1.22+)
 command -v openssl >/dev/null || need+=(openssl)  # kafka.sh secure profile: per-run CA
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null || need+=(chromium)
+command -v etcd >/dev/null || need+=(etcd-server)  # deploy/kubernetes/kube.sh: the API server's store
+command -v go >/dev/null || [ -x /usr/local/go/bin/go ] \
+  || echo "deploy/kubernetes: Go >= 1.24 is needed to build kube-apiserver and helm (go.dev/dl)" >&2
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "FleetPulse tests need: ${need[*]} — install them with your package manager (apt-get install -y ${need[*]})" >&2

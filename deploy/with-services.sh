@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Start the real services the tests need, run the given command, stop them even on failure.
-# Services started here: Apache Kafka (KRaft, deploy/kafka/kafka.sh).
+# Services started here: Apache Kafka (KRaft, deploy/kafka/kafka.sh) and a Kubernetes API server
+# with etcd (deploy/kubernetes/kube.sh). helm (deploy/kubernetes/helm.sh) and Toxiproxy
+# (deploy/toxiproxy/toxiproxy.sh; the network fault tests start their own) are only built here.
+# The Go builds happen here, once per machine (cached in ~/.cache/fleetpulse), not inside a timed test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export KAFKA_PORT="${KAFKA_PORT:-19092}"
@@ -13,5 +16,12 @@ trap cleanup EXIT
 if ! bash "$root/deploy/kafka/kafka.sh" status >/dev/null 2>&1; then
   bash "$root/deploy/kafka/kafka.sh" start
   started+=(kafka/kafka.sh)
+fi
+bash "$root/deploy/toxiproxy/toxiproxy.sh" fetch
+export KUBE_API_PORT="${KUBE_API_PORT:-26443}" KUBE_ETCD_PORT="${KUBE_ETCD_PORT:-23790}"
+bash "$root/deploy/kubernetes/helm.sh" build
+if ! bash "$root/deploy/kubernetes/kube.sh" status >/dev/null 2>&1; then
+  bash "$root/deploy/kubernetes/kube.sh" start
+  started+=(kubernetes/kube.sh)
 fi
 "$@"

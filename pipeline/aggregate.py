@@ -6,7 +6,8 @@ window closes when the watermark passes its end, never by the wall clock. A samp
 into a window already closed is late: it is counted in `WindowState.late` and dropped, because
 its window's row has gone out and rows are never amended.
 
-Pure: no I/O, no clock. `aggregate` returns a new state and leaves the one passed in untouched.
+Pure: no I/O, no clock. Like every stage's state (pipeline/runtime/topology.py), the state is
+updated in place: `aggregate` and `advance` change the state they are given and return it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import AggregateSettings
-from pipeline.model import GpuReading, GpuSample, TpuChipReading, TpuSample, Utilization
+from pipeline.model import GpuSample, TpuSample, Utilization
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 GPU_FB_USED = "DCGM_FI_DEV_FB_USED"
@@ -25,8 +26,8 @@ TPU_HBM_USED = "hbm_used_bytes"
 TPU_HBM_TOTAL = "hbm_total_bytes"
 
 
-class DeviceWindow(msgspec.Struct, kw_only=True, frozen=True):
-    """Running sums for one device in one open window."""
+class DeviceWindow(msgspec.Struct, kw_only=True, gc=False):
+    """Running sums for one device in one open window (updated in place)."""
 
     window_start: int
     cluster: str
@@ -47,8 +48,11 @@ class DeviceWindow(msgspec.Struct, kw_only=True, frozen=True):
     power_n: int
 
 
-class WindowState(msgspec.Struct, kw_only=True, frozen=True):
-    """Open windows of one key, its watermark and its counters."""
+class WindowState(msgspec.Struct, kw_only=True):
+    """Open windows of one key, its watermark and its counters.
+
+    Invariant: every open window starts at or after `closed_before` (a sample for an earlier
+    window is late, and closing removes every window before the new bound)."""
 
     window_s: int = 60  # the window length these windows were opened with
     newest_ts: int = 0  # newest event time seen; the watermark is this minus the grace period
@@ -58,35 +62,27 @@ class WindowState(msgspec.Struct, kw_only=True, frozen=True):
     open: dict[str, DeviceWindow] = {}
 
 
-class _Reading(msgspec.Struct, frozen=True):
-    """One device's values in one sample, already mapped from GPU or TPU metric names."""
-
-    device: str
-    accelerator: str
-    job: str | None
-    util: float
-    mem_frac: float | None
-    power: float | None
-
-
 def aggregate(
     state: WindowState | None, sample: GpuSample | TpuSample, settings: AggregateSettings
 ) -> tuple[WindowState, list[Utilization]]:
-    """Add one sample to its window; return the new state and the rows of windows it closed."""
+    """Add one sample to its window (in place); return the state and the rows of windows it
+    closed."""
     state = state or WindowState(window_s=settings.window_s)
     window_ms = settings.window_s * 1000
     start = sample.ts - sample.ts % window_ms
     if start < state.closed_before:
-        return msgspec.structs.replace(state, late=state.late + 1), []
-    readings, no_util = _readings(sample)
-    opened = dict(state.open)
-    for reading in readings:
-        key = _window_key(start, sample.node, reading.device)
-        opened[key] = _accumulate(opened.get(key), start, sample, reading)
-    state = msgspec.structs.replace(
-        state, newest_ts=max(state.newest_ts, sample.ts), no_util=state.no_util + no_util,
-        open=opened,
-    )
+        state.late += 1
+        return state, []
+    # the window key is f"{start}/{node}/{device}"; the readings are summed without building
+    # an object per reading (this runs for every device of every scrape)
+    prefix = f"{start}/{sample.node}/"
+    if isinstance(sample, GpuSample):
+        no_util = _add_gpus(state.open, prefix, start, sample)
+    else:
+        no_util = _add_chips(state.open, prefix, start, sample)
+    if sample.ts > state.newest_ts:
+        state.newest_ts = sample.ts
+    state.no_util += no_util
     return advance(state, state.newest_ts, settings)
 
 
@@ -101,12 +97,13 @@ def advance(
     window_ms = settings.window_s * 1000
     watermark = event_time_ms - settings.grace_s * 1000
     closed_before = max(state.closed_before, watermark - watermark % window_ms)
-    done = [key for key, acc in state.open.items() if acc.window_start < closed_before]
-    if not done and closed_before == state.closed_before:
-        return state, []
-    opened = {key: acc for key, acc in state.open.items() if acc.window_start >= closed_before}
-    rows = _rows([state.open[key] for key in done], settings.window_s)
-    return msgspec.structs.replace(state, closed_before=closed_before, open=opened), rows
+    if closed_before == state.closed_before:
+        return state, []  # nothing open starts before it (the invariant of WindowState)
+    opened = state.open
+    done = [key for key, acc in opened.items() if acc.window_start < closed_before]
+    rows = _rows([opened.pop(key) for key in done], settings.window_s)
+    state.closed_before = closed_before
+    return state, rows
 
 
 def flush(state: WindowState) -> list[Utilization]:
@@ -114,95 +111,111 @@ def flush(state: WindowState) -> list[Utilization]:
     return _rows(list(state.open.values()), state.window_s)
 
 
-def _window_key(start: int, node: str, device: str) -> str:
-    return f"{start}/{node}/{device}"
+def _add_gpus(opened: dict[str, DeviceWindow], prefix: str, start: int, sample: GpuSample) -> int:
+    no_util = 0
+    for gpu in sample.gpus:
+        metrics = gpu.metrics
+        util = metrics.get(GPU_UTIL)
+        if util is None:
+            no_util += 1
+            continue
+        used, free = metrics.get(GPU_FB_USED), metrics.get(GPU_FB_FREE)
+        mem = _fraction(used, None if used is None or free is None else used + free)
+        device = gpu.device
+        key = prefix + device
+        acc = opened.get(key)
+        if acc is None:
+            opened[key] = _opened(start, sample, device, gpu.model, gpu.job, util, mem,
+                                  metrics.get(GPU_POWER))
+        else:
+            _accumulate(acc, gpu.job, util, mem, metrics.get(GPU_POWER))
+    return no_util
 
 
-def _readings(sample: GpuSample | TpuSample) -> tuple[list[_Reading], int]:
-    if isinstance(sample, GpuSample):
-        found = [_gpu_reading(gpu) for gpu in sample.gpus]
-    else:
-        found = [_tpu_reading(chip, sample.accelerator_type) for chip in sample.chips]
-    readings = [reading for reading in found if reading is not None]
-    return readings, len(found) - len(readings)
-
-
-def _gpu_reading(gpu: GpuReading) -> _Reading | None:
-    metrics = gpu.metrics
-    util = metrics.get(GPU_UTIL)
-    if util is None:
-        return None
-    used, free = metrics.get(GPU_FB_USED), metrics.get(GPU_FB_FREE)
-    return _Reading(
-        device=gpu.device,
-        accelerator=gpu.model,
-        job=gpu.job,
-        util=util,
-        mem_frac=_fraction(used, None if used is None or free is None else used + free),
-        power=metrics.get(GPU_POWER),
-    )
-
-
-def _tpu_reading(chip: TpuChipReading, accelerator_type: str) -> _Reading | None:
-    metrics = chip.metrics
-    util = metrics.get(TPU_UTIL)
-    if util is None:
-        return None
-    return _Reading(
-        device=str(chip.chip_id),
-        accelerator=accelerator_type,
-        job=chip.job,
-        util=util,
-        mem_frac=_fraction(metrics.get(TPU_HBM_USED), metrics.get(TPU_HBM_TOTAL)),
-        power=None,
-    )
+def _add_chips(
+    opened: dict[str, DeviceWindow], prefix: str, start: int, sample: TpuSample
+) -> int:
+    no_util = 0
+    for chip in sample.chips:
+        metrics = chip.metrics
+        util = metrics.get(TPU_UTIL)
+        if util is None:
+            no_util += 1
+            continue
+        mem = _fraction(metrics.get(TPU_HBM_USED), metrics.get(TPU_HBM_TOTAL))
+        device = str(chip.chip_id)
+        key = prefix + device
+        acc = opened.get(key)
+        if acc is None:
+            opened[key] = _opened(start, sample, device, sample.accelerator_type, chip.job,
+                                  util, mem, None)
+        else:
+            _accumulate(acc, chip.job, util, mem, None)
+    return no_util
 
 
 def _fraction(used: float | None, total: float | None) -> float | None:
     if used is None or total is None or total <= 0:
         return None
-    return min(max(used / total, 0.0), 1.0)
+    return _clamp(used / total, 1.0)
+
+
+def _clamp(value: float, top: float) -> float:
+    """min(max(value, 0.0), top), as the builtins pick (ties keep `value`, so -0.0 stays)."""
+    if value < 0.0:
+        return 0.0
+    return top if value > top else value
+
+
+def _opened(
+    start: int,
+    sample: GpuSample | TpuSample,
+    device: str,
+    accelerator: str,
+    job: str | None,
+    util: float,
+    mem: float | None,
+    power: float | None,
+) -> DeviceWindow:
+    # Exporters have been seen to report 101 % and small negatives; the row's contract is 0-100.
+    util = _clamp(util, 100.0)
+    return DeviceWindow(
+        window_start=start,
+        cluster=sample.cluster,
+        pool=sample.pool,
+        zone=sample.zone,
+        node=sample.node,
+        slice=sample.slice if isinstance(sample, TpuSample) else None,
+        device=device,
+        accelerator=accelerator,
+        job=job,
+        allocated=job is not None,
+        samples=1,
+        util_sum=util,
+        util_max=util,
+        mem_sum=mem or 0.0,
+        mem_n=int(mem is not None),
+        power_sum=power or 0.0,
+        power_n=int(power is not None),
+    )
 
 
 def _accumulate(
-    acc: DeviceWindow | None, start: int, sample: GpuSample | TpuSample, reading: _Reading
-) -> DeviceWindow:
-    # Exporters have been seen to report 101 % and small negatives; the row's contract is 0-100.
-    util = min(max(reading.util, 0.0), 100.0)
-    mem, power = reading.mem_frac, reading.power
-    if acc is None:
-        return DeviceWindow(
-            window_start=start,
-            cluster=sample.cluster,
-            pool=sample.pool,
-            zone=sample.zone,
-            node=sample.node,
-            slice=sample.slice if isinstance(sample, TpuSample) else None,
-            device=reading.device,
-            accelerator=reading.accelerator,
-            job=reading.job,
-            allocated=reading.job is not None,
-            samples=1,
-            util_sum=util,
-            util_max=util,
-            mem_sum=mem or 0.0,
-            mem_n=int(mem is not None),
-            power_sum=power or 0.0,
-            power_n=int(power is not None),
-        )
-    return msgspec.structs.replace(
-        acc,
-        # the latest job seen names the window; any job at all makes the device allocated
-        job=reading.job if reading.job is not None else acc.job,
-        allocated=acc.allocated or reading.job is not None,
-        samples=acc.samples + 1,
-        util_sum=acc.util_sum + util,
-        util_max=max(acc.util_max, util),
-        mem_sum=acc.mem_sum + (mem or 0.0),
-        mem_n=acc.mem_n + int(mem is not None),
-        power_sum=acc.power_sum + (power or 0.0),
-        power_n=acc.power_n + int(power is not None),
-    )
+    acc: DeviceWindow, job: str | None, util: float, mem: float | None, power: float | None
+) -> None:
+    util = _clamp(util, 100.0)  # as in _opened
+    # the latest job seen names the window; any job at all makes the device allocated
+    if job is not None:
+        acc.job = job
+        acc.allocated = True
+    acc.samples += 1
+    acc.util_sum += util
+    if util > acc.util_max:  # max(acc.util_max, util), without the call
+        acc.util_max = util
+    acc.mem_sum += mem or 0.0
+    acc.mem_n += mem is not None
+    acc.power_sum += power or 0.0
+    acc.power_n += power is not None
 
 
 def _rows(windows: list[DeviceWindow], window_s: int) -> list[Utilization]:

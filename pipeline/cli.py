@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.replay",
     "pipeline.commands.inventory",
     "pipeline.commands.policy",
+    "pipeline.commands.kube",
 )
 
 

@@ -5,20 +5,33 @@ catches DecodeError can dead-letter the record and go on. The error's `reason` s
 bad it is (see pipeline.errors: tombstone, too_large, too_deep, invalid), and its message says
 which field was wrong, what was expected and what arrived, so whoever reads the dead-letter topic
 can fix the producer without a debugger.
+
+Two wire formats. JSON is accepted on every topic and is the format of what downstream
+consumers read (actions, alerts, node states, findings). The high-volume telemetry values (GPU,
+TPU and ICI samples) may be msgpack, smaller and cheaper to parse: such a record carries
+the header `content-type: application/msgpack` (`record_headers`), and a consumer decodes by
+that header (`decode(..., content_type=...)`; no header means JSON). The JSON Schemas describe
+the value in either format: msgpack encodes the same fields with the same names.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
 
 from pipeline.errors import DecodeError
-from pipeline.model import TOPIC_VALUES, Event
+from pipeline.model import TOPIC_VALUES, Event, FabricSample, GpuSample, IciSample, TpuSample
 
 E = TypeVar("E", bound=Event)
+CONTENT_TYPE = "content-type"  # the record header naming the value's format
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+Format = Literal["msgpack", "json"]
+# the values FleetPulse's producers may write as msgpack (KafkaSettings.telemetry_format)
+FAST = (GpuSample, TpuSample, IciSample, FabricSample)
 
 _ENCODER = msgspec.json.Encoder()
 _GENERIC = msgspec.json.Decoder()
@@ -29,39 +42,74 @@ _MAX_SHOWN = 80
 MAX_VALUE_BYTES = 1 << 20
 
 
-def _union_decoder() -> msgspec.json.Decoder[Any]:
+def _union() -> Any:
     # One decoder over the tagged union of every topic value: the `schema` tag is then
     # required, and a value sent to the wrong topic is named by what it really is.
     union = TOPIC_VALUES["gpu_sample"]
     for cls in list(TOPIC_VALUES.values())[1:]:
         union = union | cls  # type: ignore[assignment]
-    return msgspec.json.Decoder(type=union)
+    return union
 
 
-_DECODER = _union_decoder()
+_DECODER = msgspec.json.Decoder(type=_union())
+_PACKED = msgspec.msgpack.Decoder(type=_union())
+_PACKER = msgspec.msgpack.Encoder()
+_GENERIC_PACKED = msgspec.msgpack.Decoder()
+_TYPE_OF = {JSON: JSON, MSGPACK: MSGPACK, "application/x-msgpack": MSGPACK}
 
 
 def encode(event: Event) -> bytes:
+    """JSON: what downstream consumers read, and the fallback every consumer accepts."""
     return _ENCODER.encode(event)
 
 
-def decode(raw: bytes | None, expected: type[E], max_bytes: int = MAX_VALUE_BYTES) -> E:
+def encode_as(event: Event, fmt: Format) -> tuple[bytes, str]:
+    """The value in `fmt` if the event may be written so (telemetry), else JSON; and its
+    content type, for the record's `content-type` header."""
+    if fmt == "msgpack" and isinstance(event, FAST):
+        return _PACKER.encode(event), MSGPACK
+    return _ENCODER.encode(event), JSON
+
+
+def record_headers(content_type: str) -> list[tuple[str, bytes]]:
+    """The Kafka headers that say how a value is encoded."""
+    return [(CONTENT_TYPE, content_type.encode())]
+
+
+def content_type_of(headers: Any) -> str | None:
+    """The `content-type` header of a Kafka record (a list of (name, value) pairs, or a
+    mapping, as the clients give them); None when there is none."""
+    if not headers:
+        return None
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    for name, value in pairs:
+        if name.lower() == CONTENT_TYPE:
+            text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+            return str(text)
+    return None
+
+
+def decode(
+    raw: bytes | None,
+    expected: type[E],
+    max_bytes: int = MAX_VALUE_BYTES,
+    content_type: str | None = None,
+) -> E:
     """Decode one topic value of type `expected`, or raise DecodeError saying what is wrong.
 
-    Whatever `raw` holds: None (a tombstone), more than `max_bytes`, nesting too deep for the
-    parser, invalid UTF-8 or plain garbage all end as a DecodeError with its `reason`."""
-    if raw is None:
+    `content_type`: the record's `content-type` header (None: JSON). Whatever `raw` holds:
+    None (a tombstone), more than `max_bytes`, nesting too deep for the parser, invalid UTF-8
+    or plain garbage all end as a DecodeError with its `reason`."""
+    if content_type is not None and _media_type(content_type) == MSGPACK:
+        return _decode_packed(raw, expected, max_bytes)
+    if content_type is not None and _media_type(content_type) != JSON:
         raise DecodeError(
-            field="$", expected="a JSON object", got="a null value (tombstone)", reason="tombstone"
+            field=f"header {CONTENT_TYPE}",
+            expected=f"{JSON!r} or {MSGPACK!r}",
+            got=repr(content_type[:_MAX_SHOWN]),
         )
-    if len(raw) > max_bytes:
-        # refused before parsing: a huge value costs memory and time even when it is garbage
-        raise DecodeError(
-            field="$",
-            expected=f"at most {max_bytes} bytes (kafka.max_value_bytes)",
-            got=f"{len(raw)} bytes",
-            reason="too_large",
-        )
+    _check_size(raw, max_bytes)
+    assert raw is not None
     try:
         event = _DECODER.decode(raw)
     except msgspec.ValidationError as exc:
@@ -74,6 +122,41 @@ def decode(raw: bytes | None, expected: type[E], max_bytes: int = MAX_VALUE_BYTE
         # msgspec guards its recursion with the interpreter's limit: a few kB of brackets
         # reach it. Our values nest a handful of levels, so this is never a real record.
         raise _too_deep(raw) from None
+    return _expect(event, expected)
+
+
+def _media_type(content_type: str) -> str:
+    # "application/json; charset=utf-8" is JSON
+    media = content_type.partition(";")[0].strip().lower()
+    return _TYPE_OF.get(media, media)
+
+
+def _decode_packed(raw: bytes | None, expected: type[E], max_bytes: int) -> E:
+    _check_size(raw, max_bytes)
+    assert raw is not None
+    try:
+        event = _PACKED.decode(raw)
+    except msgspec.ValidationError as exc:
+        # explained like a JSON value: the same fields, shown as JSON when they can be
+        raise _validation_error(_as_json(raw), str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise DecodeError(
+            field="$", expected="a msgpack map (content-type: application/msgpack)",
+            got=f"{_shown(raw)} ({exc})",
+        ) from None  # fmt: skip
+    except RecursionError:
+        raise _too_deep(raw) from None
+    return _expect(event, expected)
+
+
+def _as_json(raw: bytes) -> bytes:
+    try:
+        return _ENCODER.encode(_GENERIC_PACKED.decode(raw))
+    except (msgspec.DecodeError, msgspec.EncodeError, TypeError, RecursionError):
+        return raw
+
+
+def _expect(event: Event, expected: type[E]) -> E:
     if not isinstance(event, expected):
         raise DecodeError(
             field="$.schema",
@@ -81,6 +164,21 @@ def decode(raw: bytes | None, expected: type[E], max_bytes: int = MAX_VALUE_BYTE
             got=repr(event.__struct_config__.tag),
         )
     return event
+
+
+def _check_size(raw: bytes | None, max_bytes: int) -> None:
+    if raw is None:
+        raise DecodeError(
+            field="$", expected="a JSON object", got="a null value (tombstone)", reason="tombstone"
+        )
+    if len(raw) > max_bytes:
+        # refused before parsing: a huge value costs memory and time even when it is garbage
+        raise DecodeError(
+            field="$",
+            expected=f"at most {max_bytes} bytes (kafka.max_value_bytes)",
+            got=f"{len(raw)} bytes",
+            reason="too_large",
+        )
 
 
 def _too_deep(raw: bytes) -> DecodeError:

@@ -48,6 +48,11 @@ class KafkaSettings(Section, frozen=True):
     # runaway producer must not cost a consumer its memory. The broker's own limit
     # (message.max.bytes, 1 MiB by default) usually stops larger ones first.
     max_value_bytes: PositiveInt = 1 << 20
+    # How FleetPulse's own producers (ingest adapters, simulator) write telemetry values (GPU,
+    # TPU, ICI samples): msgpack (marked by a `content-type: application/msgpack` header,
+    # smaller, and cheaper to decode) or JSON. Consumers accept both on every topic; actions,
+    # alerts, node states and findings are always JSON (pipeline/codec.py).
+    telemetry_format: Literal["msgpack", "json"] = "msgpack"
     # Security, one section for every client (pipeline/kafka_client.py builds each library's
     # arguments from it). The password comes from sasl_password (e.g. from
     # FLEETPULSE_KAFKA__SASL_PASSWORD) or, better, sasl_password_file (a mounted secret).
@@ -109,6 +114,9 @@ DEFAULT_METRICS_PORTS: dict[str, int] = {
     "ingest_cloudmon": 9112,
     "ingest_tpu_runtime": 9113,
     "ingest_xid": 9114,
+    "ingest_capacity": 9115,
+    "actuate_kubernetes": 9116,
+    "watch_kubernetes": 9117,
 }
 
 
@@ -135,6 +143,11 @@ class LakeSettings(Section, frozen=True):
     """The Parquet lake (`fleetpulse sink lake`, `lake compact`, `sql`, `report`)."""
 
     path: str = "lake"
+    # Measured (bench/lake.py, `compression_choices` in bench/results/lake.json): on a million
+    # utilization rows every codec lands at 2.7-3.2 B/row (the columns are dictionary- and
+    # run-length-encoded first). zstd 3 is the smallest and, within the noise, as fast as
+    # zstd 1; snappy and lz4 are 5-10 % bigger and not reliably faster; zstd 6 is slower for
+    # nothing. 512k-row groups save 2 % more but make the queries' row-group pruning coarser.
     row_group_rows: PositiveInt = 128_000
     flush_rows: PositiveInt = 200_000
     flush_seconds: PositiveInt = 60
@@ -206,6 +219,9 @@ class SourcesSettings(Section, frozen=True):
     # In the environment leave out the braces (a braced value reads as a TOML table):
     # FLEETPULSE_SOURCES__PROMETHEUS_SELECTOR='shard="a"'.
     prometheus_selector: str = ""
+    # Also read node_exporter's InfiniBand / netdev port series (node_infiniband_*,
+    # node_network_*) through the same Prometheus, as fabric_sample/1 (telemetry.fabric).
+    prometheus_fabric: bool = True
     cloudmon_endpoint: str = ""  # "" = the real API; "host:port" = a plaintext stand-in
     cloudmon_project: str = "fleetpulse-sim"
     cloudmon_inventory: str = ""  # JSON: tpu_worker -> node/slice/pool (see sources/cloudmon.py)
@@ -312,6 +328,9 @@ class AlertSettings(Section, frozen=True):
     alertmanager_url: str = ""  # e.g. http://127.0.0.1:9093
     alertmanager_http: HttpClientSettings = HttpClientSettings()
     group_id: str = "fleetpulse-alerts"
+    # how long a crashed alerts process keeps fleet.alerts before its restart (or another
+    # one) may take it over: alerts wait that long (kafka-python's default is 45 s)
+    session_timeout_s: Annotated[int, Meta(ge=6, le=300)] = 10
     timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     max_attempts: PositiveInt = 5
     backoff_initial_s: Annotated[float, Meta(gt=0)] = 0.5
@@ -325,10 +344,23 @@ class AlertSettings(Section, frozen=True):
         return _masked_repr(self, frozenset({"webhook_secret"}))
 
 
+class CheckTuning(Section, frozen=True):
+    """One check's persistence, overriding the shared setting its catalog spec names
+    (`[detect.checks."gpu.temp.peer"] open_after = 6`), in the spec's unit (samples or seconds;
+    docs/checks.md lists them)."""
+
+    open_after: Annotated[int, Meta(ge=0)] | None = None  # bad this long before it opens
+    clear_after: Annotated[int, Meta(ge=1)] | None = None  # good this long before it clears
+
+
 class DetectSettings(Section, frozen=True):
     """Detector thresholds (pipeline/detect). Sample counts are scrapes of one node or host.
 
-    Defaults assume 15-30 s scrapes; see pipeline/detect/__init__.py for what each check means.
+    Defaults assume 15-30 s scrapes; docs/checks.md (generated from pipeline/detect/catalog.py)
+    lists every check with the settings it reads. The keys below are shared by the checks that
+    name them; `checks` tunes one check's persistence alone:
+    `[detect.checks."gpu.temp.peer"]` `open_after = 6`, or from the environment
+    FLEETPULSE_DETECT__CHECKS='{"gpu.temp.peer" = {open_after = 6}}'.
     """
 
     heartbeat_s: PositiveInt = 60  # at most one heartbeat finding per target per this event time
@@ -391,15 +423,42 @@ class DetectSettings(Section, frozen=True):
     ici_flit_drop_frac: Fraction = 0.5  # link flit rate below its usual share: degraded
     ici_errors_per_s: Annotated[float, Meta(gt=0)] = 1.0  # link error rate: degraded
     ici_ocs_min_links: PositiveInt = 4  # this many links down in one dimension: OCS, watch
+    # GPU fabric ports (node_exporter infiniband/netdev; pipeline/detect/fabric*.py)
+    fabric_flap_window_s: PositiveInt = 300  # toggles within this are one flapping episode ...
+    fabric_flap_persist: Annotated[int, Meta(ge=2)] = 2  # ... persistent from this many scrapes
+    fabric_errors_per_s: Annotated[float, Meta(gt=0)] = 0.05  # symbol/rcv/recovery errors ...
+    fabric_error_samples: PositiveInt = 3  # ... in this many scrapes in a row: gray loss
+    fabric_group_window_s: PositiveInt = 60  # port troubles this close are one element's ...
+    fabric_switch_min_nodes: Annotated[int, Meta(ge=2)] = 2  # ... a switch's from this many nodes
+    # a node against its job's other nodes (pipeline/detect/job_peers.py): clocks only go down
+    # when something is wrong, so one peer is enough to tell which of two is the slow one
+    job_peers_min: PositiveInt = 1
+    # SM activity, NVLink and PCIe bytes fall on the nodes that wait for a slow one too: judged
+    # against the job's median node, from this many peers, this far below it (watched)
+    job_activity_peers_min: Annotated[int, Meta(ge=2)] = 2
+    job_activity_drop_frac: Fraction = 0.25
     # single-series detector (fleetpulse backtest on timestamp,value series)
-    series_half_life: PositiveInt = 288
-    series_warmup: PositiveInt = 288
-    series_z: Annotated[float, Meta(gt=0)] = 5.0
-    series_persist: PositiveInt = 3
-    series_cusum_k: Annotated[float, Meta(ge=0)] = 2.0  # autocorrelated series: larger slack
-    series_cusum_h: Annotated[float, Meta(gt=0)] = 24.0
-    series_clear: PositiveInt = 36  # calm samples before an episode closes
+    # the one sensitivity: robust sds at which an episode opens (lower: more found, more false
+    # alarms); pipeline/detect/series.py says what is scored
+    series_sensitivity: Annotated[float, Meta(gt=0)] = 4.5
     series_min_scale_rel: Fraction = 0.01  # scale floor relative to the level
+    # per-check persistence overrides, by check name (only checks the episode engine counts)
+    checks: dict[str, CheckTuning] = {}
+
+    def __post_init__(self) -> None:
+        if self.checks:
+            from pipeline.detect.catalog import CHECKS  # lazy: pipeline.detect imports this module
+
+            unknown = [
+                name for name in self.checks
+                if name not in CHECKS or not CHECKS[name].engine_counted
+            ]  # fmt: skip
+            if unknown:
+                counted = sorted(n for n, spec in CHECKS.items() if spec.engine_counted)
+                raise ValueError(
+                    f"checks: {', '.join(sorted(unknown))} have no tunable persistence; "
+                    f"expected one of {counted}"
+                )
 
 
 class HealthSettings(Section, frozen=True):
@@ -414,6 +473,12 @@ class HealthSettings(Section, frozen=True):
     flap_persist_factor: PositiveInt = 4  # it needs persist_s x this before degraded
     flap_hold_s: PositiveInt = 900  # and stays suspect until quiet this long
     drain_timeout_s: PositiveInt = 3600  # no "drained" report by then: proceed to repair
+    # our own action may come back this long (event time) after its proposal and still be put
+    # where it would have come live (a worked-off backlog); the signals since are kept for it
+    late_action_s: PositiveInt = 3 * 3600
+    # a node event this far ahead of the target's clock (heartbeats move it every minute, live)
+    # waits for the clock: a backlog's sparse events.node runs ahead of its findings
+    event_ahead_s: PositiveInt = 300
     repair_window_s: PositiveInt = 7 * 86_400  # repairs counted for escalation and the cap
     max_repairs: PositiveInt = 4  # repairs in the window before the target is left to a human
     node_ladder: tuple[str, ...] = ("reset_gpu", "reboot", "replace")
@@ -441,7 +506,10 @@ class PolicySettings(Section, frozen=True):
     slow_start_interval_s: PositiveInt = 300  # ... then at most one per interval
     calm_s: PositiveInt = 1800  # ... until this long after the last slow-start cordon
     max_actions_per_hour: PositiveInt = 30  # cordons and repairs per pool (fatal ones exempt)
-    action_ttl_s: PositiveInt = 900  # expires_at; unreported by then: no longer open
+    action_ttl_s: PositiveInt = 900  # expires_at (for the actuators)
+    # an action of ours is open (one per target) until the health machine reports it, or this
+    # long of the pool's time: working off a backlog, reports come up to hours late
+    report_ttl_s: PositiveInt = 3 * 3600
     pending_ttl_s: PositiveInt = 1200  # a withheld proposal not re-sent for this long is dropped
     dedupe_window_s: PositiveInt = 86_400  # proposal ids remembered this long
     maintenance_lead_s: PositiveInt = 1800  # cordon and drain this long before a window
@@ -467,6 +535,41 @@ class PolicySettings(Section, frozen=True):
     # generator_base/<cluster>/<node, slice or pool> (pipeline/alerts.py)
     runbook_base: str = "https://fleetpulse.io/runbooks"
     generator_base: str = "https://fleetpulse.io/fleet"
+
+
+class CapacitySettings(Section, frozen=True):
+    """`fleetpulse ingest capacity`: the cloud's capacity signals (pipeline/sources/capacity.py).
+
+    Feeds: `quota` (Cloud Monitoring quota usage/limit/exceeded on consumer_quota), `tpu`
+    (TPU API nodes' upcoming maintenance and queued resources), `compute` (Compute Engine
+    instances' upcoming maintenance), `metadata` (this host's metadata server:
+    maintenance-event and preempted). Empty endpoints mean the real APIs (Application Default
+    Credentials); a stand-in is `host:port` (gRPC, plaintext) or `http://host:port` (REST).
+    """
+
+    project: str = "fleetpulse-sim"
+    zones: tuple[str, ...] = ()  # TPU locations to list; regional quotas fan out to these
+    feeds: tuple[Literal["quota", "tpu", "compute", "metadata"], ...] = (
+        "quota",
+        "tpu",
+        "compute",
+    )
+    inventory: bool = True  # also publish TPU slices and GPU instances to fleet.inventory
+    # a poll: each feed once; the metadata feed's long poll takes up most of it, so a notice
+    # is seen within seconds, and SIGTERM waits at most metadata_wait_s for the poll to end
+    poll_interval_s: Annotated[float, Meta(gt=0)] = 30.0
+    monitoring_endpoint: str = ""  # "" = the real API; "host:port" = a plaintext stand-in
+    tpu_endpoint: str = ""  # "" = the real API; "host:port" = a plaintext stand-in
+    compute_endpoint: str = ""  # "" = the real API; "http://host:port" = a stand-in
+    # "" = GCE_METADATA_HOST from the environment, else metadata.google.internal
+    metadata_url: str = ""
+    # long-poll timeout of maintenance-event (not with --once); under the poll interval:
+    # a notice ends the wait at once
+    metadata_wait_s: Annotated[float, Meta(ge=0)] = 25.0
+    quota_lag_s: Annotated[float, Meta(ge=0)] = 180.0  # Cloud Monitoring is ~3 min behind
+    quota_lookback_s: Annotated[float, Meta(gt=0)] = 86_400.0  # allocation usage is sparse
+    page_size: PositiveInt = 500
+    timeout_s: Annotated[float, Meta(gt=0)] = 30.0  # per API call
 
 
 class InventorySettings(Section, frozen=True):
@@ -506,12 +609,15 @@ class WorkerSettings(Section, frozen=True):
     standby_replicas: Annotated[int, Meta(ge=0)] = 0  # warm table copies: rocksdb only
     ack_batch: PositiveInt = 500  # records whose outputs are awaited together before acking
     ack_interval_ms: PositiveInt = 50  # ... or this often, whichever comes first
+    # records an agent takes from faust at once (Stream.noack_take, waiting at most
+    # ack_interval_ms for a batch to fill); 0 = one event at a time (Stream.events)
+    take: Annotated[int, Meta(ge=0)] = 0
     commit_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # offset commits (replay window)
     session_timeout_s: Annotated[float, Meta(ge=6)] = 10.0  # a dead worker's partitions move
     heartbeat_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     send_give_up_s: Annotated[float, Meta(gt=0)] = 300.0  # outputs unsendable this long: exit
     capacity_memory: PositiveInt = 64  # capacity events kept per zone for pools learnt later
-    # event-time order of a partition's topics while it catches up (README, streams/align.py)
+    # event-time order of a partition's topics while catching up (pipeline/runtime/align.py)
     align_grace_ms: Annotated[int, Meta(ge=0)] = 1000  # wait for older records this long
     align_always: bool = False  # also when live (adds up to the grace to every record)
 
@@ -551,12 +657,41 @@ class SimSettings(Section, frozen=True):
     diurnal: bool = True
 
 
+class KubernetesSettings(Section, frozen=True):
+    """`fleetpulse actuate kubernetes` and `fleetpulse watch kubernetes` (pipeline/kube).
+
+    kubeconfig: "" = in-cluster when `in_cluster` (the pod's ServiceAccount), else the usual
+    $KUBECONFIG / ~/.kube/config. cluster: the FleetPulse cluster name these nodes are in
+    ("" = sources.cluster); the actuator acts only on actions for it. pool_label: a node label
+    naming the pool, tried before the GKE and EKS ones. held_annotation: a person's "hands off"
+    on a node (any value); maintenance_label: a person's maintenance mark. drain_timeout_s: how
+    long a drain retries evictions a PodDisruptionBudget refuses before it is reported blocked.
+    """
+
+    kubeconfig: str = ""
+    context: str = ""
+    in_cluster: bool = False
+    cluster: str = ""
+    pool_label: str = ""
+    slice_label: str = "cloud.google.com/gke-nodepool"  # a TPU slice's nodes share this label
+    held_annotation: str = "fleetpulse.io/hold"
+    maintenance_label: str = "fleetpulse.io/maintenance"
+    drain_timeout_s: Annotated[float, Meta(gt=0)] = 600.0
+    eviction_backoff_initial_s: Annotated[float, Meta(gt=0)] = 1.0
+    eviction_backoff_max_s: Annotated[float, Meta(gt=0)] = 15.0
+    request_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
+    watch_timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 300  # server-side end of one watch
+    actor: str = "fleetpulse-actuator"
+    group_id: str = ""  # "" = fleetpulse-actuator-<cluster>
+
+
 class Settings(Section, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     metrics: MetricsSettings = MetricsSettings()
     lake: LakeSettings = LakeSettings()
     aggregate: AggregateSettings = AggregateSettings()
     sources: SourcesSettings = SourcesSettings()
+    capacity: CapacitySettings = CapacitySettings()
     alerts: AlertSettings = AlertSettings()
     detect: DetectSettings = DetectSettings()
     health: HealthSettings = HealthSettings()
@@ -565,6 +700,7 @@ class Settings(Section, frozen=True):
     clock: ClockSettings = ClockSettings()
     worker: WorkerSettings = WorkerSettings()
     sim: SimSettings = SimSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:

@@ -18,7 +18,7 @@ from pipeline.config import Settings
 from pipeline.inventory import from_fleet
 from pipeline.model import Action, Alert, CapacityEvent, Event, Finding, Proposal, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.score import Score, score
+from pipeline.score import POLICY_OUTPUTS, HeldLog, Score, score
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import ForcedFault, InjectedFault
 from pipeline.sinks.lake import LakeWriter
@@ -80,7 +80,11 @@ def run_demo(
                 writer.add(table, event, (f"fleet.{suffix}", 0, sequence[suffix]))
                 sequence[suffix] += 1
 
+        held = HeldLog()
+        dirty = [False]
+
         def emit(suffix: str, event: Event) -> None:
+            dirty[0] = dirty[0] or suffix in POLICY_OUTPUTS
             _remember(result, event)
             if isinstance(event, Action):
                 actions_out.write(codec.encode(event) + b"\n")
@@ -93,6 +97,9 @@ def run_demo(
             if isinstance(event, XidEvent | CapacityEvent):
                 to_lake("events.xid" if isinstance(event, XidEvent) else "events.capacity", event)
             runtime.feed(event)
+            if dirty[0]:
+                held.note_policy(runtime.policy.values())
+                dirty[0] = False
             result.events_in += 1
             if writer.pending_rows >= settings.lake.flush_rows:
                 writer.checkpoint()
@@ -101,7 +108,9 @@ def run_demo(
         runtime.finish()
     writer.checkpoint()
     result.counts = runtime.counts
-    result.score = score(sim.ground_truth, result.actions, result.findings, sim.node_days)
+    result.score = score(
+        sim.ground_truth, result.actions, result.findings, sim.node_days, held=held.held()
+    )
     return result
 
 

@@ -4,6 +4,7 @@ FleetPulseError
 ├── ConfigError        bad config file or environment override (raised at start-up)
 ├── DecodeError        a record that does not match its schema (goes to fleet.dlq)
 ├── SourceError        an ingest endpoint failed or answered nonsense (retried with backoff)
+│   └── BrokerUnavailableError  Kafka did not take an ingest batch (retried within seconds)
 ├── SinkError          an output could not be written (the record is not acknowledged)
 └── ListenError        a listening address is taken or not allowed (raised at start-up)
 """
@@ -41,8 +42,19 @@ class SourceError(FleetPulseError):
     """An ingest source failed; the adapter retries with backoff."""
 
 
+class BrokerUnavailableError(SourceError):
+    """Kafka could not be reached or did not acknowledge a batch; the adapter retries within a
+    few seconds (the endpoint's longer backoff is for the endpoint)."""
+
+
 class SinkError(FleetPulseError):
-    """An output could not be written; the input is not acknowledged."""
+    """An output could not be written; the input is not acknowledged.
+
+    `reason` is short and machine-readable, for metrics ("disk_full", "delivery", …)."""
+
+    def __init__(self, message: str, reason: str = "error") -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class ListenError(FleetPulseError):

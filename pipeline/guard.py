@@ -99,7 +99,7 @@ def observe(
     state: GuardState | None, signal: Signal, settings: Settings
 ) -> tuple[GuardState, list[Alert]]:
     """Learn from one policy-stage input; return the new state and common-cause alerts."""
-    st = _copy(state)
+    st = _own(state)
     st.clock = max(st.clock, signal.ts)
     if isinstance(signal, Inventory):
         key = f"{signal.cluster}/{signal.kind}/{signal.name}"
@@ -113,14 +113,9 @@ def observe(
     return st, _sync_causes(st, settings)
 
 
-def _copy(state: GuardState | None) -> GuardState:
-    if state is None:
-        return GuardState()
-    st = msgspec.structs.replace(state)
-    st.members, st.seen, st.causes = dict(state.members), dict(state.seen), dict(state.causes)
-    st.out = dict(state.out)
-    st.raised = {check: dict(marks) for check, marks in state.raised.items()}
-    return st
+def _own(state: GuardState | None) -> GuardState:
+    # changed in place and returned: the driver keeps the snapshot (runtime/topology.py)
+    return GuardState() if state is None else state
 
 
 def _note_open_checks(st: GuardState, ns: NodeState) -> None:
@@ -377,7 +372,7 @@ def view(state: GuardState, settings: Settings, pool: str) -> GuardView:
 
 def settle(state: GuardState, done: GuardView, pool: str, out: dict[str, str]) -> GuardState:
     """After a pool's decision: its targets out for faults now, and the canaries spent."""
-    st = _copy(state)
+    st = _own(state)
     st.out[pool] = out
     for key, cause in list(st.causes.items()):
         spent = sum(

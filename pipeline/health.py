@@ -10,7 +10,9 @@ One HealthState per target (a node, or a TPU slice repaired as one unit). Signal
   or by us) cancels our episode: open conditions are waived (no re-cordon for them until they
   close and come back, or another check opens). `drained`, `repaired`, `created`, `deleted`
   report progress. Cordon/uncordon events that carry our action_id are echoes: the Action feed
-  is authoritative for those.
+  is authoritative for those. `held` (an actuator found a person's hold and did not act) is a
+  human hold; `blocked` (a drain a PodDisruptionBudget refused), `skipped`, `repair_requested`,
+  `ready` and `not_ready` are for people and the record: the target stays where it is.
 - Action: our own action as published by the policy; this is how we learn a proposal was
   carried out. A dry-run action is not carried out: the state does not move, and the proposal
   is re-sent only every `dry_run_reproposal_s` (not every `reproposal_s`), so dry run cannot
@@ -48,7 +50,15 @@ or recreated starts any new episode afresh. Maintenance cordons (reason.checks =
 ["maintenance"]) freeze proposals until the policy releases them. NodeState.last_action is
 "<kind>:<action_id>" of the last real action applied: the policy's sign that it was seen.
 
-Pure and deterministic: `transition` returns a new state and leaves the one passed in untouched.
+Our actions come back late while a backlog is worked off: the findings of the next hour may
+be in before the cordon they answer. So that a backlog decides as live, the state keeps, while a
+proposal of ours is in flight, itself as of that proposal and the signals since (`Past`); an
+action that comes back behind signals newer than it is put where it would have come live (after
+the proposal it answers and the signals no newer than its ts) and what followed is applied
+again: the proposals, their ids and their ts are those of the live run, whatever the lag (up to
+`late_action_s`). The policy dates an action it takes at once by its proposal's ts.
+
+Pure and deterministic: `transition` changes the state it is given and returns it.
 """
 
 from __future__ import annotations
@@ -81,9 +91,16 @@ _RECREATE = frozenset({"replace", "repair", "repair_slice"})  # the target is de
 # Rough strength of a repair, to place a recommendation on a ladder that may lack it.
 _RANK = {"reset_gpu": 1, "reboot": 2, "repair": 2, "repair_slice": 2, "replace": 3}
 _CORDON, _DRAIN, _REPAIR = 1, 2, 3  # plan levels; 0 = watch only
-_LEVEL = {"none": 0, "watch": 0, "cordon": _CORDON, "drain": _DRAIN} | dict.fromkeys(
-    REPAIR_KINDS, _REPAIR
-)
+# Network-element repairs are for the network team's actuator (fabric localisation): on a
+# node they are only something to watch.
+_LEVEL = {
+    "none": 0,
+    "watch": 0,
+    "repair_link": 0,
+    "repair_switch": 0,
+    "cordon": _CORDON,
+    "drain": _DRAIN,
+} | dict.fromkeys(REPAIR_KINDS, _REPAIR)
 _SEVERITY = {"info": 0, "warning": 1, "critical": 2}
 MAX_CONDITIONS = 256  # beyond this, new devices of a check share one condition
 _APPLIED_MAX = 16
@@ -117,6 +134,19 @@ class Outstanding(msgspec.Struct, kw_only=True):
     dry_run: bool = False  # answered by a dry-run action: re-sent only rarely
 
 
+Logged = Finding | NodeEvent | Action | int  # int: a heartbeat at that ts (moves the clock only)
+
+
+class Past(msgspec.Struct, kw_only=True):
+    """The state right after the oldest proposal of ours still in flight (msgpack, without its
+    own past) and the signals since, so that a late action can be put where it came live."""
+
+    state: bytes
+    signals: list[Logged] = []
+    # proposal id -> (len(signals), clock) when first made; gone once its action came back
+    flight: dict[str, tuple[int, int]] = {}
+
+
 class HealthState(msgspec.Struct, kw_only=True):
     target: Target
     state: HealthStateName = "healthy"
@@ -134,13 +164,16 @@ class HealthState(msgspec.Struct, kw_only=True):
     drained: bool = False
     repairs: list[int] = []  # when repair actions were carried out, within repair_window_s
     repair_kind: str | None = None
+    repaired_at: int | None = None  # when a repair was last reported done (repaired / created)
     last_action: str | None = None  # "<kind>:<action_id>" of the last action carried out
     applied: list[str] = []  # recent action ids, so a replayed action is a no-op
     outstanding: Outstanding | None = None
+    past: Past | None = None  # while a proposal is in flight (see the module's docstring)
+    ahead: list[NodeEvent] = []  # node events more than event_ahead_s ahead of the clock
 
 
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(HealthState)
+_ENCODE = msgspec.msgpack.Encoder()
+_DECODE = msgspec.msgpack.Decoder(HealthState)
 
 
 def target_key(target: Target) -> str:
@@ -159,18 +192,49 @@ def transition(
             raise ValueError(
                 f"signal for {target_key(target)} sent to the state of {target_key(state.target)}"
             )
-        st = _DECODER.decode(_ENCODER.encode(state))
-    st.target = target  # identity stays current: a node can move to another pool
-    st.clock = max(st.clock, signal.ts)
-    if isinstance(signal, Finding):
-        _on_finding(st, signal)
-    elif isinstance(signal, NodeEvent):
-        _on_node_event(st, signal)
+        # the state given is changed in place and returned: the driver keeps the snapshot
+        # to roll back to (pipeline/runtime/topology.py)
+        st = state
+    repeat = isinstance(signal, Action) and signal.action_id in st.applied
+    if isinstance(signal, Action) and not repeat:
+        replayed = _replay(st, signal, settings)
+        if replayed is not None:
+            return st, replayed
+    proposals = _apply(st, signal, settings)
+    if not repeat:
+        _remember(st, signal, proposals, settings)
+    return st, proposals
+
+
+def _apply(st: HealthState, signal: Logged, settings: HealthSettings) -> list[Proposal]:
+    ts = _ts(signal)
+    if isinstance(signal, NodeEvent) and ts > st.clock + settings.event_ahead_s * _MS:
+        # Far ahead of this target's findings (a backlog's sparse topic, let through by the
+        # aligner's grace): applied in event-time order, once the findings before it are in.
+        st.ahead = sorted([*st.ahead, signal], key=lambda e: e.ts)
+        return []
+    proposals: list[Proposal] = []
+    while st.ahead and st.ahead[0].ts <= ts:
+        event, st.ahead = st.ahead[0], st.ahead[1:]
+        proposals += _apply_one(st, event, settings)
+    return proposals + _apply_one(st, signal, settings)
+
+
+def _apply_one(st: HealthState, signal: Logged, settings: HealthSettings) -> list[Proposal]:
+    if isinstance(signal, int):
+        st.clock = max(st.clock, signal)
     else:
-        _on_action(st, signal)
+        st.target = _target_of(signal)  # identity stays current: a node can move to a pool
+        st.clock = max(st.clock, signal.ts)
+        if isinstance(signal, Finding):
+            _on_finding(st, signal)
+        elif isinstance(signal, NodeEvent):
+            _on_node_event(st, signal)
+        else:
+            _on_action(st, signal)
     _prune(st, settings)
     _settle(st, settings)
-    return st, _propose(st, settings)
+    return _propose(st, settings)
 
 
 def to_node_state(state: HealthState) -> NodeState:
@@ -273,6 +337,10 @@ def _on_node_event(st: HealthState, event: NodeEvent) -> None:
     elif event.kind == "uncordoned":
         if st.human_hold or st.cordoned_by_us:
             _human_release(st)
+    elif event.kind == "held":
+        # an actuator refused to act because a person holds the target (or a watcher saw the
+        # hold appear): the same as a person's cordon, whoever reports it
+        _human_hold(st)
     elif event.kind == "drained":
         if st.state == "draining":
             st.drained = True
@@ -314,17 +382,27 @@ def _repaired(st: HealthState, *, fresh_node: bool) -> None:
     if fresh_node:  # a recreated node object comes up schedulable: our cordon went with it
         st.cordoned_by_us = st.drained = False
     st.outstanding = None
+    st.repaired_at = st.clock
     _enter(st, "probation")
     st.quiet_since = None
 
 
 def _reset(st: HealthState) -> None:
-    fresh = HealthState(target=st.target, since=st.clock, clock=st.clock)
+    fresh = HealthState(target=st.target, since=st.clock, clock=st.clock, past=st.past)
+    _assign(st, fresh)
+
+
+def _assign(st: HealthState, other: HealthState) -> None:
     for field in HealthState.__struct_fields__:
-        setattr(st, field, getattr(fresh, field))
+        setattr(st, field, getattr(other, field))
 
 
 def _on_action(st: HealthState, action: Action) -> None:
+    # Our own action comes back through Kafka, later than the findings of the same moment when
+    # a backlog is worked off (minutes to an hour of event time); what it starts is dated by
+    # the action's own ts (when the policy acted), not by when it arrived, so drain timeouts,
+    # repairs and probation run from the same `since` as in the live and embedded runs.
+    at = min(action.ts, st.clock)
     if action.action_id in st.applied:
         return
     if action.dry_run:
@@ -340,23 +418,115 @@ def _on_action(st: HealthState, action: Action) -> None:
         st.maintenance = MAINTENANCE_CHECK in action.reason.checks
         if st.state in PRE_CORDON:
             st.drained = False
-            _enter(st, "cordoned")
+            _enter(st, "cordoned", at)
     elif action.kind == "drain":
         st.drained = False
-        _enter(st, "draining")
+        _enter(st, "draining", at)
     elif action.kind == "uncordon":
         st.cordoned_by_us = st.maintenance = st.drained = False
         if not st.human_hold:
-            # Back in service: anything still open is judged afresh from now (a new episode,
+            # Back in service: anything still open is judged afresh from then (a new episode,
             # persistence counted again), never folded into the episode just closed.
             open_now = any(_actionable(c) for c in st.conditions.values())
             st.episode, st.round = None, 0
-            st.unhealthy_since = st.clock if open_now else None
-            _enter(st, "healthy")
+            st.unhealthy_since = at if open_now else None
+            _enter(st, "healthy", at)
     else:
         st.repairs = [*st.repairs, action.ts]
         st.repair_kind = action.kind
-        _enter(st, "repairing")
+        if st.state == "probation" and st.repaired_at is not None and st.repaired_at >= at:
+            return  # reported done before the action came back: it is over already
+        _enter(st, "repairing", at)
+
+
+# --- late actions ------------------------------------------------------------------------
+
+
+def _remember(
+    st: HealthState, signal: Logged, proposals: list[Proposal], settings: HealthSettings
+) -> None:
+    """Log `signal` while a proposal is in flight; start a past with the first one."""
+    past = st.past
+    if past is None:
+        if proposals:
+            flight = {p.proposal_id: (0, st.clock) for p in proposals}
+            st.past = Past(state=_snapshot(st), flight=flight)
+        return
+    heartbeat = isinstance(signal, Finding) and signal.check == HEARTBEAT
+    past.signals.append(signal.ts if heartbeat and not isinstance(signal, int) else signal)
+    if isinstance(signal, Action):
+        past.flight.pop(signal.proposal_id, None)
+    for proposal in proposals:
+        past.flight.setdefault(proposal.proposal_id, (len(past.signals), st.clock))
+    _rebase(st, past, settings)
+
+
+def _rebase(st: HealthState, past: Past, settings: HealthSettings) -> None:
+    """Start the past at the oldest proposal still in flight (none: no past). One whose action
+    has not come back within late_action_s is not waited for any more."""
+    horizon = st.clock - settings.late_action_s * _MS
+    past.flight = {k: made for k, made in past.flight.items() if made[1] >= horizon}
+    if not past.flight:
+        st.past = None
+        return
+    start = min(at for at, _ in past.flight.values())
+    if start == 0:
+        return
+    if start == len(past.signals):
+        past.state = _snapshot(st)
+    else:
+        then = _DECODE.decode(past.state)
+        for signal in past.signals[:start]:
+            _apply(then, signal, settings)
+        past.state = _ENCODE.encode(then)
+    past.signals = past.signals[start:]
+    past.flight = {k: (at - start, clock) for k, (at, clock) in past.flight.items()}
+
+
+def _snapshot(st: HealthState) -> bytes:
+    past, st.past = st.past, None
+    try:
+        return _ENCODE.encode(st)
+    finally:
+        st.past = past
+
+
+def _replay(st: HealthState, action: Action, settings: HealthSettings) -> list[Proposal] | None:
+    """An action that comes back behind newer signals: from the past, apply it where it came
+    live and the signals after it again. Returns the proposals made from it on (each id once,
+    as first made), or None when it is not late (or too late to place: applied as it comes)."""
+    past = st.past
+    if past is None:
+        return None
+    at = _place(past, action)
+    if at == len(past.signals):
+        return None
+    then = _DECODE.decode(past.state)
+    then.past = Past(state=past.state, flight={k: m for k, m in past.flight.items() if m[0] == 0})
+    for signal in past.signals[:at]:
+        _remember(then, signal, _apply(then, signal, settings), settings)
+    proposals: dict[str, Proposal] = {}
+    for signal in [action, *past.signals[at:]]:
+        made = _apply(then, signal, settings)
+        _remember(then, signal, made, settings)
+        for proposal in made:
+            proposals.setdefault(proposal.proposal_id, proposal)
+    _assign(st, then)
+    return list(proposals.values())
+
+
+def _place(past: Past, action: Action) -> int:
+    """Where `action` came live among the logged signals: after the proposal it answers and
+    the signals no newer than it (a policy that acted later than proposed acted at its ts)."""
+    made = past.flight.get(action.proposal_id)
+    at = made[0] if made is not None else 0
+    while at < len(past.signals) and _ts(past.signals[at]) <= action.ts:
+        at += 1
+    return at
+
+
+def _ts(signal: Logged) -> int:
+    return signal if isinstance(signal, int) else signal.ts
 
 
 # --- time and state -----------------------------------------------------------------------
@@ -380,9 +550,10 @@ def _held(st: HealthState, settings: HealthSettings) -> bool:
     return _flapping(st, settings) and st.clock - st.flaps[-1] < settings.flap_hold_s * _MS
 
 
-def _enter(st: HealthState, name: HealthStateName) -> None:
+def _enter(st: HealthState, name: HealthStateName, at: int | None = None) -> None:
+    """Move to `name` as of `at` (default: the target's clock)."""
     if st.state != name:
-        st.state, st.since = name, st.clock
+        st.state, st.since = name, st.clock if at is None else at
 
 
 def _settle(st: HealthState, settings: HealthSettings) -> None:

@@ -109,7 +109,10 @@ def write_inventory(path: Path, records: Iterable[Inventory]) -> int:
 
 
 def from_fleet(fleet: Fleet, ts: int) -> list[Inventory]:
-    """Every GPU node and TPU slice of a simulated fleet, as its owner would list it."""
+    """Every GPU node and TPU slice of a simulated fleet, as its owner would list it (GPU
+    nodes with their leaf switch, for fabric localisation)."""
+    from pipeline.sim.fabric import leaf_switch  # the simulator is imported only when used
+
     nodes = [
         Inventory(
             ts=ts,
@@ -120,6 +123,7 @@ def from_fleet(fleet: Fleet, ts: int) -> list[Inventory]:
             zone=node.zone,
             accelerator=node.model.gke_accelerator,
             capacity=len(node.uuids),
+            leaf_switch=leaf_switch(node),
             source="simulator",
         )
         for node in fleet.gpu_nodes

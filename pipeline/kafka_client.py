@@ -11,20 +11,38 @@ worker is built with `client_kwargs(settings.kafka, library)`, so security setti
 
 The password is read from sasl_password_file at build time (a rotated secret is picked up at
 the next start) and remembered by pipeline.redact, so it is masked in every log line.
+
+Long-running processes outlive the broker: `until_connected` builds a client while the broker
+is away (kafka-python gives up after its bootstrap timeout and raises), and `STAY_CONNECTED`
+bounds the client's reconnect backoff, so a process is back within seconds of the broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pipeline.config import KafkaSettings
 from pipeline.errors import ConfigError, FleetPulseError
 from pipeline.redact import load_secret
+from pipeline.retry import Backoff
 
 Library = Literal["kafka-python", "aiokafka", "faust"]
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# kafka-python backs off reconnecting up to 30 s by default: after a broker restart a process
+# would sit that long with the broker back. Every long-running client reconnects at least every
+# 2 s instead, and one attempt to reach an absent broker at start lasts 5 s, not 30 (so a
+# waiting process still stops promptly on SIGTERM). kafka-python keyword arguments.
+STAY_CONNECTED: dict[str, Any] = {"reconnect_backoff_max_ms": 2000, "bootstrap_timeout_ms": 5000}
+# the pause between two attempts to reach an absent broker (jittered, growing to the maximum)
+WAIT_INITIAL_S, WAIT_MAX_S = 1.0, 5.0
 
 
 def client_kwargs(kafka: KafkaSettings, library: Library = "kafka-python") -> dict[str, Any]:
@@ -100,6 +118,34 @@ async def _check_login(kafka: KafkaSettings, timeout_s: float) -> None:
             return
     if refused is not None:
         raise refused
+
+
+def until_connected(
+    connect: Callable[[], T],
+    kafka: KafkaSettings,
+    what: str,
+    stop: threading.Event | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> T | None:
+    """`connect()` (which builds a kafka-python client), again and again while the broker
+    cannot be reached; None when `stop` is set first. A process started while the broker is
+    away waits for it instead of exiting. `on_wait(reason)` hears each failed attempt (for
+    /readyz). Other errors (a refused login, bad settings) propagate at once."""
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+    stop = stop or threading.Event()
+    backoff = Backoff(WAIT_INITIAL_S, WAIT_MAX_S)
+    while not stop.is_set():
+        try:
+            return connect()
+        except (KafkaTimeoutError, KafkaConnectionError) as exc:
+            delay = backoff.next_delay()
+            reason = f"waiting for Kafka at {describe(kafka)}: {exc}"
+            if on_wait is not None:
+                on_wait(reason)
+            log.warning("%s: %s; retrying in %.1f s", what, reason, delay)
+            stop.wait(delay)
+    return None
 
 
 def broker_urls(bootstrap: str) -> list[str]:

@@ -5,8 +5,16 @@ No DuckDB database file is kept: each `Lake` is an in-memory DuckDB that reads t
 the sink has renamed into place, so readers never block the writer. The files to read are listed
 here in Python (`visible_files`), which hides files a compaction has already merged; they reach
 DuckDB through its Python API, never pasted into SQL text. Each table first appears as
-`raw_<table>` with every column of its current schema (NULL where old files lack one), and the
-view in sql/<table>.sql builds on that.
+`stored_<table>`: every stored row, with every column of its current schema (NULL where old
+files lack one); then as `raw_<table>`: each row once (see below); the view in sql/<table>.sql
+builds on that.
+
+Each row once: a crash replay rewrites the same files, and the sink skips records at offsets
+the lake already holds (a consumer-group reset to an earlier offset; pipeline/sinks/
+lake_kafka.py). An ingest adapter restarted without its checkpoint sends the same records
+again at new offsets: for the tables it fills (xid, capacity) and the small ones (actions,
+alerts), `raw_<table>` keeps one row per `TableSpec.key` (the id, else the whole row), so every
+query counts such a record once. See README.md, "Lake".
 
 A file that cannot be read (pipeline/sinks/lake_check.py) is left out of the views and named in
 a warning (`Lake.skipped`); queries answer over the rest. If a query fails on damage the cheap
@@ -208,7 +216,8 @@ class Lake:
         """The names a query can read: the lake's tables and the reference tables."""
         rows = self.con.execute(
             "SELECT table_name FROM information_schema.tables "
-            "WHERE NOT starts_with(table_name, 'raw_') ORDER BY table_name"
+            "WHERE NOT starts_with(table_name, 'raw_') AND NOT starts_with(table_name, 'stored_') "
+            "ORDER BY table_name"
         ).fetchall()
         return [str(row[0]) for row in rows]
 
@@ -278,7 +287,8 @@ class Lake:
         for attempt in range(_RETRIES):
             try:
                 for spec in TABLES.values():
-                    self._raw_relation(spec).create_view(f"raw_{spec.name}", replace=True)
+                    self._raw_relation(spec).create_view(f"stored_{spec.name}", replace=True)
+                    self.con.execute(_once_sql(spec))
                 for spec in TABLES.values():
                     self.con.execute(_view_sql(spec.name))
                 return
@@ -360,6 +370,19 @@ def _projection(spec: TableSpec, found: set[str]) -> str:
 def _first_line(error: BaseException | str) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def _once_sql(spec: TableSpec) -> str:
+    """`raw_<table>`: the stored rows; for a table kept once in the views, one per key (any
+    of the copies: they are the same record), or distinct whole rows for one without a key."""
+    name = spec.name
+    if not spec.once_in_views:
+        return f"CREATE OR REPLACE VIEW raw_{name} AS SELECT * FROM stored_{name}"
+    if not spec.key:
+        return f"CREATE OR REPLACE VIEW raw_{name} AS SELECT DISTINCT * FROM stored_{name}"
+    key = ", ".join(f'"{column}"' for column in spec.key)
+    return (f"CREATE OR REPLACE VIEW raw_{name} AS SELECT * FROM stored_{name} "
+            f"QUALIFY row_number() OVER (PARTITION BY {key}) = 1")
 
 
 def _view_sql(name: str) -> str:

@@ -8,11 +8,16 @@ constrained here, once, because they later become file paths, metric labels and 
 
 from __future__ import annotations
 
+import base64
 import math
-from typing import Annotated, Literal
+import re
+from collections.abc import Callable
+from typing import Annotated, Literal, Protocol
 
 import msgspec
 from msgspec import Meta
+
+from pipeline.redact import redact
 
 # 2001-09-09 .. 2286-11-20 in ms: catches seconds-instead-of-milliseconds at the door.
 TimestampMs = Annotated[int, Meta(ge=1_000_000_000_000, le=9_999_999_999_999)]
@@ -28,13 +33,38 @@ NonNegInt = Annotated[int, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0.0, le=100.0)]
 
 TargetKind = Literal["node", "slice"]
-EntityKind = Literal["gpu", "tpu_chip", "ici_link", "node", "slice"]
+# What an action can apply to: a node or slice, or a network element (a leaf switch, a rail,
+# a TPU OCS: "switch"; one cable or optic between a NIC port and its switch: "link"), which the
+# network team's actuator repairs; no node is taken out of service for it.
+ActionTargetKind = Literal["node", "slice", "switch", "link"]
+EntityKind = Literal[
+    "gpu", "tpu_chip", "ici_link", "node", "slice", "nic", "fabric_port", "switch", "link"
+]
 Severity = Literal["info", "warning", "critical"]
 ActionKind = Literal[
-    "cordon", "uncordon", "drain", "reset_gpu", "reboot", "repair", "replace", "repair_slice"
+    "cordon",
+    "uncordon",
+    "drain",
+    "reset_gpu",
+    "reboot",
+    "repair",
+    "replace",
+    "repair_slice",
+    "repair_link",
+    "repair_switch",
 ]
 RecommendedAction = Literal[
-    "none", "watch", "cordon", "drain", "reset_gpu", "reboot", "repair", "replace", "repair_slice"
+    "none",
+    "watch",
+    "cordon",
+    "drain",
+    "reset_gpu",
+    "reboot",
+    "repair",
+    "replace",
+    "repair_slice",
+    "repair_link",
+    "repair_switch",
 ]
 HealthStateName = Literal[
     "healthy", "suspect", "degraded", "cordoned", "draining", "repairing", "probation"
@@ -56,14 +86,63 @@ JobName = Annotated[
 ]
 
 
-def _check_finite(where: str, metrics: dict[str, float]) -> None:
+def _check_finite(where: Callable[[], str], metrics: dict[str, float]) -> None:
     # Fast path for the hot decode loop: a sum of finite values is finite (or overflows to
-    # inf, which only sends us down the slow path); NaN and inf always propagate.
+    # inf, which only sends us down the slow path); NaN and inf always propagate. `where`
+    # names the reading, built only for the error (an f-string per reading costs).
     if math.isfinite(sum(metrics.values())):
         return
     for name, value in metrics.items():
         if not math.isfinite(value):
-            raise ValueError(f"{where}.metrics.{name}: expected a finite number, got {value!r}")
+            raise ValueError(f"{where()}.metrics.{name}: expected a finite number, got {value!r}")
+
+
+class MetricNames:
+    """The pattern every metric name of a reading must match, checked once per distinct name.
+
+    msgspec would run the regex on every key of every reading as it decodes (36 fields x 8
+    GPUs per scrape: most of the decoder's time); the names are a small fixed vocabulary, so
+    the names already seen to match are remembered (at most `MAX_KNOWN`, so hostile input
+    cannot grow the set without bound) and a reading whose names are all known costs one
+    set operation. The JSON Schema still states the pattern (`schema`)."""
+
+    MAX_KNOWN = 4096
+
+    def __init__(self, pattern: str, what: str) -> None:
+        self.pattern = pattern
+        self.what = what
+        self._regex = re.compile(pattern)
+        self._known: set[str] = set()
+
+    def schema(self) -> dict[str, object]:
+        return {"propertyNames": {"pattern": self.pattern}}
+
+    def validate(self, where: Callable[[], str], metrics: dict[str, float]) -> None:
+        """Names and values of one reading; the decoder's hot path (known names, finite values)
+        is one set operation and one sum."""
+        if self._known.issuperset(metrics) and math.isfinite(sum(metrics.values())):
+            return
+        self.check(where, metrics)
+        _check_finite(where, metrics)
+
+    def check(self, where: Callable[[], str], metrics: dict[str, float]) -> None:
+        if self._known.issuperset(metrics):
+            return
+        for name in metrics:
+            if name in self._known:
+                continue
+            if self._regex.search(name) is None:  # search, as msgspec's `pattern` does
+                raise ValueError(
+                    f"{where()}.metrics: expected {self.what} matching {self.pattern!r}, "
+                    f"got {name!r}"
+                )
+            if len(self._known) < self.MAX_KNOWN:
+                self._known.add(name)
+
+
+DCGM_NAMES = MetricNames(r"^DCGM_[A-Z0-9_]+$", "a dcgm-exporter field name")
+LIBTPU_NAMES = MetricNames(r"^[a-z0-9_]+$", "a libtpu metric name")
+FABRIC_NAMES = MetricNames(r"^node_(infiniband|network)_[a-z0-9_]+$", "a node_exporter metric name")
 
 
 class Event(msgspec.Struct, kw_only=True, frozen=True):
@@ -99,8 +178,11 @@ class GpuReading(Event, frozen=True, kw_only=True):
     job: JobName = None
     # dcgm-exporter metric names, raw values; counters stay raw (rates are derived in detect).
     metrics: Annotated[
-        dict[Annotated[str, Meta(pattern=r"^DCGM_[A-Z0-9_]+$")], float],
-        Meta(description="dcgm-exporter field name -> raw value; counters are not rates."),
+        dict[str, float],  # names checked in __post_init__ (MetricNames: why)
+        Meta(
+            description="dcgm-exporter field name -> raw value; counters are not rates.",
+            extra_json_schema=DCGM_NAMES.schema(),
+        ),
     ]
     mig_instance: Annotated[
         Annotated[int, Meta(ge=0, le=63)] | None,
@@ -112,7 +194,10 @@ class GpuReading(Event, frozen=True, kw_only=True):
     ] = None
 
     def __post_init__(self) -> None:
-        _check_finite(f"gpu {self.device}", self.metrics)
+        DCGM_NAMES.validate(self._where, self.metrics)
+
+    def _where(self) -> str:
+        return f"gpu {self.device}"
 
     @property
     def device(self) -> str:
@@ -150,12 +235,18 @@ class TpuChipReading(Event, frozen=True, kw_only=True):
     job: JobName = None
     # duty_cycle_pct, tensorcore_util, hbm_used_bytes, hbm_total_bytes, ...
     metrics: Annotated[
-        dict[Annotated[str, Meta(pattern=r"^[a-z0-9_]+$")], float],
-        Meta(description="libtpu metric name (duty_cycle_pct, hbm_used_bytes, ...) -> value."),
+        dict[str, float],  # names checked in __post_init__ (MetricNames: why)
+        Meta(
+            description="libtpu metric name (duty_cycle_pct, hbm_used_bytes, ...) -> value.",
+            extra_json_schema=LIBTPU_NAMES.schema(),
+        ),
     ]
 
     def __post_init__(self) -> None:
-        _check_finite(f"chip {self.chip_id}", self.metrics)
+        LIBTPU_NAMES.validate(self._where, self.metrics)
+
+    def _where(self) -> str:
+        return f"chip {self.chip_id}"
 
 
 class TpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="tpu_sample/1"):
@@ -211,6 +302,69 @@ class IciSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="ici_s
     links: Annotated[list[IciLink], Meta(description="One entry per ICI link of the host.")]
 
 
+class FabricPort(Event, frozen=True, kw_only=True):
+    """One network port of a GPU node as node_exporter publishes it: an InfiniBand port
+    (infiniband collector, `device` = HCA, `port` = port number) with its IPoIB or RoCE netdev
+    (netdev collector), or an Ethernet NIC (netdev only, `port` 1)."""
+
+    device: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=64,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+            description='HCA or NIC name, e.g. "mlx5_0" (node_exporter\'s `device` label).',
+        ),
+    ]
+    port: Annotated[
+        int, Meta(ge=0, le=255, description="Port number on the HCA (IB ports count from 1).")
+    ]
+    netdev: Annotated[
+        Annotated[str, Meta(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")] | None,
+        Meta(description='Network interface of the port (e.g. "ib0"), when known.'),
+    ] = None
+    link_layer: Annotated[
+        Literal["infiniband", "ethernet"],
+        Meta(description="InfiniBand, or Ethernet (RoCE or plain)."),
+    ] = "infiniband"
+    metrics: Annotated[
+        dict[str, float],  # names checked in __post_init__ (MetricNames: why)
+        Meta(
+            description="node_exporter metric name -> raw value, e.g. node_infiniband_state_id "
+            "(4 = ACTIVE), node_infiniband_physical_state_id (5 = LinkUp), "
+            "node_infiniband_link_downed_total, node_network_up, "
+            "node_network_carrier_changes_total; counters are not rates.",
+            extra_json_schema=FABRIC_NAMES.schema(),
+        ),
+    ]
+
+    def __post_init__(self) -> None:
+        FABRIC_NAMES.validate(self._where, self.metrics)
+
+    def _where(self) -> str:
+        return f"port {self.key}"
+
+    @property
+    def key(self) -> str:
+        """The port's name within its node: "mlx5_0:1"."""
+        return f"{self.device}:{self.port}"
+
+
+class FabricSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="fabric_sample/1"):
+    """One GPU node's network ports as node_exporter reports them (fleet.telemetry.fabric,
+    key = node): InfiniBand port state and counters, netdev carrier and error counters."""
+
+    ts: EventTs
+    cluster: Cluster
+    node: NodeName
+    pool: Pool
+    zone: Zone
+    ports: Annotated[
+        list[FabricPort],
+        Meta(description="One entry per network port of the node (a missing NIC is absent)."),
+    ]
+
+
 class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_event/1"):
     """One NVRM Xid kernel-log line (fleet.events.xid, key = node)."""
 
@@ -244,11 +398,39 @@ class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_ev
     ]
 
 
-class NodeEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_event/1"):
+NodeEventKind = Literal[
+    "cordoned",
+    "uncordoned",
+    "drained",
+    "deleted",
+    "repaired",
+    "created",
+    "held",
+    "blocked",
+    "skipped",
+    "repair_requested",
+    "ready",
+    "not_ready",
+]
+NODE_EVENT_KINDS_DOC = (
+    "What happened to the target. cordoned, uncordoned, drained, deleted, repaired, created: "
+    "the change was made. held: a person holds the target (cordoned it, or annotated it as "
+    "held, or put it in maintenance); an actuator did not act on it. blocked: a drain was "
+    "refused (a PodDisruptionBudget) until the drain timeout; the target stays cordoned. "
+    "skipped: an action was not carried out (stale, not supported, target gone; `reason` says "
+    "why). repair_requested: a repair was handed to a repair controller (a label on the node); "
+    "`repaired` or `created` follows when it is done. ready, not_ready: the node's Ready "
+    "condition changed."
+)
+
+
+class NodeEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_event/2"):
     """Someone else changed a node or slice (fleet.events.node): the health machine respects it.
 
     `action_id` is set when an actuator reports carrying out one of our own actions; without it
-    the change is a human or cloud override.
+    the change is a human or cloud override. v2 adds the kinds an actuator reports when it did
+    not do what was asked (held, blocked, skipped), repair_requested, and a watcher's
+    ready / not_ready.
     """
 
     ts: EventTs
@@ -257,10 +439,7 @@ class NodeEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_
     target: Annotated[Name, Meta(description="The node or slice that changed.")]
     pool: Pool
     zone: Zone
-    kind: Annotated[
-        Literal["cordoned", "uncordoned", "drained", "deleted", "repaired", "created"],
-        Meta(description="What happened to the target."),
-    ]
+    kind: Annotated[NodeEventKind, Meta(description=NODE_EVENT_KINDS_DOC)]
     actor: Annotated[
         ShortText, Meta(description="Who did it: an actuator's name, a person, the cloud.")
     ]
@@ -399,15 +578,28 @@ class CapacityEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="c
 
 
 class Target(Event, frozen=True, kw_only=True):
-    """What an action applies to: a node, or a whole TPU slice (repaired as one unit)."""
+    """What an action applies to: a node, a whole TPU slice (repaired as one unit), or a network
+    element (switch, link) that the network team repairs."""
 
     cluster: Cluster
     kind: Annotated[
-        TargetKind, Meta(description="node: one host; slice: a whole TPU slice, as one unit.")
+        ActionTargetKind,
+        Meta(
+            description="node: one host; slice: a whole TPU slice, as one unit; switch: a "
+            "network leaf switch, rail or OCS; link: one cable/optic between a NIC port and its "
+            "switch (named <node>:<port>)."
+        ),
     ]
-    name: Annotated[Name, Meta(description="Node or slice name.")]
+    name: Annotated[Name, Meta(description="Node, slice, switch or link name.")]
     pool: Pool
     zone: Zone
+
+
+def host_kind(target: Target) -> TargetKind:
+    """A node or slice target's kind as the input events name it (NodeEvent, CapacityEvent)."""
+    if target.kind not in ("node", "slice"):
+        raise ValueError(f"target kind: expected node or slice, got {target.kind!r}")
+    return "slice" if target.kind == "slice" else "node"
 
 
 class Entity(Event, frozen=True, kw_only=True):
@@ -431,11 +623,13 @@ class Evidence(Event, frozen=True, kw_only=True):
     window_s: Annotated[NonNegInt, Meta(description="Window the value covers, seconds.")]
 
 
-class Finding(Event, frozen=True, kw_only=True, tag_field="schema", tag="finding/1"):
+class Finding(Event, frozen=True, kw_only=True, tag_field="schema", tag="finding/2"):
     """A verdict on an entity, HealthEvent-style (fleet.findings, key = node/slice).
 
     `healthy=True` findings clear a check; a `check="heartbeat"` finding says the target
     reported and nothing is wrong, which gives the health machine its event-time clock.
+    v2: the target may be a network element (switch, link) and the entity a NIC, fabric port,
+    switch or link; `repair_link` / `repair_switch` recommendations.
     """
 
     finding_id: Annotated[Id, Meta(description="Deterministic id (dedupe key).")]
@@ -460,14 +654,15 @@ class Reason(Event, frozen=True, kw_only=True):
     summary: Annotated[Text, Meta(description="Human-readable summary.")]
 
 
-class Proposal(Event, frozen=True, kw_only=True, tag_field="schema", tag="proposal/2"):
+class Proposal(Event, frozen=True, kw_only=True, tag_field="schema", tag="proposal/3"):
     """What the health machine wants done to a target (fleet.proposals, key = pool).
 
-    v2 adds `device` (the GPU(s) a reset_gpu is for), carried on to the action."""
+    v2 adds `device` (the GPU(s) a reset_gpu is for), carried on to the action. v3: the target
+    kind may be switch or link (see Target)."""
 
     proposal_id: Annotated[Id, Meta(description="Deterministic id (dedupe key).")]
     ts: EventTs
-    kind: Annotated[ActionKind, Meta(description="The action wanted (see action/2).")]
+    kind: Annotated[ActionKind, Meta(description="The action wanted (see action/3).")]
     target: Annotated[Target, Meta(description="The node or slice.")]
     reason: Annotated[Reason, Meta(description="Why.")]
     fatal: Annotated[bool, Meta(description="A fatal condition is among the reasons.")]
@@ -485,17 +680,21 @@ ACTION_KINDS_DOC = (
     "named in `device` (nvidia-smi -r -i <device>) on a drained node. reboot: reboot the host. "
     "repair: the provider's repair of the host (e.g. GKE repair, report host faulty). "
     "replace: delete the node so its pool brings up a new one. repair_slice: repair or "
-    "recreate the whole TPU slice as one unit."
+    "recreate the whole TPU slice as one unit. repair_link: (target kind link) replace the "
+    "cable or optic of one NIC port, for the network team; the node stays in service. "
+    "repair_switch: (target kind switch) repair the leaf switch, rail or OCS named; no node is "
+    "cordoned for it."
 )
 
 
-class Action(Event, frozen=True, kw_only=True, tag_field="schema", tag="action/2"):
+class Action(Event, frozen=True, kw_only=True, tag_field="schema", tag="action/3"):
     """The public contract for actuators (fleet.actions, key = cluster/target).
 
     An actuator carries out each action at most once (dedupe by `action_id`), not after
     `expires_at`, only pretends when `dry_run`, and echoes the outcome on fleet.events.node
     with the same `action_id` (docs/actuators.md). v2 adds `device`, the GPU(s) a reset_gpu
-    is for."""
+    is for. v3: network elements (target kind switch or link; repair_switch, repair_link),
+    decided by fabric localisation, not by a node's health machine."""
 
     action_id: Annotated[
         Id,
@@ -532,8 +731,10 @@ class Action(Event, frozen=True, kw_only=True, tag_field="schema", tag="action/2
     ] = None
 
 
-class NodeState(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_state/1"):
-    """Current health state of a node or slice (fleet.node-state, compacted, key = target)."""
+class NodeState(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_state/2"):
+    """Current health state of a node or slice (fleet.node-state, compacted, key = target).
+
+    v2: the Target type allows network elements (only nodes and slices have a health state)."""
 
     ts: EventTs
     target: Annotated[Target, Meta(description="The node or slice.")]
@@ -635,11 +836,81 @@ class DeadLetter(Event, frozen=True, kw_only=True, tag_field="schema", tag="dead
         str, Meta(max_length=64, description="Machine-readable reason (see the description).")
     ] = ""
 
+    @classmethod
+    def from_record(
+        cls, record: RecordLike, *, reason: str, error: str, ts_ms: int | None = None
+    ) -> DeadLetter:
+        """The one way to build a dead letter, for every consumer (the Kafka edge, the faust
+        agents, ingest, the embedded runtime): the record's coordinates and raw bytes, the
+        error a person reads and the short `reason` a dashboard counts.
+
+        `ts_ms` defaults to the record's broker timestamp (milliseconds, as kafka-python gives
+        it), so a replay of the same bad record gives the same letter; one below the schema's
+        range (a record without a timestamp) becomes the smallest it allows. Fields are cut to
+        what the schema (and the broker) allows, so building and sending one never fails for
+        its size, and the error is redacted: no credential quoted in an error reaches fleet.dlq.
+        """
+        error = redact(error)  # an error may quote a URL with its credentials, or a token
+        key = record.key
+        text = key.decode("utf-8", errors="replace") if isinstance(key, bytes) else key
+        raw = record.value or b""
+        if len(raw) > DEAD_LETTER_MAX_RAW:
+            error = f"[raw_b64 keeps the first {DEAD_LETTER_MAX_RAW} of {len(raw)} bytes] {error}"
+            raw = raw[:DEAD_LETTER_MAX_RAW]
+        ts = int(getattr(record, "timestamp", 0) or 0) if ts_ms is None else ts_ms
+        return cls(
+            ts=max(_MIN_TS, ts),
+            topic=record.topic[:_MAX_SHORT],
+            partition=record.partition,
+            offset=record.offset,
+            key=None if text is None else text[:_MAX_SHORT],
+            error=error[:_MAX_TEXT],
+            raw_b64=base64.b64encode(raw).decode("ascii"),
+            reason=reason[:64],
+        )
+
+
+class RecordLike(Protocol):
+    """What a dead letter reads of a record: a kafka-python ConsumerRecord, a faust Message,
+    or a RawRecord for input that never reached a topic."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | str | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+
+
+class RawRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Coordinates for input that never was a Kafka record (an ingest line, a recording):
+    a made-up topic such as "source.xid", partition and offset -1 when there are none."""
+
+    topic: str
+    partition: int = -1
+    offset: int = -1
+    key: bytes | str | None = None
+    value: bytes | None = None
+    timestamp: int = 0
+
+
+_MIN_TS = 1_000_000_000_000  # the smallest TimestampMs
+_MAX_SHORT = 256  # ShortText
+_MAX_TEXT = 4096  # Text
+# Raw bytes a dead letter keeps, at most: base64 makes them a third larger, and the letter must
+# still fit the broker's message.max.bytes (1 MiB by default) — a too_large record would not.
+DEAD_LETTER_MAX_RAW = 512 * 1024
+
 
 INPUT_TYPES: tuple[type[Event], ...] = (
     GpuSample,
     TpuSample,
     IciSample,
+    FabricSample,
     XidEvent,
     NodeEvent,
     CapacityEvent,
@@ -650,6 +921,7 @@ TOPIC_VALUES: dict[str, type[Event]] = {
     "gpu_sample": GpuSample,
     "tpu_sample": TpuSample,
     "ici_sample": IciSample,
+    "fabric_sample": FabricSample,
     "xid_event": XidEvent,
     "node_event": NodeEvent,
     "capacity_event": CapacityEvent,

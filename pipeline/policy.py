@@ -12,7 +12,7 @@ Gates, in order:
 - drop: a person holds the target (never fight a person); a node state newer than the
   proposal says another episode (a replay); the target is out for scheduled maintenance;
 - wait: an action of ours on the target is still open (not yet reported back by the health
-  machine, nor expired): at most one open action per target;
+  machine, nor report_ttl_s old): at most one open action per target;
 - drain and repairs need our cordon (NodeState.cordoned_by_us), else wait; an uncordon of
   anything we did not cordon, or that a person also holds, is dropped;
 - blast radius (cordons only: drains and repairs act on a target already out): targets out of
@@ -35,9 +35,14 @@ check): the action is published with dry_run=True and the id stable_id("act", pr
 with it; a dry-run cordon counts against the budget for as long as its episode lasts, so dry
 run shows what the real run would do, throttling included.
 
+Time: the pool's clock is the newest proposal or node state (the health machine's event
+time, republished at least every 5 minutes per reporting target); capacity events do not move
+it, so a backlog in which they arrive far ahead of the health machine decides as live did.
+
 Scheduled maintenance: cordon, then drain, maintenance_lead_s before the window; release after
-MAINTENANCE_DONE or maintenance_release_s after the window. These pass every gate and do not
-count against the failure budget, but do count as out of service in what the alerts report.
+MAINTENANCE_DONE or maintenance_release_s after the window (once the pool's clock is there).
+These pass every gate and do not count against the failure budget, but do count as out of
+service in what the alerts report.
 A target already out of service is left alone, and not released afterwards.
 
 Alerts: one per pool and cause (budget, capacity, throttle) fires while proposals are withheld
@@ -97,6 +102,11 @@ WITHHELD_ALERT: dict[str, alerts.PoolAlert | None] = {
     "inventory_mismatch": None,
 }
 _ACT, _DROP = "act", "drop"
+# A proposal acted on at once (or once the node state showed our cordon) is dated by it: when
+# its action comes back late to the health machine (a backlog) that is where it goes, not at the
+# pool's clock, which runs ahead. One held for the pool (budget, capacity, throttles, our open
+# action that was never reported) goes when the pool's clock lets it.
+_OWN_WAITS = frozenset({"", "awaiting_cordon"})
 ALERT_REFRESH_MS = 300_000
 
 
@@ -163,24 +173,22 @@ class PolicyState(msgspec.Struct, kw_only=True):
     cordons: list[int] = []  # when cordons went out (slow start)
     disruptive: list[int] = []  # when cordons and repairs went out (rate limit)
     slow_start_until: int = 0
-    quota_until: int = 0
+    quota_until: int = 0  # the latest of quota_holds
+    quota_holds: dict[str, int] = {}  # by quota metric: a zone has several quotas at once
     stockout_until: int = 0
     capacity_note: str = ""
     maintenance: dict[str, Maintenance] = {}  # by target
     alerts: dict[str, Alert] = {}  # firing: "budget" / "capacity" / "throttle" / "cordon:<target>"
+    # by target: our cordon (its alert firing) that no node state has reported yet; kept past
+    # the open action's expiry, as node states published before the health machine saw it
+    # may still come (a backlog brings our actions back late)
+    unreported: dict[str, str] = {}
 
 
 @dataclass
 class _Out:
     actions: list[Action] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
-
-
-_CONTAINERS = tuple(
-    name
-    for name in PolicyState.__struct_fields__
-    if isinstance(getattr(PolicyState(pool=""), name), dict | list)
-)
 
 
 def decide(
@@ -194,7 +202,14 @@ def decide(
     `guard` is the fleet beyond this pool (pipeline/guard.py): inventory membership, zone and
     fleet caps, common causes. Without it the pool decides alone, as it did before."""
     st = _start(state, signal)
-    st.clock = max(st.clock, signal.ts)
+    if not isinstance(signal, CapacityEvent):
+        # The pool's time is the health machine's (proposals and node states). Capacity events
+        # take another path (the zone stage), which runs far ahead of it while a backlog is
+        # worked off: had they moved the clock, open actions would expire and withheld
+        # proposals age before the health machine could answer, and a backlog would decide
+        # differently from live. A capacity event acts by its own ts (holds, maintenance
+        # windows), judged at the pool's time.
+        st.clock = max(st.clock, signal.ts)
     out = _Out()
     if isinstance(signal, Proposal):
         _on_proposal(st, signal, settings)
@@ -218,14 +233,9 @@ def _start(state: PolicyState | None, signal: Proposal | NodeState | CapacityEve
         return PolicyState(pool=pool)
     if pool and state.pool and pool != state.pool:
         raise ValueError(f"signal for pool {pool!r} sent to the policy state of {state.pool!r}")
-    # Copy the containers, not what is in them: the records inside are frozen and replaced
-    # when they change, so the state passed in stays as it was at O(containers) cost.
-    st = msgspec.structs.replace(state)
-    for name in _CONTAINERS:
-        value = getattr(state, name)
-        setattr(st, name, dict(value) if isinstance(value, dict) else list(value))
-    st.pool = st.pool or pool
-    return st
+    # changed in place and returned: the driver keeps the snapshot (runtime/topology.py)
+    state.pool = state.pool or pool
+    return state
 
 
 # --- signals ------------------------------------------------------------------------------
@@ -271,6 +281,9 @@ def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
     pending = st.open.get(key)
     if pending is not None and ns.last_action == f"{pending.kind}:{pending.action_id}":
         del st.open[key]  # the health machine has seen it: no longer open
+        # what it proposed before it saw our action assumed the action was not taken (it came
+        # back late, a backlog): it proposes again, right after this state, what it still wants
+        st.withheld.pop(key, None)
     if key in st.shadow and st.shadow[key] != ns.episode:
         del st.shadow[key]
     held = st.withheld.get(key)
@@ -281,8 +294,11 @@ def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
         # contested by a person, its episode is over, or what it was for has cleared (a
         # removal withheld through an outage must not run once the node reads well again)
         del st.withheld[key]
+    if ns.last_action is not None and ns.last_action == f"cordon:{st.unreported.get(key)}":
+        del st.unreported[key]
     name = f"cordon:{key}"
-    if name in st.alerts and not ns.cordoned_by_us and key not in st.open:
+    released = not ns.cordoned_by_us and key not in st.open and key not in st.unreported
+    if name in st.alerts and released:
         out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
 
 
@@ -301,16 +317,22 @@ def _on_capacity(st: PolicyState, event: CapacityEvent, settings: PolicySettings
     hold = event.ts + settings.capacity_hold_s * _MS
     note = f"{event.kind} in {event.zone}" + (f": {event.message}" if event.message else "")
     if event.kind == "QUOTA_EXCEEDED":
-        st.quota_until, st.capacity_note = max(st.quota_until, hold), note
+        metric = event.quota.metric if event.quota is not None else ""
+        st.quota_holds[metric] = max(st.quota_holds.get(metric, 0), hold)
+        st.capacity_note = note
     elif event.kind == "STOCKOUT":
         st.stockout_until, st.capacity_note = max(st.stockout_until, hold), note
     elif event.kind in ("QUOTA_USAGE", "QUOTA_CHANGED") and event.quota is not None:
         quota = event.quota
         near = quota.limit <= 0 or quota.usage / quota.limit >= settings.quota_near_frac
-        st.quota_until = hold if near else 0
+        # a reading clears only its own quota's hold: another quota may still be exhausted
         if near:
+            st.quota_holds[quota.metric] = hold
             st.capacity_note = f"{note}: {quota.metric} {quota.usage:g} of {quota.limit:g}"
-    elif event.kind.startswith("MAINTENANCE_"):
+        else:
+            st.quota_holds.pop(quota.metric, None)
+    st.quota_until = max(st.quota_holds.values(), default=0)
+    if event.kind.startswith("MAINTENANCE_"):
         _on_maintenance(st, event, settings)
 
 
@@ -500,7 +522,8 @@ def _release_withheld(
         if verdict in (_ACT, _DROP):
             del st.withheld[target_key(proposal.target)]
             if verdict == _ACT:
-                _act(st, proposal, settings, out, maintenance=False)
+                at = proposal.ts if held.reason in _OWN_WAITS else st.clock
+                _act(st, proposal, settings, out, maintenance=False, at=at)
                 counted.clear()
         elif verdict != held.reason:
             st.withheld[target_key(proposal.target)] = msgspec.structs.replace(held, reason=verdict)
@@ -612,19 +635,23 @@ def _act(
     *,
     maintenance: bool,
     dry: bool | None = None,
+    at: int | None = None,
 ) -> None:
+    """Publish the action for `proposal`, dated `at` (default: the pool's clock); the pool's
+    own bookkeeping (open actions, dedupe, throttles) runs on its clock."""
     dry = _is_dry(proposal, settings) if dry is None else dry
     key = target_key(proposal.target)
     action_id = stable_id("act", proposal.proposal_id, *(["dry-run"] if dry else []))
+    ts = st.clock if at is None else min(at, st.clock)
     action = Action(
         action_id=action_id,
-        ts=st.clock,
+        ts=ts,
         kind=proposal.kind,
         target=proposal.target,
         reason=proposal.reason,
         dry_run=dry,
         proposal_id=proposal.proposal_id,
-        expires_at=st.clock + settings.action_ttl_s * _MS,
+        expires_at=ts + settings.action_ttl_s * _MS,
         device=proposal.device,
     )
     out.actions.append(action)
@@ -638,7 +665,7 @@ def _act(
             proposal_id=proposal.proposal_id,
             kind=proposal.kind,
             ts=st.clock,
-            expires_at=action.expires_at or st.clock,
+            expires_at=st.clock + settings.report_ttl_s * _MS,
             maintenance=maintenance,
         )
         _target_alert(st, action, proposal.fatal, maintenance, out, settings)
@@ -679,8 +706,10 @@ def _target_alert(
             generator_base=settings.generator_base,
         )
         st.alerts[name] = alert
+        st.unreported[target_key(action.target)] = action.action_id
         out.alerts.append(alert)
     elif action.kind == "uncordon" and name in st.alerts:
+        st.unreported.pop(target_key(action.target), None)
         out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
 
 

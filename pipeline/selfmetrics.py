@@ -16,7 +16,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlparse
@@ -176,10 +176,25 @@ class StatsCollector:
         )
 
 
-def serve_stats(process: str, stats: Any, settings: MetricsSettings, ready: Ready) -> int:
-    """Serve `stats` on /metrics, with /healthz and /readyz (see serve). Returns the port."""
+class _ExtraStats(StatsCollector):
+    """A second stats object of the same process: no second start_time_seconds."""
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in super().collect():
+            if not metric.name.endswith("_start_time_seconds"):
+                yield metric
+
+
+def serve_stats(
+    process: str, stats: Any, settings: MetricsSettings, ready: Ready, extra: Sequence[Any] = ()
+) -> int:
+    """Serve `stats` on /metrics, with /healthz and /readyz (see serve); `extra` stats objects
+    too (a Kafka edge's counters and its sink's own, say: their field names must differ).
+    Returns the port."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StatsCollector(process, stats))  # type: ignore[arg-type]
+    for more in extra:
+        registry.register(_ExtraStats(process, more))  # type: ignore[arg-type]
     host, bound = serve(process, registry, settings, ready)
     log.info("%s: /metrics, /healthz, /readyz on http://%s:%d", process, host, bound)
     return bound

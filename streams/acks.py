@@ -86,6 +86,10 @@ class Settler:
             self._acks.append(ack)
         self._futures.extend(futures)
 
+    def unsettled(self) -> int:
+        """Batches queued or being settled (for /metrics)."""
+        return sum(not task.done() for task in self._in_flight) + bool(self._acks or self._futures)
+
     def full(self) -> bool:
         """The batch is full: the caller should `settle` before taking more records."""
         return len(self._acks) >= self.batch

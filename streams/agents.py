@@ -1,15 +1,9 @@
-"""The agents: thin loops that decode a record, call the pure stage in pipeline/runtime/route.py,
-store the key's state and queue the outputs. Four stages, each keyed so its inputs meet:
+"""The agents: the faust driver of the stage table in pipeline/runtime/topology.py.
 
-    telemetry  gpu + xid (key node), tpu + ici (key slice)  -> findings (key target),
-               table telemetry                                 utilization (key target)
-    health     findings + events.node + actions (key target) -> proposals, policy-input (key
-               table health                                    pool); node-state (key target);
-                                                               zone-input (key zone)
-    zone       events.capacity + zone-input (key zone)       -> policy-input (key pool)
-               table zones
-    policy     policy-input (key pool)                       -> actions (key target),
-               table policy                                    alerts (key fingerprint)
+One agent per stage, reading the stage's input topics. A record is decoded, its key checked
+(`stage.key`), and the stage's pure `on_item` runs over a `KafkaPart`: the key states of the
+record's partition in the stage's table (context.py keeps them, and the snapshot to roll back
+to), the partition's robust clocks, the settings. Its outputs are queued to their topics.
 
 A record handler is synchronous: it computes everything, writes the state, then queues the
 sends, so nothing else runs between reading a key's state and writing it back. Any record it
@@ -25,289 +19,154 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from pipeline import guard, health, policy
 from pipeline.errors import DecodeError
-from pipeline.model import (
-    CapacityEvent,
-    Event,
-    Inventory,
-    NodeEvent,
-    NodeState,
-    PolicyRelease,
-    Proposal,
-)
-from pipeline.runtime import route
-from pipeline.runtime.topics import record_key, scoped
-from streams import zones
+from pipeline.model import Action, Alert, Event, Finding
+from pipeline.runtime import route, topology
+from pipeline.runtime.align import Aligner
+from pipeline.runtime.clock import RobustClock
+from pipeline.runtime.route import ClockName, Family, Refusal
+from pipeline.runtime.topology import HEALTH_TOPICS as HEALTH_TOPICS
+from pipeline.runtime.topology import INVENTORY as INVENTORY
+from pipeline.runtime.topology import TELEMETRY_TOPICS as TELEMETRY_TOPICS
+from pipeline.runtime.topology import Out
 from streams.acks import Ack
-from streams.align import Aligner
-from streams.clock import Family
-from streams.context import ANNOUNCE_INPUT, POLICY_INPUT, ZONE_INPUT, Context, Futures
-from streams.records import Record, check_key, decode_value, unexpected_error
+from streams.context import Context, Futures
+from streams.records import Record, decode_value, key_text, unexpected_error
 
 log = logging.getLogger("fleetpulse.worker")
-Handler = Callable[[Context, Record, Event], Futures]
-
-# In the order that equal timestamps are processed in (the simulator's and the embedded
-# runtime's: a tick's samples, then the events stamped in it).
-TELEMETRY_TOPICS = ("telemetry.gpu", "telemetry.tpu", "telemetry.ici", "events.xid")
-HEALTH_TOPICS = ("findings", "events.node", "actions")
-# Membership, co-partitioned with telemetry (key cluster/name): kept with the key's state for
-# the door, and passed on to the policy stage's guard. Not event-time aligned: its time is
-# when the inventory was loaded, not when anything happened.
-INVENTORY = "inventory"
-# Inputs put in event-time order (align.py): a node's telemetry; findings and other people's
-# node events. Our own actions come back late whatever we do, and the zone stage's rule does
-# not depend on order, so those are processed as they come.
-ALIGNED = {"telemetry": TELEMETRY_TOPICS, "health": ("findings", "events.node")}
+S = TypeVar("S")
 ALIGN_MAX_HELD = 20_000  # records held for ordering, at most, per agent
 
 
-# --- telemetry ----------------------------------------------------------------------------
+class KafkaPart:
+    """topology.Part over one partition of a stage's table (Context.load/store)."""
+
+    def __init__(self, ctx: Context, table: str, partition: int) -> None:
+        self.ctx = ctx
+        self.table = table
+        self.partition = partition
+        self.wall_ms = int(time.time() * 1000)
+
+    @property
+    def settings(self) -> Any:
+        return self.ctx.settings
+
+    def get(self, key: str, cls: type[S]) -> S | None:
+        return self.ctx.load(self.table, key.encode(), cls)
+
+    def put(self, key: str, state: Any) -> None:
+        self.ctx.store(self.table, self.partition, key.encode(), state)
+
+    def clock(self, family: ClockName) -> RobustClock:
+        return self.ctx.clocks.clock(family, self.partition)
+
+    def observe(self, family: ClockName, key: str, ts: int) -> list[int]:
+        return self.ctx.clocks.observe(family, self.partition, key, ts, time.monotonic())
+
+    def keys(self, family: Family | None) -> list[str]:
+        keys = []
+        for raw_key, known in self.ctx.clocks.keys_of(self.partition):
+            if known is None:  # recovered from the changelog: its state says what it is
+                state = self.ctx.load(self.table, raw_key, route.TelemetryState)
+                if state is None:
+                    continue
+                known = topology.family_of(state)
+                self.ctx.clocks.add_key(self.partition, raw_key, known)
+            if family is None or known == family:
+                keys.append(raw_key.decode())
+        return keys
+
+    def note_key(self, key: str, family: Family) -> None:
+        self.ctx.clocks.add_key(self.partition, key.encode(), family)
+
+    def count(self, what: str) -> None:
+        if what == "unknown_target":
+            self.ctx.metrics.unknown_targets.inc()
+
+    def failed(self, key: str, now_ms: int, exc: Exception) -> None:
+        log.error("staleness check of %r at %d failed", key, now_ms, exc_info=exc)
+        self.ctx.metrics.errors.labels(f"{self.table}-tick").inc()
+        self.ctx.drop_cache()  # back to the key's last good state
 
 
-def handle_telemetry(ctx: Context, record: Record, event: Event) -> Futures:
-    if isinstance(event, NodeEvent | CapacityEvent):
-        return handle_announcement(ctx, record, event)
-    if isinstance(event, Inventory):
-        return handle_inventory(ctx, record, event)
-    assert isinstance(event, route.Telemetry)  # the topic's value type guarantees it
-    key = route.telemetry_key(event)
-    check_key(record, key, "cluster/slice" if hasattr(event, "slice") else "cluster/node")
-    family = route.FAMILY_OF[type(event)]
-    raw_key = key.encode()
-    state = ctx.load("telemetry", raw_key, route.TelemetryState)
-    wall_ms = int(time.time() * 1000)
-    clock = ctx.clocks.clock(family, record.partition)
-    state, admitted, refusal, skew = route.door(state, event, clock, ctx.settings, wall_ms)
-    futures = ctx.store("telemetry", record.partition, raw_key, state)
-    futures += [ctx.send_finding(finding) for finding in skew]
-    if refusal is not None or admitted is None:
-        reason = refusal.reason if refusal is not None else "refused"
-        message = refusal.message if refusal is not None else "refused at the door"
-        return [*futures, ctx.send_dead_letter(record, message, reason)]
-    if ctx.settings.inventory.enforce and state.inventory is None:
-        ctx.metrics.unknown_targets.inc()  # processed, never removed (pipeline/guard.py)
-    if isinstance(admitted, route.CLOCK_MOVERS):
-        wall = time.monotonic()
-        boundaries = ctx.clocks.observe(family, record.partition, key, admitted.ts, wall)
-        futures += tick(ctx, family, record.partition, boundaries)
-        state = ctx.load("telemetry", raw_key, route.TelemetryState)  # the tick may change it
-    state, findings, rows = route.on_telemetry(state, admitted, ctx.settings)
-    futures += ctx.store("telemetry", record.partition, raw_key, state)
-    ctx.clocks.add_key(record.partition, raw_key, family)
-    futures += [ctx.send_finding(finding) for finding in findings]
-    futures += [
-        ctx.send("utilization", scoped(row.cluster, row.slice or row.node), row) for row in rows
-    ]
+def send_all(ctx: Context, outs: list[Out], record: Record | None) -> Futures:
+    """Queue a stage's outputs; a refusal is a dead letter of the record it came from."""
+    futures: Futures = []
+    for out in outs:
+        event = out.event
+        if isinstance(event, Refusal):
+            assert record is not None  # only a record can be refused
+            futures.append(ctx.send_dead_letter(record, event.message, event.reason))
+        elif isinstance(event, Finding):
+            futures.append(ctx.send_finding(event))
+        elif isinstance(event, Action):
+            futures.append(ctx.send_action(event))
+        elif isinstance(event, Alert) and out.topic == "alerts":
+            futures.append(ctx.send_alert(event))
+        else:
+            futures.append(ctx.send(out.topic, out.key, event))
     return futures
-
-
-def handle_inventory(ctx: Context, record: Record, event: Inventory | None) -> Futures:
-    """What the fleet's owner says a target is (None: a tombstone, it left): kept for the door,
-    and passed to the policy stage, whose guard counts members for the budgets."""
-    if record.key is None:
-        raise DecodeError(field="key", expected="cluster/name", got="no key")
-    if event is not None:
-        check_key(record, record_key(event), "cluster/name")
-    raw_key = record.key
-    state = route.on_inventory(ctx.load("telemetry", raw_key, route.TelemetryState), event)
-    futures = ctx.store("telemetry", record.partition, raw_key, state)
-    if event is not None:
-        futures.append(ctx.send(POLICY_INPUT, route.GUARD_KEY, event))
-    return futures
-
-
-def handle_announcement(ctx: Context, record: Record, event: NodeEvent | CapacityEvent) -> Futures:
-    """A node or slice goes away on purpose: tell its detectors (only if we know it)."""
-    key = route.announcement_key(event)
-    if key is None:
-        raise DecodeError(field="$.target", expected="the node or slice announced", got="null")
-    check_key(record, key, "target")
-    raw_key = key.encode()
-    state = ctx.load("telemetry", raw_key, route.TelemetryState)
-    if state is None:
-        return []
-    return ctx.store("telemetry", record.partition, raw_key, route.on_announcement(state, event))
 
 
 def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) -> Futures:
-    """The `family` clock of `partition` crossed `boundaries`: check its keys for staleness."""
-    futures: Futures = []
-    for now_ms in boundaries:
-        for raw_key, known in ctx.clocks.keys_of(partition):
-            if known not in (None, family):
-                continue
-            state = ctx.load("telemetry", raw_key, route.TelemetryState)
-            if state is None:
-                continue
-            if known is None:  # recovered from the changelog: its state says what it is
-                known = _family_of(state)
-                ctx.clocks.add_key(partition, raw_key, known)
-                if known != family:
-                    continue
-            try:
-                resumed = ctx.clocks.clock(family, partition).resumed
-                state, findings = route.on_time(state, now_ms, ctx.settings, resumed)
-            except Exception:  # no record is to blame: log it, count it, keep the old state
-                log.exception("staleness check of %r at %d failed", raw_key, now_ms)
-                ctx.metrics.errors.labels("telemetry-tick").inc()
-                ctx.drop_cache()
-                continue
-            state, rows = route.close_silent_windows(state, now_ms, ctx.settings)
-            futures += ctx.store("telemetry", partition, raw_key, state)
-            futures += [ctx.send_finding(finding) for finding in findings]
-            futures += [
-                ctx.send("utilization", scoped(row.cluster, row.slice or row.node), row)
-                for row in rows
-            ]
-    return futures
+    """The `family` clock of a quiet `partition` crossed `boundaries` (app.py's lag timer)."""
+    part = KafkaPart(ctx, "telemetry", partition)
+    return send_all(ctx, topology.tick(part, family, boundaries), None)
 
 
-def _family_of(state: route.TelemetryState) -> Family | None:
-    if state.gpu is not None or state.xid is not None:
-        return "gpu"
-    if state.tpu is not None or state.ici is not None:
-        return "tpu"
-    return None
-
-
-# --- health -------------------------------------------------------------------------------
-
-
-def handle_health(ctx: Context, record: Record, signal: Event) -> Futures:
-    assert isinstance(signal, route.HealthSignal)
-    key = route.health_key(signal)
-    check_key(record, key, "target name")
-    raw_key = key.encode()
-    state = ctx.load("health", raw_key, health.HealthState)
-    state, proposals, node_state = route.on_health(state, signal, ctx.settings)
-    futures = ctx.store("health", record.partition, raw_key, state)
-    if isinstance(signal, NodeEvent):
-        futures.append(ctx.send(ANNOUNCE_INPUT, route.health_key(signal), signal))
-    for proposal in proposals:
-        pool = route.policy_key(proposal)
-        futures.append(ctx.send("proposals", pool, proposal))
-        # the policy reads proposals and node states from one topic, so it sees a target's
-        # proposal and state changes in the order the health machine made them
-        futures.append(ctx.send(POLICY_INPUT, pool, proposal))
-    if node_state is not None:
-        target = node_state.target
-        futures.append(ctx.send("node-state", route.target_name(target), node_state))
-        futures.append(ctx.send(POLICY_INPUT, route.pool_key(target), node_state))
-        futures.append(ctx.send(ZONE_INPUT, target.zone, node_state))
-    return futures
-
-
-# --- zone: capacity fan-out ---------------------------------------------------------------
-
-
-def handle_zone(ctx: Context, record: Record, event: Event) -> Futures:
-    if isinstance(event, NodeState):
-        node_state = event
-        zone = node_state.target.zone
-        check_key(record, zone, "zone")
-        before = ctx.load("zones", zone.encode(), zones.ZoneState)
-        state, owed = zones.on_node_state(before, node_state)
-        if state is before:  # nothing learnt: no changelog write
-            return []
-        futures = ctx.store("zones", record.partition, zone.encode(), state)
-        pool = route.pool_key(node_state.target)
-        return futures + [ctx.send(POLICY_INPUT, pool, event) for event in owed]
-    assert isinstance(event, CapacityEvent)
-    check_key(record, event.zone, "zone")
-    before = ctx.load("zones", event.zone.encode(), zones.ZoneState)
-    memory = ctx.settings.worker.capacity_memory
-    state, pools = zones.on_capacity(before, event, memory)
-    futures = ctx.store("zones", record.partition, event.zone.encode(), state)
-    announced = route.announcement_key(event)
-    if announced is not None:
-        futures.append(ctx.send(ANNOUNCE_INPUT, announced, event))
-    return futures + [ctx.send(POLICY_INPUT, pool, event) for pool in pools]
-
-
-# --- policy -------------------------------------------------------------------------------
-
-
-def handle_policy(ctx: Context, record: Record, signal: Event) -> Futures:
-    """One partition for the whole fleet: every removal passes the guard in one order."""
-    if not isinstance(signal, Proposal | NodeState | CapacityEvent | Inventory | PolicyRelease):
-        raise DecodeError(
-            field="$.schema",
-            expected="'proposal/2', 'node_state/1', 'capacity_event/1', 'inventory/1' or "
-            "'policy_release/1'",
-            got=repr(type(signal).__struct_config__.tag),
-        )
-    if isinstance(signal, CapacityEvent):
-        # fanned out by the zone stage: the key is the pool it was sent to
-        if record.key is None:
-            raise DecodeError(field="key", expected="the pool", got="no key")
-        pool = record.key.decode()
-    elif isinstance(signal, Inventory | PolicyRelease):
-        pool = route.GUARD_KEY
-    else:
-        pool = route.policy_key(signal)
-        check_key(record, pool, "pool")
-    raw_key, guard_key = pool.encode(), route.GUARD_KEY.encode()
-    state = ctx.load("policy", raw_key, policy.PolicyState) if pool != route.GUARD_KEY else None
-    fleet = ctx.load("policy", guard_key, guard.GuardState)
-    state, fleet, actions, alerts = route.on_policy(state, fleet, signal, ctx.settings, pool)
-    futures = ctx.store("policy", record.partition, guard_key, fleet)
-    if state is not None:
-        futures += ctx.store("policy", record.partition, raw_key, state)
-    futures += [ctx.send_action(action) for action in actions]
-    futures += [ctx.send_alert(alert) for alert in alerts]
-    return futures
+def handle(ctx: Context, stage: topology.Stage, record: Record, event: Event | None) -> Futures:
+    key = stage.key(event, key_text(record))
+    part = KafkaPart(ctx, stage.table, record.partition)
+    return send_all(ctx, stage.on_item(part, event, key), record)
 
 
 # --- the loop -----------------------------------------------------------------------------
 
 
-def handle_record(ctx: Context, agent: str, handler: Handler, record: Record) -> Futures:
-    """Decode and run `handler`; a record it cannot handle becomes a dead letter, never a
-    crash. (For an agent with an Aligner, decoding happened before: see `Stage.receive`.)"""
+def handle_record(ctx: Context, stage: topology.Stage, record: Record) -> Futures:
+    """Decode and run the stage; a record it cannot handle becomes a dead letter, never a
+    crash. (For an agent with an Aligner, decoding happened before: see `Agent.receive`.)"""
     started = time.perf_counter()
     try:
         value = ctx.decoded.pop((record.topic, record.partition, record.offset), None)
         if value is None and record.value is None and record.topic == ctx.name(INVENTORY):
-            raise _TombstoneError  # normal on a compacted topic: the target left the inventory
-        if value is None:
+            # normal on a compacted topic: the target left the inventory
+            ctx.metrics.tombstones.labels(record.topic).inc()
+        elif value is None:
             limit = ctx.settings.kafka.max_value_bytes
             value = decode_value(record, ctx.value_types[record.topic], limit)
-        return handler(ctx, record, value)
-    except _TombstoneError:
-        ctx.metrics.tombstones.labels(record.topic).inc()
-        return handle_inventory(ctx, record, None)
+        return handle(ctx, stage, record, value)
     except DecodeError as exc:
         ctx.drop_cache()  # only raised before any state is touched, but cheap to be sure
         return [ctx.send_dead_letter(record, str(exc), exc.reason)]
     except Exception as exc:
-        log.exception("%s: record %s[%d]@%d", agent, record.topic, record.partition, record.offset)
-        ctx.metrics.errors.labels(agent).inc()
+        log.exception(
+            "%s: record %s[%d]@%d", stage.name, record.topic, record.partition, record.offset
+        )
+        ctx.metrics.errors.labels(stage.name).inc()
         ctx.drop_cache()
-        return [ctx.send_dead_letter(record, unexpected_error(agent, exc), "error")]
+        return [ctx.send_dead_letter(record, unexpected_error(stage.name, exc), "error")]
     finally:
         ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
-        ctx.metrics.latency.labels(agent).observe(time.perf_counter() - started)
-
-
-class _TombstoneError(Exception):
-    """An inventory tombstone: not a bad record."""
+        ctx.metrics.latency.labels(stage.name).observe(time.perf_counter() - started)
 
 
 Held = tuple[Record, Ack]
 
 
 @dataclass
-class Stage:
-    """One agent: its handler, and the Aligner that orders its co-partitioned inputs."""
+class Agent:
+    """One stage's agent, and the Aligner that orders its co-partitioned inputs."""
 
     ctx: Context
-    name: str
-    handler: Handler
+    stage: topology.Stage
     aligner: Aligner[Held] | None
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
 
     def receive(self, record: Record, ack: Ack) -> None:
         ctx = self.ctx
@@ -332,10 +191,22 @@ class Stage:
 
     def process(self, records: list[Held]) -> None:
         for record, ack in records:
-            self.ctx.settler.add(ack, handle_record(self.ctx, self.name, self.handler, record))
+            self.ctx.settler.add(ack, handle_record(self.ctx, self.stage, record))
+
+    async def _take(self, stream: Any, take: int, within_s: float) -> None:
+        """Batches of events from faust (acked by the Settler once their outputs are)."""
+        async for events in stream.noack_take(take, within_s):
+            for event in events:
+                self.receive(event.message, functools.partial(stream.ack, event))
+            if self.ctx.settler.full():
+                await self.ctx.settler.settle()
 
     def agent(self) -> Callable[[Any], Any]:
         async def run(stream: Any) -> None:  # a faust Stream
+            worker = self.ctx.settings.worker
+            if worker.take:
+                await self._take(stream, worker.take, worker.ack_interval_ms / 1000)
+                return
             manual = stream.noack()
             async for event in manual.events():
                 self.receive(event.message, functools.partial(manual.ack, event))
@@ -355,25 +226,15 @@ def _grace(ctx: Context, topics: list[str]) -> Callable[[int], float]:
 
 
 def register(ctx: Context) -> None:
-    t = ctx.topics
-    stages: list[tuple[str, list[Any], Handler]] = [
-        (
-            "telemetry",
-            [*(t[s] for s in TELEMETRY_TOPICS), t[ANNOUNCE_INPUT], t[INVENTORY]],
-            handle_telemetry,
-        ),
-        ("health", [t[s] for s in HEALTH_TOPICS], handle_health),
-        ("zone", [t["events.capacity"], t[ZONE_INPUT]], handle_zone),
-        ("policy", [t[POLICY_INPUT], t["events.policy"]], handle_policy),
-    ]
-    for name, topics, handler in stages:
-        names = [topic.get_topic_name() for topic in topics]
+    """An agent for every stage of the table, reading its input topics."""
+    for stage in topology.STAGES:
+        names = [ctx.name(topic) for topic in stage.inputs]
         aligner: Aligner[Held] | None = None
-        if name in ALIGNED:
-            aligned = [ctx.name(suffix) for suffix in ALIGNED[name]]
+        if stage.aligned:
+            aligned = [ctx.name(topic) for topic in stage.aligned]
             aligner = Aligner(aligned, _grace(ctx, aligned), ALIGN_MAX_HELD)
-        stage = Stage(ctx, name, handler, aligner)
-        ctx.stages.append(stage)
+        agent = Agent(ctx, stage, aligner)
+        ctx.stages.append(agent)
         channel = ctx.app.topic(
             *names,
             key_type=bytes,
@@ -381,4 +242,4 @@ def register(ctx: Context) -> None:
             key_serializer="raw",
             value_serializer="raw",
         )
-        ctx.app.agent(channel, name=name, concurrency=1)(stage.agent())
+        ctx.app.agent(channel, name=stage.name, concurrency=1)(agent.agent())

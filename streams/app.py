@@ -4,7 +4,8 @@
 - Tables are keyed by bytes and hold msgpack state (route.encode_state), one per stage:
   telemetry (node or slice), health (target), zones (zone), policy (pool). Each is backed by a
   compacted changelog topic `<app id>-<table>-changelog` with the source topics' partition
-  count, and `standby_replicas` warm copies on other workers.
+  count, and `standby_replicas` warm copies on other workers. The changelogs are created
+  before the app starts (pipeline/runtime/group_topics.py), not by faust.
 - at_least_once; no Kafka transactions (faust's exactly-once has open bugs). Offsets are
   committed every `commit_interval_s`, and only past records whose outputs were acknowledged.
 """
@@ -18,22 +19,24 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import KafkaError as AioKafkaError
 
 from pipeline.config import Settings
 from pipeline.kafka_client import client_kwargs
+from pipeline.runtime.group_topics import TABLES, group_name, table_partitions
 from streams import agents
 from streams.acks import Settler
 from streams.clock import Family, PartitionClocks
 from streams.context import Context, declare_topics
 from streams.metrics import WorkerMetrics
+from streams.tables import FencedTable
 
 log = logging.getLogger("fleetpulse.worker")
-TABLES = ("telemetry", "health", "zones", "policy")
 LAG_INTERVAL_S = 2.0  # consumer lag gauge, and quiet partitions catching up with event time
 
 
 def app_id(settings: Settings) -> str:
-    return settings.worker.group_id or f"{settings.kafka.topic_prefix}-worker"
+    return group_name(settings.kafka, settings.worker.group_id)
 
 
 def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Context:
@@ -75,16 +78,20 @@ def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Cont
     settler.flush = ctx.flush
     ctx.topics, ctx.value_types = declare_topics(app, settings)
     for name in TABLES:
-        ctx.tables[name] = app.Table(
-            name,
+        # fenced by the group's generation: a worker cut off past its session cannot fork a
+        # key's state with its late writes (tables.py)
+        ctx.tables[name] = app.tables.add(FencedTable(
+            app,
+            name=name,
             default=None,
+            beacon=app.tables.beacon,
             key_type=bytes,  # faust picks the changelog's serializers from these: raw
             value_type=bytes,
             # the policy stage is one partition: every removal in the fleet in one order
-            partitions=1 if name == "policy" else k.partitions,
+            partitions=table_partitions(k, name),
             on_changelog_event=_recovered_key(ctx) if name == "telemetry" else None,
             help=f"FleetPulse {name} state per key (msgpack)",
-        )
+        ))
     agents.register(ctx)
     _add_timers(ctx)
     return ctx
@@ -113,17 +120,29 @@ def _add_timers(ctx: Context) -> None:
         await ctx.settler.close()
 
     async def lag() -> None:
-        backlog = await _backlog(ctx)
+        try:
+            backlog = await _backlog(ctx)
+        except (AioKafkaError, TimeoutError) as exc:
+            # the broker is away: measure again next time. Raised out of a faust timer, this
+            # crashed the whole app when an outage outlasted the consumer's request timeout
+            log.warning("lag not measured, the broker does not answer: %r", exc)
+            return
         ctx.backlog, ctx.backlog_at = backlog, time.monotonic()
         for (topic, partition), behind in backlog.items():
             ctx.metrics.lag.labels(topic, str(partition)).set(behind)
+        _memory_gauges(ctx)
         _catch_up_quiet_partitions(ctx, backlog)
 
     async def forget_states(app: faust.App, assigned: set[Any], **kwargs: Any) -> None:
         ctx.forget_written()  # the tables are about to be recovered from their changelogs
 
     async def on_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
-        ctx.drop_cache()
+        # nothing computed before the rebalance may be written after it: held records and
+        # unwritten states are dropped (their records are not acked, so they come again)
+        for stage in ctx.stages:
+            if stage.aligner is not None:
+                stage.aligner.forget()
+        ctx.forget_unsettled()
         telemetry = {ctx.name(suffix) for suffix in agents.TELEMETRY_TOPICS}
         ctx.clocks.forget({tp.partition for tp in revoked if tp.topic in telemetry})
         for tp in revoked:
@@ -136,6 +155,15 @@ def _add_timers(ctx: Context) -> None:
     app.timer(LAG_INTERVAL_S, name="lag")(lag)
     app.on_partitions_revoked.connect(cast(Any, on_revoked))
     app.on_partitions_assigned.connect(cast(Any, forget_states))
+
+
+def _memory_gauges(ctx: Context) -> None:
+    """What a backlog could make grow: held records, cached states, unsettled batches."""
+    for stage in ctx.stages:
+        if stage.aligner is not None:
+            ctx.metrics.held.labels(stage.name).set(stage.aligner.held)
+    ctx.metrics.cached_states.set(len(ctx.cache))
+    ctx.metrics.unsettled.set(ctx.settler.unsettled())
 
 
 async def _backlog(ctx: Context) -> dict[tuple[str, int], int]:

@@ -9,7 +9,8 @@ the embedded runtime makes, whose whole fleet is one stream with the same clocks
 There is one clock per source family, because sources lag differently (Prometheus ~30 s, Cloud
 Monitoring ~3 min): GPU nodes are judged by the event time of GPU samples, TPU slices by that
 of TPU chip samples. XIDs and ICI samples come from other, faster sources: they are checked
-against their family's clock at the door but move none.
+against their family's clock at the door but move none. Fabric samples (node_exporter, scraped
+apart from DCGM) have a door clock of their own that they move and that ticks nothing.
 
 A partition can go quiet while the fleet reports (its only node died). A family clock of a
 partition that has received nothing for `IDLE_S` of wall time, with nothing left to read,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from pipeline.config import ClockSettings
 from pipeline.runtime.clock import MAX_TICKS, RobustClock
-from pipeline.runtime.route import FAMILIES, Family
+from pipeline.runtime.route import CLOCKS, FAMILIES, ClockName, Family
 
 __all__ = ["FAMILIES", "MAX_TICKS", "Family", "PartitionClocks"]
 IDLE_S = 30.0
@@ -35,11 +36,11 @@ class PartitionClocks:
 
     def __init__(self, settings: ClockSettings | None = None) -> None:
         self.settings = settings or ClockSettings()
-        self.clocks: dict[tuple[Family, int], RobustClock] = {}
-        self.last_seen: dict[tuple[Family, int], float] = {}  # wall clock of the last record
+        self.clocks: dict[tuple[ClockName, int], RobustClock] = {}
+        self.last_seen: dict[tuple[ClockName, int], float] = {}  # wall clock of the last record
         self.keys: dict[int, dict[bytes, Family | None]] = {}
 
-    def clock(self, family: Family, partition: int) -> RobustClock:
+    def clock(self, family: ClockName, partition: int) -> RobustClock:
         found = self.clocks.get((family, partition))
         if found is None:
             found = self.clocks[(family, partition)] = RobustClock(self.settings)
@@ -54,7 +55,9 @@ class PartitionClocks:
         # sorted: the order findings are produced in does not depend on arrival order
         return sorted(self.keys.get(partition, {}).items())
 
-    def observe(self, family: Family, partition: int, key: str, ts: int, wall: float) -> list[int]:
+    def observe(
+        self, family: ClockName, partition: int, key: str, ts: int, wall: float
+    ) -> list[int]:
         """Record an accepted event time; return the boundaries to tick at, if any."""
         self.last_seen[(family, partition)] = wall
         return self.clock(family, partition).observe(key, ts)
@@ -76,7 +79,7 @@ class PartitionClocks:
         """Partitions revoked: another worker owns their keys and their clocks now."""
         for partition in partitions:
             self.keys.pop(partition, None)
-            for family in FAMILIES:
-                self.clocks.pop((family, partition), None)
-                self.last_seen.pop((family, partition), None)
+            for name in CLOCKS:
+                self.clocks.pop((name, partition), None)
+                self.last_seen.pop((name, partition), None)
 

@@ -27,30 +27,29 @@ import faust
 import msgspec
 
 from pipeline import cloudevents_headers
+from pipeline.codec import JSON, encode_as, record_headers
 from pipeline.config import Settings
-from pipeline.model import Action, Alert, Event, Finding, NodeState
+from pipeline.model import Action, Alert, DeadLetter, Event, Finding
 from pipeline.runtime import route
 from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.runtime.topology import ANNOUNCE_INPUT as ANNOUNCE_INPUT
+from pipeline.runtime.topology import INTERNAL
+from pipeline.runtime.topology import POLICY_INPUT as POLICY_INPUT
+from pipeline.runtime.topology import ZONE_INPUT as ZONE_INPUT
+from streams import tables
 from streams.acks import Settler
 from streams.clock import PartitionClocks
 from streams.metrics import WorkerMetrics
-from streams.records import Record, dead_letter
+from streams.records import Record
 
 log = logging.getLogger("fleetpulse.worker")
 S = TypeVar("S")
 Futures = list[Awaitable[Any]]
-_ENCODER = msgspec.json.Encoder()
 
-# Internal topics (created by faust, named after the app like its changelogs): the policy's
-# input keyed by pool (proposals, node states, capacity events fanned out by zone) and the
-# zone stage's node states keyed by zone.
-POLICY_INPUT = "policy-input"
+# Internal topics (created by faust, named after the app like its changelogs; declared with
+# the stages that write and read them in pipeline/runtime/topology.py).
 CATCHING_UP = 100  # records left to read in a partition: it is catching up, not live
-ZONE_INPUT = "zone-input"
-# Node events and targeted capacity events (drain, delete, maintenance, preemption) re-keyed by
-# their node or slice for the telemetry stage, so planned silence is not taken for a failure.
-ANNOUNCE_INPUT = "announce-input"
-INTERNAL_TOPICS = (POLICY_INPUT, ZONE_INPUT, ANNOUNCE_INPUT)
+INTERNAL_TOPICS = tuple(INTERNAL)
 CE_TOPICS = cloudevents_headers.TOPICS  # the public topics only, not the internal copies
 
 
@@ -66,13 +65,13 @@ class Context:
     value_types: dict[str, type[Event]] = field(default_factory=dict)  # by full topic name
     next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
     # decoded states of the keys in use; states changed since the last flush, as msgpack; and
-    # the digest of what the table holds for each key
+    # the generation (tables.py) and digest of what the table holds for each key
     cache: dict[tuple[str, bytes], Any] = field(default_factory=dict)
     dirty: dict[tuple[str, bytes], tuple[int, bytes]] = field(default_factory=dict)
-    written: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
+    written: dict[tuple[str, bytes], tuple[int, bytes]] = field(default_factory=dict)
     # values decoded on arrival (for their timestamps) and held by an Aligner, by coordinates
     decoded: dict[tuple[str, int, int], Event] = field(default_factory=dict)
-    stages: list[Any] = field(default_factory=list)  # agents.Stage, in registration order
+    stages: list[Any] = field(default_factory=list)  # agents.Agent, in registration order
     backlog: dict[tuple[str, int], int] = field(default_factory=dict)  # from the lag timer
     backlog_at: float = 0.0  # monotonic time the lag timer last measured it
 
@@ -99,8 +98,8 @@ class Context:
                 raw = self.tables[table].data.get(key)
                 if raw is None:
                     return None
-                packed = zlib.decompress(raw)
-                self.written[(table, key)] = _digest(packed)
+                packed = zlib.decompress(tables.compressed_of(raw))
+                self.written[(table, key)] = (tables.generation_of(raw), _digest(packed))
             state = route.decode_state(packed, cls)
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError) as exc:
             # a state written by an older release: start this key afresh (re-warm) rather
@@ -122,21 +121,33 @@ class Context:
         holds already (a staleness check that found nothing): the Settler calls this before it
         closes a batch, so a record is acked only once the states it changed are written."""
         futures: Futures = []
+        # the assignment's generation fences the writes (tables.py); an unchanged state held
+        # from an older generation is written again, once, so that this owner's claim is in
+        # the changelog and a fenced worker's late write of the key cannot win a replay
+        current = self.app.consumer_generation_id
         for (table, key), (partition, packed) in self.dirty.items():
-            digest = _digest(packed)
-            if self.written.get((table, key)) == digest:
-                continue
-            raw = zlib.compress(packed, 1)
             t = self.tables[table]
-            futures.append(t.send_changelog(partition, key, raw))
-            t.data[key] = raw
-            self.written[(table, key)] = digest
+            generation, digest = t.generation_for(key, current), _digest(packed)
+            if self.written.get((table, key)) == (generation, digest):
+                continue
+            futures.append(t.write(partition, key, zlib.compress(packed, 1), generation))
+            self.written[(table, key)] = (generation, digest)
         self.dirty.clear()
         return futures
 
     def drop_cache(self) -> None:
         """After a failure mid-record (the pure stages may have mutated the state they were
         given) and at every rebalance, states are decoded again from their last good bytes."""
+        self.cache.clear()
+
+    def forget_unsettled(self) -> None:
+        """Partitions were revoked: states changed by records not yet settled are dropped, not
+        written. Those records are not acked, so whoever owns their partitions now processes
+        them again; written after the rebalance, a state computed before it (a worker cut off
+        past its session, say) would overwrite the new owner's in the changelog and fork the
+        key's state when the partition comes back."""
+        self.dirty.clear()
+        self.decoded.clear()
         self.cache.clear()
 
     def forget_written(self) -> None:
@@ -149,9 +160,13 @@ class Context:
     def send(self, topic: str, key: str, event: Event) -> Awaitable[Any]:
         channel = self.topics[topic]
         self.metrics.records_out.labels(channel.get_topic_name()).inc()
-        value = _ENCODER.encode(event)
+        # samples passed on to the fleet stage are telemetry like the inputs they came from:
+        # written in `kafka.telemetry_format` with their content-type; everything else JSON
+        value, content_type = encode_as(event, self.settings.kafka.telemetry_format)
         # actions, alerts and node state carry CloudEvents headers for downstream consumers
         headers = cloudevents_headers.headers(event, value) if topic in CE_TOPICS else None
+        if content_type != JSON:
+            headers = [*(headers or []), *record_headers(content_type)]
         fut: Awaitable[Any] = channel.send_soon(key=key.encode(), value=value, headers=headers)
         return fut
 
@@ -164,7 +179,7 @@ class Context:
         return self.send("actions", route.target_name(action.target), action)
 
     def send_alert(self, alert: Alert) -> Awaitable[Any]:
-        self.metrics.alerts.labels(alert.status).inc()
+        self.metrics.alerts.labels(alert.status, alert.labels.get("alertname", "")).inc()
         return self.send("alerts", alert.fingerprint, alert)
 
     def send_dead_letter(self, record: Record, error: str, reason: str) -> Awaitable[Any]:
@@ -172,7 +187,11 @@ class Context:
         log.warning(
             "dead letter from %s[%d]@%d: %s", record.topic, record.partition, record.offset, error
         )
-        letter = dead_letter(record, error, reason)
+        # the broker timestamp (faust gives seconds): a replay of the same bad record produces
+        # the same letter
+        letter = DeadLetter.from_record(
+            record, reason=reason, error=error, ts_ms=int(record.timestamp * 1000)
+        )
         key = "" if record.key is None else record.key.decode("utf-8", errors="replace")
         return self.send("dlq", key, letter)
 
@@ -194,8 +213,7 @@ def declare_topics(
         )
         value_types[name] = spec.value
     # created by the worker at start (streams/worker.py), like `fleetpulse topics create` does
-    internals = ((POLICY_INPUT, Event), (ZONE_INPUT, NodeState), (ANNOUNCE_INPUT, Event))
-    for internal, value in internals:
+    for internal, value in INTERNAL.items():
         name = f"{app.conf.id}-{internal}"
         topics[internal] = app.topic(
             name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from pipeline.config import MetricsSettings
 from pipeline.selfmetrics import Ready
@@ -64,7 +64,13 @@ class WorkerMetrics:
         self.actions = Counter(
             "fleetpulse_worker_actions", "Actions produced", ["kind", "dry_run"], registry=r
         )
-        self.alerts = Counter("fleetpulse_worker_alerts", "Alerts produced", ["status"], registry=r)
+        self.alerts = Counter(
+            "fleetpulse_worker_alerts",
+            "Alerts produced, by status and alertname (FleetPulseBudgetExhausted, "
+            "FleetPulseCommonCause, ...: the PrometheusRule of the Helm chart watches these)",
+            ["status", "alertname"],
+            registry=r,
+        )
         self.state_resets = Counter(
             "fleetpulse_worker_state_resets",
             "Table values that could not be decoded and were started afresh",
@@ -77,6 +83,25 @@ class WorkerMetrics:
             ["topic", "partition"],
             registry=r,
         )
+        # what a backlog could make grow, set with the lag (tests/faults/test_infra_backpressure)
+        self.held = Gauge(
+            "fleetpulse_worker_held_records",
+            "Records an agent's Aligner holds for event-time order (at most ALIGN_MAX_HELD + 1)",
+            ["agent"],
+            registry=r,
+        )
+        self.cached_states = Gauge(
+            "fleetpulse_worker_cached_states",
+            "Decoded key states kept in memory (the keys of the assigned partitions in use)",
+            registry=r,
+        )
+        self.unsettled = Gauge(
+            "fleetpulse_worker_unsettled_batches",
+            "Batches of outputs waiting for the broker's acknowledgement (bounded by the Settler)",
+            registry=r,
+        )
+        # process_resident_memory_bytes and friends, with the worker's prefix
+        ProcessCollector(namespace="fleetpulse_worker", registry=r)
         self.latency = Histogram(
             "fleetpulse_worker_processing_seconds",
             "Time to process one record (decode, pure functions, state, queue outputs)",

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-from pipeline import deadletter
-from pipeline.codec import MAX_VALUE_BYTES, decode
+from pipeline.codec import MAX_VALUE_BYTES, content_type_of, decode
 from pipeline.errors import DecodeError
-from pipeline.model import DeadLetter, Event
+from pipeline.model import Event
 
 E = TypeVar("E", bound=Event)
 
@@ -29,9 +28,10 @@ class Record(Protocol):
 
 
 def decode_value(record: Record, expected: type[E], max_bytes: int = MAX_VALUE_BYTES) -> E:
-    """The record's value as `expected`, or DecodeError naming what is wrong (tombstones too:
-    reason "tombstone")."""
-    return decode(record.value, expected, max_bytes)
+    """The record's value as `expected`, in the format its `content-type` header names (JSON
+    without one), or DecodeError naming what is wrong (tombstones too: reason "tombstone")."""
+    content_type = content_type_of(getattr(record, "headers", None))
+    return decode(record.value, expected, max_bytes, content_type)
 
 
 def key_text(record: Record) -> str | None:
@@ -49,21 +49,6 @@ def check_key(record: Record, expected: str, what: str) -> None:
             expected=f"{expected!r} (the record's {what}; keys decide partitions)",
             got="no key" if record.key is None else repr(key_text(record)),
         )
-
-
-def dead_letter(record: Record, error: str, reason: str) -> DeadLetter:
-    """A DeadLetter for `record`; its ts is the record's broker timestamp, so a replay of the
-    same bad record produces the same letter."""
-    return deadletter.dead_letter(
-        ts_ms=int(record.timestamp * 1000),
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key,
-        raw=record.value,
-        error=error,
-        reason=reason,
-    )
 
 
 def unexpected_error(stage: str, exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from typing import IO, Any, TypeVar
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from pipeline.codec import decode, encode
+from pipeline.codec import content_type_of, decode, encode_as, record_headers
 from pipeline.config import KafkaSettings, Settings, SimSettings
 from pipeline.errors import DecodeError
 from pipeline.kafka_client import client_kwargs
@@ -32,14 +32,18 @@ from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import ForcedFault
 
 E = TypeVar("E", bound=Event)
+# the topics an ingest adapter writes (the simulator also writes the fleet's inventory)
 INPUT_SUFFIX = {
-    spec.value: spec.suffix for spec in TOPICS if spec.suffix.startswith(("telemetry.", "events."))
+    spec.value: spec.suffix
+    for spec in TOPICS
+    if spec.suffix.startswith(("telemetry.", "events.")) or spec.suffix == "inventory"
 }
 
 
-def scenario() -> Simulation:
+def scenario(duration_s: int = 1200) -> Simulation:
     """The small fleet the worker tests run: 8 GPU nodes and a 16-chip TPU slice for 20
-    minutes, with a lost GPU, an HBM failure, a dead ICI link and a user-XID confounder."""
+    minutes (or `duration_s`), with a lost GPU, an HBM failure, a dead ICI link and a user-XID
+    confounder."""
     faults = [
         ForcedFault(fault_type="G1", at_s=200, target="fp-us-central1-h200-train-000"),
         ForcedFault(fault_type="G5", at_s=300, target="fp-us-east5-h100-train-000"),
@@ -51,7 +55,7 @@ def scenario() -> Simulation:
         gpu_nodes=8,
         tpu_slices=1,
         tpu_slice_types=("v5litepod-16:4x4",),
-        duration_s=1200,
+        duration_s=duration_s,
         random_faults=False,
         diurnal=False,
     )
@@ -193,8 +197,10 @@ def embedded_outputs(settings: Settings, events: Iterable[Event]) -> dict[str, l
     the worker does (so an event the codec rejects is a dead letter in both runtimes)."""
     outputs: dict[str, list[Event]] = {}
     runtime = EmbeddedRuntime(settings, lambda s, e: outputs.setdefault(s, []).append(e))
+    fmt = settings.kafka.telemetry_format
     for offset, event in enumerate(events):
-        runtime.feed_raw(INPUT_SUFFIX[type(event)], encode(event), offset, key_of(event))
+        value, content_type = encode_as(event, fmt)
+        runtime.feed_raw(INPUT_SUFFIX[type(event)], value, offset, key_of(event), content_type)
     return outputs
 
 
@@ -215,19 +221,26 @@ def producer(kafka: str | KafkaSettings) -> KafkaProducer:
 def produce_events(
     settings: Settings, events: Iterable[Event], kafka: KafkaProducer | None = None
 ) -> dict[str, int]:
-    """Send input events to their topics, keyed as the ingest adapters key them; return the
-    partition each key went to."""
+    """Send input events to their topics, keyed and encoded as the ingest adapters do
+    (`kafka.telemetry_format`); return the partition each key went to."""
     own = kafka is None
     kafka = kafka or producer(settings.kafka)
-    futures = [
-        (key_of(e), kafka.send(topic_of(settings, e), key=key_of(e).encode(), value=encode(e)))
-        for e in events
-    ]
+    futures = [(key_of(e), _send(kafka, settings, e)) for e in events]
     kafka.flush()
     partitions = {key: fut.get(timeout=60).partition for key, fut in futures}
     if own:
         kafka.close()
     return partitions
+
+
+def _send(kafka: KafkaProducer, settings: Settings, event: Event) -> Any:
+    value, content_type = encode_as(event, settings.kafka.telemetry_format)
+    return kafka.send(
+        topic_of(settings, event),
+        key=key_of(event).encode(),
+        value=value,
+        headers=record_headers(content_type),
+    )
 
 
 @dataclass
@@ -276,7 +289,9 @@ class TopicReader:
         values = []
         for record in self.records[topic]:
             with contextlib.suppress(DecodeError):
-                values.append(decode(record.value, cls))
+                # msgpack telemetry says so in its content-type header
+                values.append(decode(record.value, cls,
+                                     content_type=content_type_of(record.headers)))
         return values
 
     def close(self) -> None:

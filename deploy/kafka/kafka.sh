@@ -15,6 +15,10 @@
 #      KAFKA_PORT+2) with a CA and broker certificate made per run (openssl), SCRAM users with
 #      per-run passwords, and the StandardAuthorizer with ACLs; the data dir is fresh each run.
 #      Files (CA, passwords, client env) land in .cache/kafka/secure-<KAFKA_PORT>; see README.md.
+# Proxied listeners: KAFKA_PROXIED_LISTENERS="NAME=LISTEN_PORT:ADVERTISED_PORT ..." adds a
+#      PLAINTEXT listener per entry that listens on LISTEN_PORT and advertises ADVERTISED_PORT
+#      (a TCP proxy in front of it, e.g. deploy/toxiproxy), so every client that bootstraps
+#      through the proxy keeps talking through it. PLAINTEXT on KAFKA_PORT stays direct.
 # Everything it writes lives under <repo>/.cache/kafka (git-ignored). See README.md beside it.
 set -euo pipefail
 
@@ -61,6 +65,17 @@ TELEMETRY_PREFIXES="${KAFKA_TELEMETRY_PREFIXES:-fleet.telemetry.}"
 if [[ "$SECURE" == 1 ]]; then
   is_port_number "$KAFKA_SECURE_PORT" || die "KAFKA_SECURE_PORT must be a port number, got '$KAFKA_SECURE_PORT'"
   DATA_DIR="$CACHE_DIR/data-secure-$KAFKA_PORT"  # never mixed with a plaintext broker's data
+fi
+PROXIED="${KAFKA_PROXIED_LISTENERS:-}"
+if [[ -n "$PROXIED" ]]; then
+  [[ "$SECURE" == 1 ]] && die "KAFKA_PROXIED_LISTENERS and KAFKA_SECURE=1 do not combine"
+  for entry in $PROXIED; do
+    [[ "$entry" =~ ^[A-Z][A-Z0-9_]*=([0-9]+):([0-9]+)$ ]] \
+      || die "KAFKA_PROXIED_LISTENERS entries must be NAME=LISTEN_PORT:ADVERTISED_PORT (NAME in capitals), got '$entry'"
+    listen_port="${BASH_REMATCH[1]}" advertised_port="${BASH_REMATCH[2]}"
+    is_port_number "$listen_port" && is_port_number "$advertised_port" \
+      || die "KAFKA_PROXIED_LISTENERS: ports must be 1-65535, got '$entry'"
+  done
 fi
 PID_FILE="$CACHE_DIR/broker-$KAFKA_PORT.pid"
 LOG_FILE="$CACHE_DIR/broker-$KAFKA_PORT.log"
@@ -141,6 +156,7 @@ render_props() {
       -e "s|@KAFKA_DATA_DIR@|$(sed_escape "$DATA_DIR")|g" \
       "$TEMPLATE" >"$PROPS_FILE.tmp"
   [[ "$SECURE" == 1 ]] && secure_props >>"$PROPS_FILE.tmp"
+  [[ -n "$PROXIED" ]] && proxied_props >>"$PROPS_FILE.tmp"
   mv -f "$PROPS_FILE.tmp" "$PROPS_FILE"
 }
 
@@ -230,6 +246,22 @@ authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 super.users=User:ANONYMOUS;User:admin
 allow.everyone.if.no.acl.found=false
 PROPS
+}
+
+proxied_props() { # extra PLAINTEXT listeners whose advertised port is a proxy's
+  local entry name ports listeners="PLAINTEXT://127.0.0.1:$KAFKA_PORT" advertised="PLAINTEXT://127.0.0.1:$KAFKA_PORT"
+  local map="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+  for entry in $PROXIED; do
+    name="${entry%%=*}"
+    ports="${entry#*=}"
+    listeners+=",$name://127.0.0.1:${ports%%:*}"
+    advertised+=",$name://127.0.0.1:${ports##*:}"
+    map+=",$name:PLAINTEXT"
+  done
+  printf '\n# --- proxied listeners (kafka.sh, KAFKA_PROXIED_LISTENERS) ---\n'
+  printf 'listeners=%s,CONTROLLER://127.0.0.1:%s\n' "$listeners" "$KAFKA_CONTROLLER_PORT"
+  printf 'advertised.listeners=%s\n' "$advertised"
+  printf 'listener.security.protocol.map=%s\n' "$map"
 }
 
 plain_users() { # user_<name>="<password>" for the PLAIN mechanism
@@ -437,7 +469,7 @@ cmd_reset() {
 }
 
 usage() {
-  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in

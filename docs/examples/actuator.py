@@ -35,7 +35,7 @@ ECHO = {
     "repair_slice": "repaired",
     "replace": "deleted",
 }
-KNOWN_SCHEMAS = {"action/2"}  # versions this actuator understands; others are skipped, logged
+KNOWN_SCHEMAS = {"action/3"}  # versions this actuator understands; others are skipped, logged
 
 
 class Done:
@@ -95,10 +95,10 @@ def carry_out(action: dict[str, Any], mode: str) -> str | None:
 
 
 def node_event(action: dict[str, Any], kind: str, now_ms: int) -> dict[str, Any]:
-    """The echo: fleet.events.node's node_event/1, naming the action it carries out."""
+    """The echo: fleet.events.node's node_event/2, naming the action it carries out."""
     target = action["target"]
     return {
-        "schema": "node_event/1",
+        "schema": "node_event/2",
         "ts": now_ms,
         "cluster": target["cluster"],
         "target_kind": target["kind"],
@@ -117,6 +117,9 @@ def handle(value: bytes, done: Done, mode: str, now_ms: int) -> dict[str, Any] |
     action = json.loads(value)
     if action.get("schema") not in KNOWN_SCHEMAS:
         log.warning("skipping a value of schema %r", action.get("schema"))
+        return None
+    if action["target"]["kind"] not in ("node", "slice"):  # repair_switch / repair_link
+        log.info("%s of %s is the network team's actuator's", action["kind"], action["target"])
         return None
     action_id = action["action_id"]
     if done.seen(action_id):

@@ -1,10 +1,11 @@
 """`fleetpulse alerts`: fleet.alerts → Alertmanager and webhooks; offsets commit after 2xx.
 
-A batch of alert records is offered to every configured sink. The offsets are committed once
-each sink has either answered 2xx or refused the payload for good (4xx: the alerts go to
-fleet.dlq with the sink's answer). When a sink is unreachable or answers 5xx after its
-retries, nothing is committed: the consumer seeks back to the batch and tries again after a
-backoff, so an outage delays alerts but never drops them. Records that do not decode go to
+The Kafka side is the edge runner (pipeline/edge.py). A batch of alert records is offered to
+every configured sink. The offsets are committed once each sink has either answered 2xx or
+refused the payload for good (4xx: the alerts go to fleet.dlq with the sink's answer). When a
+sink is unreachable or answers 5xx after its retries, nothing is committed: the partitions are
+paused and the same batch is offered again after a backoff of at most a few seconds, so an
+outage delays alerts but never drops them. Records that do not decode go to
 fleet.dlq with their reason; null values (tombstones) are counted and skipped. Repeats of the
 same alert within a batch are sent once.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,16 +23,14 @@ from typing import Any, Protocol
 import requests.auth
 
 from pipeline import webhooks
-from pipeline.codec import decode, encode
+from pipeline.codec import decode
 from pipeline.config import AlertSettings, HttpClientSettings, Settings, WebhookTarget
-from pipeline.deadletter import dead_letter
-from pipeline.errors import ConfigError, DecodeError
-from pipeline.kafka_client import check_login, client_kwargs
-from pipeline.model import Alert, DeadLetter
+from pipeline.edge import EdgeOptions, EdgeStats, Rejected, run_edge, stop_on_signals
+from pipeline.errors import ConfigError, DecodeError, SinkError
+from pipeline.model import Alert
 from pipeline.redact import load_secret, redact, redact_logs, remember
-from pipeline.retry import Backoff
 from pipeline.runtime.topics import topic_name
-from pipeline.selfmetrics import Readiness, consumer_readiness, serve_stats
+from pipeline.selfmetrics import Readiness, serve_stats
 from pipeline.sinks.alertmanager import AlertmanagerSink
 from pipeline.sinks.webhook import (
     BearerAuth,
@@ -148,12 +146,64 @@ def _target(url: str, http: HttpClientSettings, setting: str) -> Target:
 
 
 @dataclass
+class AlertStats:
+    """The alert sink's own counters (the edge counts records, dead letters, flushes)."""
+
+    alerts: int = 0  # delivered (or refused for good), repeats within a batch sent once
+    tombstones: int = 0  # null values: nothing to deliver, not an error
+
+
+@dataclass
 class RunStats:
+    """What one run did, for the summary line and for tests."""
+
     batches: int = 0
     alerts: int = 0
     dead_letters: int = 0
-    tombstones: int = 0  # null values: nothing to deliver, not an error
+    tombstones: int = 0
     retries: int = 0
+
+
+class AlertDelivery:
+    """fleet.alerts as an EdgeSink: `add` decodes, `flush` offers the batch to every sink.
+
+    A sink that is away (or answers 5xx after its retries) makes the flush fail: nothing is
+    committed and the edge retries the same batch. A sink that refuses for good (4xx) makes
+    its alerts dead letters, with its answer."""
+
+    def __init__(self, settings: Settings, sinks: Sequence[AlertSink], stats: AlertStats) -> None:
+        self.sinks, self.stats = sinks, stats
+        self.limit = settings.kafka.max_value_bytes
+        self._held: list[tuple[Any, Alert]] = []
+
+    def add(self, record: Any) -> None:
+        try:
+            alert = decode(record.value, Alert, self.limit)
+        except DecodeError as exc:
+            if exc.reason != "tombstone":
+                raise
+            self.stats.tombstones += 1
+            return
+        self._held.append((record, alert))
+
+    def flush(self) -> list[Rejected]:
+        batch = unique_alerts([alert for _, alert in self._held])
+        try:
+            outcome = deliver_to_all(batch, self.sinks)
+        except DeliveryError as exc:
+            raise SinkError(f"alerts not delivered, will retry: {redact(str(exc))}",
+                            reason="delivery") from exc
+        rejected = []
+        for name, error in outcome.refused:
+            log.error("%s refused %d alerts: %s", name, len(batch), redact(str(error)))
+            rejected += [Rejected(record, "refused", f"{name}: {error}")
+                         for record, _ in self._held]
+        self.stats.alerts += len(batch)
+        self._held = []
+        return rejected
+
+    def discard(self) -> None:
+        self._held = []
 
 
 def run_alerts(
@@ -163,122 +213,35 @@ def run_alerts(
     stop: threading.Event | None = None,
     idle_exit_s: float | None = None,
     max_records: int = 500,
-    sleep: Callable[[float], Any] | None = None,
-    stats: RunStats | None = None,
+    stats: EdgeStats | None = None,
+    alert_stats: AlertStats | None = None,
     readiness: Readiness | None = None,
 ) -> RunStats:
     """Consume fleet.alerts until `stop` is set (or nothing arrived for `idle_exit_s`)."""
-    from kafka import KafkaConsumer, KafkaProducer
+    edge_stats = EdgeStats() if stats is None else stats
+    alert_stats = AlertStats() if alert_stats is None else alert_stats
+    # alerts go out as soon as they are read; a failed delivery is retried within seconds
+    options = EdgeOptions(max_records=max_records, max_interval_s=0.0,
+                          retry_initial_s=settings.alerts.backoff_initial_s,
+                          retry_max_s=min(settings.alerts.backoff_max_s, 2.0),
+                          session_timeout_s=settings.alerts.session_timeout_s,
+                          idle_exit_s=idle_exit_s)
 
-    stop = stop or threading.Event()
-    wait = sleep or stop.wait
-    kafka = settings.kafka
-    topic = topic_name(kafka, "alerts")
-    check_login(kafka)  # a refused login fails here, clearly, not after a bootstrap timeout
-    consumer = KafkaConsumer(
-        topic,
-        **client_kwargs(kafka),
-        client_id=f"{kafka.client_id}-alerts",
-        group_id=settings.alerts.group_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
+    def started(edge: Any) -> None:
+        if readiness is not None:  # /readyz asks the edge from the HTTP thread
+            readiness.check = edge.readiness
+
+    run_edge(settings, name="alerts", topics=[topic_name(settings.kafka, "alerts")],
+             group_id=settings.alerts.group_id, sink=AlertDelivery(settings, sinks, alert_stats),
+             stop=stop or threading.Event(), options=options, stats=edge_stats,
+             on_start=started)
+    return RunStats(
+        batches=edge_stats.flushes,
+        alerts=alert_stats.alerts,
+        dead_letters=edge_stats.dead_lettered,
+        tombstones=alert_stats.tombstones,
+        retries=sum(edge_stats.flush_errors.values()),
     )
-    producer = KafkaProducer(**client_kwargs(kafka), acks="all")
-    backoff = Backoff(settings.alerts.backoff_initial_s, settings.alerts.backoff_max_s)
-    stats = RunStats() if stats is None else stats
-    if readiness is not None:  # /readyz asks the consumer from the HTTP thread
-        readiness.check = lambda: consumer_readiness(consumer, settings.alerts.group_id)
-    idle_since = time.monotonic()
-    try:
-        while not stop.is_set():
-            polled = consumer.poll(timeout_ms=500, max_records=max_records)
-            records = [record for batch in polled.values() for record in batch]
-            if not records:
-                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
-                    break
-                continue
-            idle_since = time.monotonic()
-            if _handle(records, sinks, producer, settings, stats):
-                consumer.commit()
-                backoff.reset()
-                stats.batches += 1
-            else:
-                for partition, offset in _first_offsets(records).items():
-                    consumer.seek(partition, offset)  # the whole batch comes again
-                stats.retries += 1
-                wait(backoff.next_delay())
-    finally:
-        consumer.close(autocommit=False)
-        producer.close(timeout=10)
-    return stats
-
-
-def _handle(
-    records: list[Any],
-    sinks: Sequence[AlertSink],
-    producer: Any,
-    settings: Settings,
-    stats: RunStats,
-) -> bool:
-    alerts: list[Alert] = []
-    dead: list[DeadLetter] = []
-    tombstones = 0
-    now_ms = int(time.time() * 1000)
-    limit = settings.kafka.max_value_bytes
-    decoded: set[tuple[str, int, int]] = set()  # the records that are alerts
-    for record in records:
-        try:
-            alerts.append(decode(record.value, Alert, limit))
-        except DecodeError as exc:
-            if exc.reason == "tombstone":
-                tombstones += 1
-            else:
-                dead.append(_dead_letter(record, str(exc), exc.reason, now_ms))
-        else:
-            decoded.add((record.topic, record.partition, record.offset))
-    batch = unique_alerts(alerts)
-    try:
-        outcome = deliver_to_all(batch, sinks)
-    except DeliveryError as exc:
-        log.warning("alerts not delivered, will retry: %s", redact(str(exc)))
-        return False
-    for name, error in outcome.refused:
-        log.error("%s refused %d alerts: %s", name, len(batch), redact(str(error)))
-        dead += [
-            _dead_letter(r, f"{name}: {error}", "refused", now_ms)
-            for r in records
-            if (r.topic, r.partition, r.offset) in decoded
-        ]
-    dlq = topic_name(settings.kafka, "dlq")
-    for letter in dead:
-        producer.send(dlq, value=encode(letter)).get(timeout=30)
-    stats.alerts += len(batch)
-    stats.dead_letters += len(dead)
-    stats.tombstones += tombstones
-    return True
-
-
-def _dead_letter(record: Any, error: str, reason: str, now_ms: int) -> DeadLetter:
-    return dead_letter(
-        ts_ms=now_ms,
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key,
-        raw=record.value,
-        error=error,
-        reason=reason,
-    )
-
-
-def _first_offsets(records: list[Any]) -> dict[Any, int]:
-    from kafka import TopicPartition
-
-    firsts: dict[Any, int] = {}
-    for record in records:
-        partition = TopicPartition(record.topic, record.partition)
-        firsts[partition] = min(firsts.get(partition, record.offset), record.offset)
-    return firsts
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -298,10 +261,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    # as `sink lake` and `ingest`: say where /readyz is, and why the broker cannot be reached
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sinks = build_sinks(settings)
-    stats, readiness = RunStats(), Readiness()
-    serve_stats("alerts", stats, settings.metrics, readiness)
-    run_alerts(settings, sinks, idle_exit_s=args.idle_exit, stats=stats, readiness=readiness)
+    edge_stats, alert_stats, readiness = EdgeStats(), AlertStats(), Readiness()
+    serve_stats("alerts", edge_stats, settings.metrics, readiness, extra=[alert_stats])
+    stop = threading.Event()
+    stop_on_signals(stop)
+    stats = run_alerts(settings, sinks, stop=stop, idle_exit_s=args.idle_exit, stats=edge_stats,
+                       alert_stats=alert_stats, readiness=readiness)
     print(
         f"alerts: {stats.alerts} delivered in {stats.batches} batches, "
         f"{stats.dead_letters} dead letters, {stats.tombstones} tombstones skipped, "

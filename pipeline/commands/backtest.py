@@ -4,6 +4,8 @@ A `.csv` file (`timestamp,value`, NAB format) runs through the single-series det
 `.jsonl` recording of topic values (one encoded event per line, as the simulator records
 them) replays through the GPU, XID, TPU and ICI detectors. With labelled windows it scores
 them: window recall, false alarms per series-week and detection delay from window start.
+`--compare` sweeps the series detector and two plain baselines (rolling z-score, EWMA) over
+their thresholds and compares their recall at matched false-alarm rates.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from pipeline import backtest as bt
+from pipeline import backtest_sweep as sw
 from pipeline.config import Settings
 
 
@@ -42,6 +47,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "when --windows does not name a series",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="CSV series with windows: sweep the series detector, a rolling z-score (288 "
+        "samples) and an EWMA (alpha 0.02) over their thresholds and print each one's best "
+        "recall at matched false alarms per series-week, with a leave-one-series-out check",
+    )
+    parser.add_argument(
+        "--sensitivity",
+        type=float,
+        help="the series detector's sensitivity (default [detect] series_sensitivity)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -49,6 +66,13 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     windows = bt.read_windows(args.windows) if args.windows else {}
     labels = bt.read_labels(args.labels) if args.labels else {}
     labelled = bool(args.windows or args.labels)
+    if args.sensitivity is not None:
+        if args.sensitivity <= 0:
+            raise bt.BacktestError(f"--sensitivity: expected a number > 0, got {args.sensitivity}")
+        detect = msgspec.structs.replace(settings.detect, series_sensitivity=args.sensitivity)
+        settings = msgspec.structs.replace(settings, detect=detect)
+    if args.compare:
+        return _compare(args, settings, windows, labels)
     results: list[bt.SeriesResult] = []
     recordings: list[bt.Recording] = []
     for path in _inputs(args.files):
@@ -67,6 +91,49 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(_document(results, recordings, summary), indent=1))
     else:
         _print_text(results, recordings, summary)
+    return 0
+
+
+def _compare(
+    args: argparse.Namespace,
+    settings: Settings,
+    windows: dict[str, list[tuple[int, int]]],
+    labels: dict[str, list[int]],
+) -> int:
+    if not (args.windows or args.labels):
+        raise bt.BacktestError("--compare needs --windows or --labels")
+    data = []
+    for path in _inputs(args.files):
+        if path.suffix == ".jsonl":
+            raise bt.BacktestError(f"--compare reads CSV series, got a recording: {path}")
+        points = bt.read_csv_series(path)
+        if not points:
+            continue
+        probe = bt.SeriesResult(series=str(path), points=len(points), start_ts=points[0][0],
+                                end_ts=points[-1][0])
+        data.append(sw.Series(str(path), points, _windows_for(probe, windows, labels)))
+    swept = sw.sweep(data, bt.params_for(settings.detect))
+    matched = sw.matched(swept)
+    loo = sw.leave_one_out(swept, 1.3) if len(data) > 1 else {}
+    if args.json:
+        print(json.dumps({"matched": matched, "leave_one_out": loo}, indent=1))
+        return 0
+    print(f"{len(data)} series; best recall (threshold, false alarms/week) within each budget")
+    print("FA/week budget  " + "  ".join(f"{d:>24}" for d in sw.DETECTORS))
+    for budget, row in matched.items():
+        cells = []
+        for detector in sw.DETECTORS:
+            cell = row[detector]
+            if not isinstance(cell, dict):
+                cells.append(f"{'-':>24}")
+                continue
+            text = f"{cell['recall']} ({cell['threshold']:g}, {cell['false_alarms_per_week']:.2f})"
+            cells.append(f"{text:>24}")
+        print(f"{'<= ' + budget:>14}  " + "  ".join(cells))
+    for detector, part in loo.items():
+        print(f"leave one series out, {detector}: recall {part['recall']} "
+              f"({part['hits']}/{part['windows']}), {part['false_alarms_per_week']} false "
+              "alarms/week at ≤ 1.3 picked on the other series")
     return 0
 
 
@@ -182,7 +249,7 @@ def _print_text(
     if summary is None:
         print(f"{sum(len(r.flags) for r in results)} flags in {len(results)} series")
         return
-    recall = "-" if summary.recall is None else f"{summary.recall:.2f}"
+    recall = "-" if summary.recall is None else f"{summary.recall:.3f}"
     print(
         f"summary: {summary.series} series, windows hit {summary.hits}/{summary.windows} "
         f"(recall {recall}), false alarms {summary.false_alarms} "

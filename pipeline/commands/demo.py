@@ -171,12 +171,14 @@ def _command_name() -> str:
 def _faults_table(result: DemoResult) -> Table:
     assert result.score is not None
     table = Table(title="Injected faults and what FleetPulse found", title_justify="left")
-    for column in ("class", "injected", "found", "recall", "median time to act", "p95"):
+    columns = ("class", "injected", "found", "acted", "withheld", "missed", "recall",
+               "median time to detect", "p95")
+    for column in columns:
         table.add_column(column, justify="left" if column == "class" else "right")
     for klass, bucket in sorted(result.score.by_class.items()):
         table.add_row(klass, *_class_cells(bucket))
     confounders = sum(1 for f in result.ground_truth if f.must_not_cordon)
-    table.add_row("confounders", str(confounders), "-", "-", "-", "-", style="dim")
+    table.add_row("confounders", str(confounders), *["-"] * (len(columns) - 2), style="dim")
     return table
 
 
@@ -187,7 +189,10 @@ def _class_cells(bucket: ClassScore) -> list[str]:
     recall = "-" if bucket.recall is None else f"{bucket.recall:.2f}"
     return [
         str(bucket.faults),
-        str(bucket.detected),
+        str(bucket.found),
+        str(bucket.acted),
+        str(bucket.withheld),
+        str(bucket.missed),
         recall,
         seconds(bucket.delay_quantile(0.5)),
         seconds(bucket.delay_quantile(0.95)),

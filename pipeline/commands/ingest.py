@@ -11,6 +11,15 @@
     fleetpulse ingest tpu-runtime    libtpu on this TPU host → fleet.telemetry.tpu / .ici
     fleetpulse ingest xid            NVRM Xid lines of the kernel log → fleet.events.xid
                                      (--log FILE, --journal-json FILE|-, or --kmsg [PATH])
+    fleetpulse ingest capacity       the cloud's capacity signals → fleet.events.capacity:
+                                     GPU/TPU quota usage, limits, exceeded (Cloud Monitoring),
+                                     TPU queued resources, stock-outs and node maintenance (TPU
+                                     API), GPU instances' upcoming maintenance (Compute Engine),
+                                     this host's maintenance-event / preempted (metadata
+                                     server); TPU slices and GPU instances → fleet.inventory.
+                                     Settings: the [capacity] section (feeds, project, zones,
+                                     *_endpoint, metadata_url), e.g.
+                                     FLEETPULSE_CAPACITY__FEEDS='["quota", "metadata"]'
 
 Each poll reads from the last committed position (sources.state_dir/<source>.json), publishes
 with acks=all, and only then commits; inputs that do not parse go to fleet.dlq. A failing
@@ -32,7 +41,7 @@ from pipeline.retry import Backoff
 from pipeline.selfmetrics import Ready, serve_stats
 from pipeline.sources.base import LoopStats, Publisher, Source, run_source
 
-SOURCES = ("prometheus", "cloudmon", "tpu-runtime", "xid")
+SOURCES = ("prometheus", "cloudmon", "tpu-runtime", "xid", "capacity")
 # `--once` is a check run by a person or a script: a few tries, then an error and a non-zero
 # exit, where the daemon retries for as long as the endpoint is down.
 ONCE_ATTEMPTS = 3
@@ -41,7 +50,7 @@ ONCE_ATTEMPTS = 3
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "ingest",
-        help="run an ingest adapter (prometheus, cloudmon, tpu-runtime, xid) into Kafka",
+        help="run an ingest adapter (prometheus, cloudmon, tpu-runtime, xid, capacity) into Kafka",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -74,8 +83,13 @@ def build_source(
     *,
     journal_json: str | None = None,
     kmsg: str | None = None,
+    once: bool = False,
 ) -> Source:
     config = settings.sources
+    if name == "capacity":
+        from pipeline.sources.capacity import CapacitySource
+
+        return CapacitySource(settings.capacity, config, once=once)
     if name == "prometheus":
         from pipeline.sources.prometheus import PrometheusSource
 
@@ -104,7 +118,12 @@ def build_source(
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     source = build_source(
-        args.source, settings, args.log, journal_json=args.journal_json, kmsg=args.kmsg
+        args.source,
+        settings,
+        args.log,
+        journal_json=args.journal_json,
+        kmsg=args.kmsg,
+        once=args.once,
     )
     publisher: Publisher
     ready: Ready
@@ -127,7 +146,11 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         run_source(
             source,
             publisher,
-            interval_s=config.poll_interval_s,
+            interval_s=(
+                settings.capacity.poll_interval_s
+                if args.source == "capacity"
+                else config.poll_interval_s
+            ),
             backoff=Backoff(config.backoff_initial_s, config.backoff_max_s),
             stop=stop,
             max_polls=1 if args.once else args.max_polls,

@@ -5,9 +5,13 @@
         deploy/prometheus/prometheus.sh start
     FLEETPULSE_SOURCES__PROMETHEUS_URL=http://127.0.0.1:19090 fleetpulse ingest prometheus
 
-Serves a dcgm-exporter /metrics per GPU node, a Cloud Monitoring ListTimeSeries server, a
-libtpu runtime-metrics server per TPU host, and appends XID lines to a kernel log per GPU node
-(OUT/kernel/<node>/kern.log, rotated every --rotate-every seconds). The simulation starts now
+Serves a dcgm-exporter /metrics and a GCE metadata server per GPU node, a Cloud Monitoring
+ListTimeSeries server (TPU metrics, interruptions, GPU/TPU quota), a Cloud TPU API (nodes,
+queued resources; gRPC), a Compute Engine API (instances; REST), a libtpu runtime-metrics
+server per TPU host, and appends XID lines to a kernel log per GPU node
+(OUT/kernel/<node>/kern.log, rotated every --rotate-every seconds). For `ingest capacity`:
+FLEETPULSE_CAPACITY__MONITORING_ENDPOINT / TPU_ENDPOINT / COMPUTE_ENDPOINT / METADATA_URL
+from endpoints.json. The simulation starts now
 (its event time is the wall clock) and runs at --speed times real time; Prometheus only
 accepts sample timestamps near its own clock, so keep --speed 1 when it scrapes. OUT holds
 prometheus-targets.json (file_sd), tpu-inventory.json (for `ingest cloudmon`) and
@@ -57,6 +61,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--tpu-runtime-port-base", type=int, default=0, help="first libtpu port (0: any)"
     )
     parser.add_argument("--cloudmon-port", type=int, default=0, help="Cloud Monitoring port")
+    parser.add_argument("--tpu-api-port", type=int, default=0, help="Cloud TPU API port")
+    parser.add_argument("--compute-port", type=int, default=0, help="Compute Engine API port")
     parser.add_argument(
         "--cloudmon-gke",
         action="store_true",
@@ -123,13 +129,17 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         tpu_runtime_port_base=args.tpu_runtime_port_base,
         cloudmon_port=args.cloudmon_port,
         cloudmon_gke=args.cloudmon_gke,
+        tpu_api_port=args.tpu_api_port,
+        compute_port=args.compute_port,
         project=settings.sources.cloudmon_project,
         timestamps=not args.no_timestamps,
         boot_ms=sim.start_ms - 600_000,
     ) as endpoints:
         print(
             f"serving {len(endpoints.exporters)} GPU nodes, {len(endpoints.runtimes)} TPU hosts, "
-            f"Cloud Monitoring at {endpoints.cloudmon.address}; manifests in {args.out}",
+            f"Cloud Monitoring at {endpoints.cloudmon.address}, TPU API at "
+            f"{endpoints.tpu_api.address}, Compute at {endpoints.compute.address}; "
+            f"manifests in {args.out}",
             flush=True,
         )
         replay(sim, endpoints, speed=args.speed, stop=stop, rotate_every_s=args.rotate_every)

@@ -35,8 +35,8 @@ def _lake(args: argparse.Namespace, settings: Settings) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     root = args.lake or settings.lake.path
-    stats = run_until_signalled(settings, root, args.exit_when_idle)
-    print(f"lake sink: {stats.records} records, {stats.rows} rows in {stats.files} files, "
-          f"{stats.dead_letters} dead letters, {stats.tombstones} tombstones skipped, "
-          f"{stats.commits} commits → {root}")
+    edge, lake = run_until_signalled(settings, root, args.exit_when_idle)
+    print(f"lake sink: {edge.records} records, {lake.rows} rows in {lake.files} files, "
+          f"{edge.dead_lettered} dead letters, {lake.tombstones} tombstones skipped, "
+          f"{edge.commits} commits → {root}")
     return 0

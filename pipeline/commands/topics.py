@@ -18,8 +18,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "create",
         help="create every missing topic (idempotent)",
         description="Create every FleetPulse topic that does not exist yet, with the configured "
-        "partition count, compaction for node-state and retention. Existing topics are left "
-        "as they are.",
+        "partition count, compaction for node-state and retention, and the worker group's "
+        "own: its internal topics and its state tables' compacted changelogs "
+        "(<group>-<table>-changelog, the group being worker.group_id). Existing topics are "
+        "left as they are.",
     )
     create.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                         help="give up when no broker answers within SECONDS")
@@ -36,11 +38,12 @@ def _create(args: argparse.Namespace, settings: Settings) -> int:
     # Said before the wait, so a person sees at once what it is waiting for.
     print(f"connecting to Kafka at {settings.kafka.bootstrap} (up to {args.timeout:g} s)…",
           file=sys.stderr, flush=True)
-    results = create_topics(settings.kafka, bootstrap_timeout_s=args.timeout)
+    results = create_topics(settings.kafka, bootstrap_timeout_s=args.timeout,
+                            group_id=settings.worker.group_id)
     for result in results:
         status = "created" if result.created else "exists"
         note = f"  ({result.note})" if result.note else ""
-        print(f"{status:8} {result.name:28} partitions={result.partitions}{note}")
+        print(f"{status:8} {result.name:40} partitions={result.partitions}{note}")
     created = sum(result.created for result in results)
     print(
         f"{created} created, {len(results) - created} already present on {settings.kafka.bootstrap}"
@@ -49,7 +52,13 @@ def _create(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.runtime.group_topics import group_name, group_topics  # the topology: heavy
+
     for spec in TOPICS:
         configs = ",".join(f"{k}={v}" for k, v in topic_configs(settings.kafka, spec).items())
-        print(f"{topic_name(settings.kafka, spec.suffix):28} key={spec.key:12} {configs}")
+        print(f"{topic_name(settings.kafka, spec.suffix):40} key={spec.key:12} {configs}")
+    group = group_name(settings.kafka, settings.worker.group_id)
+    for topic in group_topics(settings.kafka, group):  # the worker group's own
+        configs = ",".join(f"{k}={v}" for k, v in topic.configs.items()) or "broker defaults"
+        print(f"{topic.name:40} partitions={topic.partitions:<3} {configs}")
     return 0

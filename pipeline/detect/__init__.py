@@ -1,12 +1,14 @@
-"""Pure detectors: rolling statistics, peer comparison, XID rules, ICI localisation.
+"""Pure detectors: rolling statistics, peer comparison, XID rules, ICI and fabric localisation.
 
 Each detector is `detect_*(state | None, record, settings) -> (state, findings)` with one
-msgspec state per key (node for GPU samples and XIDs, slice for TPU and ICI samples), mutated
-and returned. No I/O, no clock: time is the records' event time, and the runtime calls the
+msgspec state per key (node for GPU, fabric samples and XIDs, slice for TPU and ICI samples),
+mutated and returned. No I/O, no clock: time is the records' event time, and the runtime calls the
 `check_stale_*` / `expire_xid` functions with the event time it has seen advance (a node that
 stops reporting sends nothing, so its silence is noticed through other records).
 
-Every check is an episode: one unhealthy finding when it opens and one `healthy=True` finding
+Every check is declared once in catalog.py (signal, threshold, persistence, severity, action,
+evidence; docs/checks.md is generated from it) and is an episode, counted and emitted by one
+engine (episodes.py): one unhealthy finding when it opens and one `healthy=True` finding
 with the same check when it clears; ids are stable_id(target, device, check, episode start),
 so replays and bursts give the same id. Each reporting target also gets a `heartbeat` finding
 at most once per `heartbeat_s` of event time: the health machine's clock.
@@ -18,6 +20,7 @@ episode) are dropped and counted in `state.dropped`.
 """
 
 from pipeline.detect.announce import note_event
+from pipeline.detect.fabric import FabricNodeState, detect_fabric
 from pipeline.detect.gpu import GpuDevice, GpuNodeState, check_stale_gpu, detect_gpu
 from pipeline.detect.ici import IciSliceState, LinkEnd, detect_ici
 from pipeline.detect.series import SeriesFlag, SeriesParams, SeriesState, series_step
@@ -25,6 +28,7 @@ from pipeline.detect.tpu import TpuChip, TpuHost, TpuSliceState, check_stale_tpu
 from pipeline.detect.xid import XidState, detect_xid, expire_xid
 
 __all__ = [
+    "FabricNodeState",
     "GpuDevice",
     "GpuNodeState",
     "IciSliceState",
@@ -38,6 +42,7 @@ __all__ = [
     "XidState",
     "check_stale_gpu",
     "check_stale_tpu",
+    "detect_fabric",
     "detect_gpu",
     "detect_ici",
     "detect_tpu",

@@ -1,25 +1,14 @@
 """The GPU node detector: one state per node, fed that node's dcgm-exporter scrapes.
 
-Checks (entity gpu unless noted; see gpu_rules for the thresholds):
-  gpu.ecc.dbe            new uncorrectable ECC errors           critical, fatal, reset_gpu
-  gpu.row_remap.failure  no spare rows left                     critical, fatal, replace
-  gpu.row_remap.pending  remap waits for a reset                warning, reset_gpu
-  gpu.recovery_action    the driver asks for a reset / reboot   critical, fatal, per action
-  gpu.pcie.replay_rate   replays piling up within a window      warning, cordon
-  gpu.pcie.link_downgrade link width/gen below its best         warning, cordon
-  gpu.pcie.traffic       PCIe bytes collapsed against peers     warning, cordon (NIC path)
-  gpu.nvlink.crc_rate    NVLink errors in several scrapes       warning, cordon
-  gpu.ecc.sbe_rate       single-bit error storm                 info, watch (never cordons)
-  gpu.temp.peer          hotter than same-job peers, sustained  warning, cordon
-  gpu.clock.throttle     SM clock below peers, or below its own warning, cordon
-                         history with heat evidence, or hardware slowdown reasons
-  gpu.clock.slow         below its own same-job history, no     warning, watch (escalates to
-                         evidence (transient slowdowns do this) gpu.clock.throttle if it lasts)
-  gpu.power.peer         straggler with hardware-like evidence  warning, cordon
-  gpu.missing            a known GPU absent from the scrape     critical, fatal, reboot
-  node.stale (node)      the node stopped reporting             critical, reboot
-  node.down (node)       ... and stayed silent `node_down_s`    critical, fatal, reboot
-                         (announced absences: node.stale watch only, no node.down)
+Checks (severity, action, persistence and settings: catalog.py, docs/checks.md):
+  counters (gpu_counters.py)  gpu.ecc.dbe, gpu.row_remap.failure, gpu.row_remap.pending,
+                              gpu.recovery_action, gpu.pcie.replay_rate, gpu.pcie.link_downgrade,
+                              gpu.nvlink.crc_rate, gpu.ecc.sbe_rate (noise: watch only)
+  gauges (gpu_gauges.py)      gpu.temp.peer, gpu.clock.throttle, gpu.clock.slow (watched; becomes
+                              gpu.clock.throttle if it lasts), gpu.power.peer, gpu.pcie.traffic
+  here                        gpu.missing (a known GPU absent from the scrape), node.stale (the
+                              node stopped reporting), node.down (... and stayed silent
+                              `node_down_s`; announced absences: node.stale watch only)
 """
 
 from __future__ import annotations
@@ -28,7 +17,8 @@ import msgspec
 
 from pipeline.config import DetectSettings
 from pipeline.detect.announce import announced
-from pipeline.detect.findings import Book, clear_check, evidence, heartbeat, open_check, refresh
+from pipeline.detect.episodes import Run, clear_episode, open_episode, rule
+from pipeline.detect.findings import Book, evidence, heartbeat, refresh
 from pipeline.detect.gpu_context import Ctx, Peers, View
 from pipeline.detect.gpu_counters import counter_rules
 from pipeline.detect.gpu_gauges import gauge_rules
@@ -57,7 +47,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     was_busy: bool = False
     thermal_reasons: bool = False  # last throttle reasons: thermal or hardware slowdown
     slowdown_reasons: bool = False  # ... hardware slowdown (HW thermal, power brake)
-    streaks: dict[str, int] = {}  # per check: consecutive bad (> 0) or good (< 0) scrapes
+    runs: dict[str, Run] = {}  # per check: its bad or clearing stretch (episode engine)
     nvlink_hits: list[int] = []  # ts of recent scrapes with new NVLink errors
     pcie_hits: list[tuple[int, float]] = []  # (ts, replays) of recent scrapes with replays
     sbe_hour: float = 0.0  # SBE count decaying with a one-hour half-life ...
@@ -101,7 +91,7 @@ def detect_gpu(
     )
     if book.open:
         for check in (NODE_STALE, NODE_DOWN):
-            ctx.emit(clear_check(book, sample.ts, check, None, f"node {book.name} reporting"))
+            ctx.emit(clear_episode(book, check, sample.ts, None, f"node {book.name} reporting"))
     views = [
         View(r.device, r.uuid, r.job, r.metrics, settings.busy_util_pct) for r in sample.gpus
     ]
@@ -147,15 +137,12 @@ def check_stale_gpu(
         note = announced(state.book, start_ts)  # deleted, drained or maintained on purpose?
         if note is not None and check == NODE_DOWN:
             break
-        finding = open_check(
+        finding = open_episode(
             state.book,
+            check,
             now_ms,
-            check=check,
             device=None,
-            kind="node",
-            severity="info" if note else "critical",
-            action="watch" if note else "reboot",
-            fatal=check == NODE_DOWN,
+            announced=note is not None,
             start_ts=start_ts,
             evidence=evidence(
                 "seconds_since_last_scrape",
@@ -186,12 +173,12 @@ def _device(state: GpuNodeState, view: View, ctx: Ctx) -> GpuDevice:
     dev = state.devices.get(view.device)
     if dev is not None and dev.uuid == view.uuid:
         if dev.absent:
-            if dev.absent >= ctx.settings.missing_samples:
+            if dev.absent >= rule(ctx.settings, GPU_MISSING).open_after:
                 ctx.emit(
-                    clear_check(
+                    clear_episode(
                         ctx.book,
-                        ctx.ts,
                         GPU_MISSING,
+                        ctx.ts,
                         view.device,
                         f"GPU {view.device} reporting again",
                     )
@@ -202,10 +189,10 @@ def _device(state: GpuNodeState, view: View, ctx: Ctx) -> GpuDevice:
         for key, episode in list(ctx.book.open.items()):
             if episode.device == view.device:
                 ctx.emit(
-                    clear_check(
+                    clear_episode(
                         ctx.book,
-                        ctx.ts,
                         episode.check,
+                        ctx.ts,
                         view.device,
                         f"GPU {view.device} replaced ({view.uuid})",
                         key=key,
@@ -223,23 +210,19 @@ def _absent(state: GpuNodeState, seen: set[str], ctx: Ctx) -> None:
         if device in seen:
             continue
         dev.absent += 1
-        if dev.absent == ctx.settings.missing_samples:
+        if dev.absent == rule(ctx.settings, GPU_MISSING).open_after:
             ctx.emit(
-                open_check(
+                open_episode(
                     ctx.book,
+                    GPU_MISSING,
                     ctx.ts,
-                    check=GPU_MISSING,
                     device=device,
-                    kind="gpu",
-                    severity="critical",
-                    action="reboot",
-                    fatal=True,
                     evidence=evidence(
                         "gpus_reporting",
                         len(seen),
                         len(state.devices),
                         None,
-                        ctx.settings.missing_samples * ctx.interval_s,
+                        rule(ctx.settings, GPU_MISSING).open_after * ctx.interval_s,
                     ),
                     message=f"GPU {device} ({dev.uuid}) missing from {dev.absent} scrapes while "
                     f"the node reports",

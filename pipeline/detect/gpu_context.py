@@ -1,14 +1,15 @@
 """What the per-GPU rules share: the scrape context, a GPU's view of the scrape, its peers,
-and consecutive-sample episode tracking."""
+and the GPU rules' way into the episode engine."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.detect import episodes
 from pipeline.detect import gpu_metrics as gm
-from pipeline.detect.findings import CLEAR, OPEN, clear_check, evidence, open_check
-from pipeline.detect.stats import advance
-from pipeline.model import Finding, RecommendedAction, Severity
+from pipeline.detect.episodes import CLEAR, OPEN, clear_episode, open_episode
+from pipeline.detect.findings import evidence
+from pipeline.model import Finding, RecommendedAction
 
 if TYPE_CHECKING:
     from pipeline.config import DetectSettings
@@ -82,22 +83,12 @@ class View:
         return self.temp is not None or self.clock is not None or self.power is not None
 
 
-def step(ctx: Ctx, dev: GpuDevice, check: str, bad: bool, persist: int) -> int:
-    """Count consecutive bad / good samples of a check on a device.
-
-    Returns OPEN when the bad run reaches `persist`, CLEAR when the good run reaches the clear
-    limit, else 0; the caller builds the finding only then (messages cost time).
-    """
-    streak = dev.streaks.get(check, 0)
-    if not bad and streak <= -ctx.settings.clear_persist_samples:
+def step(ctx: Ctx, dev: GpuDevice, check: str, bad: bool) -> int:
+    """Feed one verdict of a check on a device to the episode engine: OPEN, CLEAR or 0; the
+    caller builds the finding only then (messages cost time)."""
+    if not bad and check not in dev.runs:
         return 0  # the common case: healthy for a while already
-    streak = advance(streak, bad)
-    dev.streaks[check] = streak
-    if streak == persist:
-        return OPEN
-    if streak == -ctx.settings.clear_persist_samples:
-        return CLEAR
-    return 0
+    return episodes.step(dev.runs, check, ctx.ts, bad, episodes.rule(ctx.settings, check))
 
 
 def edge(
@@ -105,38 +96,34 @@ def edge(
     transition: int,
     device: str,
     check: str,
-    persist: int,
     *,
-    severity: Severity,
-    action: RecommendedAction,
     metric: str,
     value: float | None,
     baseline: float | None,
     score: float | None,
     message: str,
-    fatal: bool = False,
+    action: RecommendedAction | None = None,
 ) -> None:
-    """Emit the finding of an OPEN or CLEAR transition returned by `step`."""
+    """Emit the finding of an OPEN or CLEAR transition returned by `step`; the evidence
+    window is the check's persistence."""
+    persist = episodes.rule(ctx.settings, check).open_after
     proof = evidence(metric, value, baseline, score, persist * ctx.interval_s)
     if transition == OPEN:
         ctx.emit(
-            open_check(
+            open_episode(
                 ctx.book,
+                check,
                 ctx.ts,
-                check=check,
                 device=device,
-                kind="gpu",
-                severity=severity,
                 action=action,
-                fatal=fatal,
                 message=f"GPU {device}: {message}",
                 evidence=proof,
             )
         )
     elif transition == CLEAR:
         ctx.emit(
-            clear_check(
-                ctx.book, ctx.ts, check, device, f"GPU {device}: {check} back to normal", proof
+            clear_episode(
+                ctx.book, check, ctx.ts, device, f"GPU {device}: {check} back to normal", proof
             )
         )
 
@@ -144,5 +131,5 @@ def edge(
 def unjudged(ctx: Ctx, dev: GpuDevice, device: str, check: str) -> None:
     # Nothing to judge (idle, no peers, no value) counts towards clearing, so a repaired GPU
     # that sits idle on a cordoned node does not keep its old finding open forever.
-    if step(ctx, dev, check, False, 1) == CLEAR:
-        ctx.emit(clear_check(ctx.book, ctx.ts, check, device, f"GPU {device}: {check} cleared"))
+    if step(ctx, dev, check, False) == CLEAR:
+        ctx.emit(clear_episode(ctx.book, check, ctx.ts, device, f"GPU {device}: {check} cleared"))

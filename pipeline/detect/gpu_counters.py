@@ -11,7 +11,8 @@ import math
 from typing import TYPE_CHECKING
 
 from pipeline.detect import gpu_metrics as gm
-from pipeline.detect.findings import clear_check, evidence, is_open, open_check
+from pipeline.detect.episodes import clear_episode, counting, open_episode, rule
+from pipeline.detect.findings import evidence, is_open
 from pipeline.detect.gpu_context import Ctx, View, edge, step
 from pipeline.detect.stats import counter_delta
 
@@ -84,11 +85,8 @@ def _settle(ctx: Ctx, dev: GpuDevice) -> None:
     stepped check may be counting towards a transition, and `wake_ts` is the first time a
     window or quiet period ends (something then changes with no new data)."""
     s = ctx.settings
-    clear = s.clear_persist_samples
-    streaks = dev.streaks
-    persist = {PCIE_DOWNGRADE: s.counter_persist_samples}
-    dev.at_rest = all(
-        not -clear < streaks.get(check, -clear) < persist.get(check, 1) for check in STEPPED_CHECKS
+    dev.at_rest = not any(
+        counting(dev.runs, check, rule(s, check)) for check in STEPPED_CHECKS
     )
     wakes = []
     if dev.nvlink_hits:
@@ -111,22 +109,18 @@ def _dbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
         dev.last_dbe_ts = ctx.ts
         if not is_open(ctx.book, DBE, device):
             ctx.emit(
-                open_check(
+                open_episode(
                     ctx.book,
+                    DBE,
                     ctx.ts,
-                    check=DBE,
                     device=device,
-                    kind="gpu",
-                    severity="critical",
-                    action="reset_gpu",
-                    fatal=True,
                     evidence=evidence(gm.DBE, new, 0.0, None, 0),
                     message=f"GPU {device}: {new:g} new double-bit (uncorrectable) ECC errors",
                 )
             )
     elif dev.last_dbe_ts and ctx.ts - dev.last_dbe_ts >= ctx.settings.counter_quiet_s * 1000:
         dev.last_dbe_ts = 0
-        ctx.emit(clear_check(ctx.book, ctx.ts, DBE, device, f"GPU {device}: no new DBE"))
+        ctx.emit(clear_episode(ctx.book, DBE, ctx.ts, device, f"GPU {device}: no new DBE"))
 
 
 def _row_remap(
@@ -139,17 +133,13 @@ def _row_remap(
 ) -> None:
     s = ctx.settings
     if failure is not None:
-        transition = step(ctx, dev, REMAP_FAILURE, failure >= 1, 1)
+        transition = step(ctx, dev, REMAP_FAILURE, failure >= 1)
         if transition:
             edge(
                 ctx,
                 transition,
                 device,
                 REMAP_FAILURE,
-                1,
-                severity="critical",
-                action="replace",
-                fatal=True,
                 metric=gm.REMAP_FAILURE,
                 value=failure,
                 baseline=0.0,
@@ -165,16 +155,13 @@ def _row_remap(
         pending = dev.last_rows_ts > 0 and ctx.ts - dev.last_rows_ts < quiet_ms
     if not pending and dev.last_rows_ts and ctx.ts - dev.last_rows_ts >= quiet_ms:
         dev.last_rows_ts = 0
-    transition = step(ctx, dev, REMAP_PENDING, pending, 1)
+    transition = step(ctx, dev, REMAP_PENDING, pending)
     if transition:
         edge(
             ctx,
             transition,
             device,
             REMAP_PENDING,
-            1,
-            severity="warning",
-            action="reset_gpu",
             metric=gm.REMAP_PENDING,
             value=flag,
             baseline=0.0,
@@ -205,14 +192,11 @@ def _pcie(
     replaying = total >= s.pcie_replays
     if replaying and not is_open(ctx.book, PCIE_REPLAY, view.device):
         ctx.emit(
-            open_check(
+            open_episode(
                 ctx.book,
+                PCIE_REPLAY,
                 ctx.ts,
-                check=PCIE_REPLAY,
                 device=view.device,
-                kind="gpu",
-                severity="warning",
-                action="cordon",
                 evidence=evidence(
                     gm.PCIE_REPLAY, total, s.pcie_replays, total / s.pcie_replays, s.pcie_window_s
                 ),
@@ -221,10 +205,10 @@ def _pcie(
         )
     elif not hits:
         ctx.emit(
-            clear_check(
+            clear_episode(
                 ctx.book,
-                ctx.ts,
                 PCIE_REPLAY,
+                ctx.ts,
                 view.device,
                 f"GPU {view.device}: no PCIe replays for {s.pcie_window_s} s",
             )
@@ -238,17 +222,13 @@ def _pcie(
         dev.best_width = width
     if view.busy and gen is not None and gen > dev.best_gen:
         dev.best_gen = gen
-    persist = s.counter_persist_samples
-    transition = step(ctx, dev, PCIE_DOWNGRADE, downgraded, persist)
+    transition = step(ctx, dev, PCIE_DOWNGRADE, downgraded)
     if transition:
         edge(
             ctx,
             transition,
             view.device,
             PCIE_DOWNGRADE,
-            persist,
-            severity="warning",
-            action="cordon",
             metric=gm.PCIE_WIDTH,
             value=width,
             baseline=dev.best_width,
@@ -262,7 +242,7 @@ def _recovery(ctx: Ctx, dev: GpuDevice, device: str, code: float | None) -> None
     """The driver's own verdict (NVML recovery action, XID 154's payload): act on it."""
     if code is None:
         return
-    transition = step(ctx, dev, RECOVERY, code >= 1, 1)
+    transition = step(ctx, dev, RECOVERY, code >= 1)
     if transition:
         name, action = gm.recovery(int(code))
         edge(
@@ -270,10 +250,7 @@ def _recovery(ctx: Ctx, dev: GpuDevice, device: str, code: float | None) -> None
             transition,
             device,
             RECOVERY,
-            1,
-            severity="critical",
             action=action,
-            fatal=True,
             metric=gm.RECOVERY_ACTION,
             value=code,
             baseline=0.0,
@@ -300,14 +277,11 @@ def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
     ):
         if not is_open(ctx.book, NVLINK, device):
             ctx.emit(
-                open_check(
+                open_episode(
                     ctx.book,
+                    NVLINK,
                     ctx.ts,
-                    check=NVLINK,
                     device=device,
-                    kind="gpu",
-                    severity="warning",
-                    action="cordon",
                     evidence=evidence(
                         "DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL",
                         errors,
@@ -320,7 +294,7 @@ def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
                 )
             )
     elif not hits:
-        ctx.emit(clear_check(ctx.book, ctx.ts, NVLINK, device, f"GPU {device}: NVLink quiet"))
+        ctx.emit(clear_episode(ctx.book, NVLINK, ctx.ts, device, f"GPU {device}: NVLink quiet"))
 
 
 def _sbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
@@ -333,14 +307,11 @@ def _sbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
     limit = ctx.settings.sbe_watch_per_hour
     if dev.sbe_hour >= limit and not is_open(ctx.book, SBE, device):
         ctx.emit(
-            open_check(
+            open_episode(
                 ctx.book,
+                SBE,
                 ctx.ts,
-                check=SBE,
                 device=device,
-                kind="gpu",
-                severity="info",
-                action="watch",
                 evidence=evidence(gm.SBE, dev.sbe_hour, limit, None, 3600),
                 message=f"GPU {device}: ~{dev.sbe_hour:.0f} single-bit ECC errors in the last hour",
             )
@@ -348,4 +319,4 @@ def _sbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
     elif dev.sbe_hour < limit / 2:
         if dev.sbe_hour < 1:
             dev.sbe_hour = 0.0
-        ctx.emit(clear_check(ctx.book, ctx.ts, SBE, device, f"GPU {device}: SBE rate low"))
+        ctx.emit(clear_episode(ctx.book, SBE, ctx.ts, device, f"GPU {device}: SBE rate low"))

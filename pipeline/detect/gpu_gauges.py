@@ -41,7 +41,6 @@ def gauge_rules(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs
 
 def _temperature(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> bool:
     s = ctx.settings
-    persist = s.gray_persist_samples
     temp = view.temp
     if temp is None or peers is None or peers.n < s.peer_min:
         unjudged(ctx, dev, view.device, TEMP)
@@ -68,16 +67,13 @@ def _temperature(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> b
         TEMP_FLOOR_C,
         s.anomaly_adapt if bad else 1.0,
     )
-    transition = step(ctx, dev, TEMP, bad, persist)
+    transition = step(ctx, dev, TEMP, bad)
     if transition:
         edge(
             ctx,
             transition,
             view.device,
             TEMP,
-            persist,
-            severity="warning",
-            action="cordon",
             metric=gm.TEMP,
             value=temp,
             baseline=peers.temp + base.mean,
@@ -93,7 +89,6 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     evidence at all (`gpu.clock.slow`) is only watched: a transient compute slowdown looks the
     same, so it becomes a throttle finding only once it has lasted `slow_escalate_s`."""
     s = ctx.settings
-    persist = s.gray_persist_samples
     clock = view.clock
     if clock is None or not view.busy:
         # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
@@ -102,16 +97,13 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
         if not signs.slowdown:
             unjudged(ctx, dev, view.device, CLOCK)
             return False
-        transition = step(ctx, dev, CLOCK, True, persist)
+        transition = step(ctx, dev, CLOCK, True)
         if transition:
             edge(
                 ctx,
                 transition,
                 view.device,
                 CLOCK,
-                persist,
-                severity="warning",
-                action="cordon",
                 metric=gm.THROTTLE_REASONS,
                 value=view.metrics.get(gm.THROTTLE_REASONS),
                 baseline=0.0,
@@ -130,7 +122,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
         dev.slow_since = 0
     lasting = plain and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
     bad = slow_peer or slow_heat or signs.slowdown or lasting
-    transition = step(ctx, dev, CLOCK, bad, persist)
+    transition = step(ctx, dev, CLOCK, bad)
     if transition:
         own = dev.clock_own.mean
         reference = peers.clock if slow_peer and peers is not None else own
@@ -140,9 +132,6 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
             transition,
             view.device,
             CLOCK,
-            persist,
-            severity="warning",
-            action="cordon",
             metric=gm.SM_CLOCK,
             value=clock,
             baseline=reference,
@@ -150,16 +139,13 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
             message=f"SM clock {clock:.0f} MHz against {reference:.0f} MHz"
             + (f" with {why}" if signs.thermal or signs.slowdown else ""),
         )
-    transition = step(ctx, dev, SLOW, plain, persist)
+    transition = step(ctx, dev, SLOW, plain)
     if transition:
         edge(
             ctx,
             transition,
             view.device,
             SLOW,
-            persist,
-            severity="warning",
-            action="watch",
             metric=gm.SM_CLOCK,
             value=clock,
             baseline=dev.clock_own.mean,
@@ -215,22 +201,18 @@ def _pcie_traffic(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> 
     """A GPU whose PCIe traffic collapsed while its same-job peers keep moving data: the NIC
     or PCIe switch behind it (GPUDirect RDMA goes through PCIe)."""
     s = ctx.settings
-    persist = s.counter_persist_samples
     traffic = view.pcie
     if traffic is None or peers is None or peers.n < s.peer_min:
         unjudged(ctx, dev, view.device, PCIE_TRAFFIC)
         return False
     starved = peers.pcie >= s.pcie_traffic_min_bps and traffic <= s.pcie_traffic_frac * peers.pcie
-    transition = step(ctx, dev, PCIE_TRAFFIC, starved, persist)
+    transition = step(ctx, dev, PCIE_TRAFFIC, starved)
     if transition:
         edge(
             ctx,
             transition,
             view.device,
             PCIE_TRAFFIC,
-            persist,
-            severity="warning",
-            action="cordon",
             metric="DCGM_FI_PROF_PCIE_TX_BYTES+RX_BYTES",
             value=traffic,
             baseline=peers.pcie,
@@ -248,7 +230,6 @@ def _power(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, corroborat
     this opens only with hardware-like evidence or when the GPU stays slow across jobs.
     """
     s = ctx.settings
-    persist = s.gray_persist_samples
     power = view.power
     if power is None or not view.busy or peers is None or peers.n_busy < s.peer_min:
         unjudged(ctx, dev, view.device, POWER)
@@ -282,16 +263,13 @@ def _power(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, corroborat
         if dev.normal_busy >= s.clear_persist_samples:
             jobs.clear()
     bad = low and (corroborated or len(jobs) >= s.straggler_min_jobs)
-    transition = step(ctx, dev, POWER, bad, persist)
+    transition = step(ctx, dev, POWER, bad)
     if transition:
         edge(
             ctx,
             transition,
             view.device,
             POWER,
-            persist,
-            severity="warning",
-            action="cordon",
             metric=gm.POWER,
             value=power,
             baseline=peers.power,

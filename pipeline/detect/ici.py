@@ -1,21 +1,19 @@
 """The ICI detector: one state per slice, fed every host's link counters.
 
 Every ICI link is seen from both ends (chip a port p -> chip b, and chip b -> chip a), usually
-by two different hosts. Faults are localised from the ends together:
+by two different hosts. Faults are localised from the ends together (severity, action and
+persistence of each check: catalog.py, docs/checks.md):
   ici.host.down (node)       every link into one host's chips is down, as the neighbours
-                             report it (a dead host reports nothing)   critical, repair_slice
+                             report it (a dead host reports nothing)
   ici.chip.down (tpu_chip)   every link of one chip is down: the chip, not the cables
-                             critical, repair_slice
   ici.link.down (ici_link)   both ends report the link down, confirmed once after
                              `ici_link_persist_s` (so an OCS pattern can form first), or one
                              end for `ici_one_sided_s` while the other stays silent or healthy
-                             critical, repair_slice
   ici.ocs.degraded (slice)   `ici_ocs_min_links` links down in one torus dimension at once:
                              an optical circuit switch; ICI resiliency routes around it
-                             warning, watch
   ici.link.degraded (ici_link) health between 1 and 9, flit rate well below the link's usual
                              share of the host's traffic, or errors: resiliency at work
-                             warning, watch (not a repair)
+                             (watched, not a repair)
 Health is libtpu's `ici_link_health` scale as observed: 0 healthy, 10 down.
 """
 
@@ -24,19 +22,19 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import DetectSettings
-from pipeline.detect.findings import (
+from pipeline.detect.episodes import (
     CLEAR,
     OPEN,
-    Book,
+    Rule,
     Run,
-    clear_check,
-    evidence,
-    open_check,
-    refresh,
-    timed_step,
+    clear_episode,
+    open_episode,
+    rule,
+    step,
 )
+from pipeline.detect.findings import Book, evidence, refresh
 from pipeline.detect.stats import alpha_for, counter_delta, median
-from pipeline.model import EntityKind, Finding, IciLink, IciSample, RecommendedAction, Severity
+from pipeline.model import Finding, IciLink, IciSample
 
 LINK_DOWN = "ici.link.down"
 LINK_DEGRADED = "ici.link.degraded"
@@ -75,11 +73,10 @@ class IciSliceState(msgspec.Struct, kw_only=True):
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """A check's verdict at this instant; severity, action and entity are the catalog's."""
+
     check: str
     device: str
-    kind: EntityKind
-    severity: Severity
-    action: RecommendedAction
     persist_ms: int
     metric: str
     value: float
@@ -191,28 +188,27 @@ def _judge_shares(rates: list[tuple[LinkEnd, float]], settings: DetectSettings) 
 def _judge(state: IciSliceState, ts: int, settings: DetectSettings) -> list[Finding]:
     verdicts = _localise(state, ts, settings)
     out: list[Finding] = []
-    clear_ms = settings.tpu_clear_s * 1000
     for key in sorted(set(verdicts) | set(state.runs)):
         verdict = verdicts.get(key)
+        check = key.partition("|")[0]
+        # The open limit is the verdict's (a link down at one end waits longer than at both),
+        # the clear limit the check's.
         persist_ms = verdict.persist_ms if verdict is not None else 0
-        edge = timed_step(state.runs, key, ts, verdict is not None, persist_ms, clear_ms)
+        timing = Rule(persist_ms, True, rule(settings, check).clear_after, True)
+        edge = step(state.runs, key, ts, verdict is not None, timing)
         finding = None
         if edge == OPEN and verdict is not None:
-            finding = open_check(
+            finding = open_episode(
                 state.book,
+                verdict.check,
                 ts,
-                check=verdict.check,
                 device=verdict.device,
-                kind=verdict.kind,
-                severity=verdict.severity,
-                action=verdict.action,
                 key=key,
                 evidence=evidence(verdict.metric, verdict.value, 0.0, None, persist_ms / 1000),
                 message=verdict.message,
             )
         elif edge == CLEAR:
-            check = key.partition("|")[0]
-            finding = clear_check(state.book, ts, check, None, f"{check} resolved", key=key)
+            finding = clear_episode(state.book, check, ts, None, f"{check} resolved", key=key)
         if finding is not None:
             out.append(finding)
     return out
@@ -228,10 +224,7 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
         verdicts[f"{HOST_DOWN}|{host}"] = Verdict(
             check=HOST_DOWN,
             device=host,
-            kind="node",
-            severity="critical",
-            action="repair_slice",
-            persist_ms=settings.ici_link_persist_s * 1000,
+            persist_ms=rule(settings, HOST_DOWN).open_after,
             metric="ici_links_down",
             value=count,
             message=f"all {count} ICI links into host {host} are down, as its neighbours see "
@@ -245,10 +238,7 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
         verdicts[f"{CHIP_DOWN}|{chip}"] = Verdict(
             check=CHIP_DOWN,
             device=str(chip),
-            kind="tpu_chip",
-            severity="critical",
-            action="repair_slice",
-            persist_ms=0,
+            persist_ms=rule(settings, CHIP_DOWN).open_after,
             metric="ici_links_down",
             value=len(state.peers_of.get(chip, [])),
             message=f"every ICI link of chip {chip} is down: the chip, not its cables",
@@ -263,10 +253,7 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
             verdicts[f"{OCS}|dim{dimension}"] = Verdict(
                 check=OCS,
                 device=f"dim{dimension}",
-                kind="slice",
-                severity="warning",
-                action="watch",
-                persist_ms=settings.tpu_persist_s * 1000,
+                persist_ms=rule(settings, OCS).open_after,
                 metric="ici_links_down",
                 value=len(keys),
                 message=f"{len(keys)} ICI links down in dimension {dimension} at once: an "
@@ -280,10 +267,7 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
             verdicts[f"{LINK_DEGRADED}|{end.chip}:{end.port}"] = Verdict(
                 check=LINK_DEGRADED,
                 device=f"{end.chip}:{end.port}",
-                kind="ici_link",
-                severity="warning",
-                action="watch",
-                persist_ms=settings.tpu_persist_s * 1000,
+                persist_ms=rule(settings, LINK_DEGRADED).open_after,
                 metric=end.degraded,
                 value=end.health,
                 message=f"ICI link chip {end.chip} port {end.port} -> chip {end.peer} degraded "
@@ -351,10 +335,9 @@ def _down_links(
         links[key] = Verdict(
             check=LINK_DOWN,
             device=f"{named.chip}:{named.port}",
-            kind="ici_link",
-            severity="critical",
-            action="repair_slice",
-            persist_ms=(settings.ici_link_persist_s if both else settings.ici_one_sided_s) * 1000,
+            persist_ms=rule(settings, LINK_DOWN).open_after
+            if both
+            else settings.ici_one_sided_s * 1000,
             metric="ici_link_health",
             value=end.health,
             message=f"ICI link chip {low} <-> chip {high} down "

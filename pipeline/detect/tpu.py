@@ -1,14 +1,14 @@
 """The TPU slice detector: one state per slice, fed every host's chip scrapes.
 
 A slice is repaired as one unit, so every finding targets the slice (Target kind "slice");
-the entity says which chip or host. Checks:
+the entity says which chip or host. Checks (severity, action, persistence and settings:
+catalog.py, docs/checks.md):
   tpu.chip.duty_cycle      chip idle while its peers work (dead or hung chip)
-                           critical, repair_slice
-  tpu.chip.tensorcore_util chip slower than its peers (fail-slow)          warning, watch
-  tpu.chip.missing         a known chip absent from its host's scrape      critical, repair_slice
-  tpu.host.stale (node)    a host went silent, the rest of the slice not   critical, repair_slice
-  tpu.host.down (node)     ... for `node_down_s`                  critical, fatal, repair_slice
-  tpu.slice.stale (slice)  every host silent: taken down or maintained     warning, watch
+  tpu.chip.tensorcore_util chip slower than its peers (fail-slow), watched
+  tpu.chip.missing         a known chip absent from its host's scrape
+  tpu.host.stale (node)    a host went silent, the rest of the slice not
+  tpu.host.down (node)     ... for `node_down_s`, fatal
+  tpu.slice.stale (slice)  every host silent: taken down or maintained, watched
 
 Peers of a chip are the chips on the same job on the *other* hosts of the slice (a whole host
 going dark must not drag its own baseline down); a one-host slice compares its own chips.
@@ -20,18 +20,8 @@ import msgspec
 
 from pipeline.config import DetectSettings
 from pipeline.detect.announce import announced
-from pipeline.detect.findings import (
-    CLEAR,
-    OPEN,
-    Book,
-    Run,
-    clear_check,
-    evidence,
-    heartbeat,
-    open_check,
-    refresh,
-    timed_step,
-)
+from pipeline.detect.episodes import CLEAR, OPEN, Run, clear_episode, open_episode, rule, step
+from pipeline.detect.findings import Book, evidence, heartbeat, refresh
 from pipeline.detect.stats import median
 from pipeline.model import Finding, TpuChipReading, TpuSample
 
@@ -99,13 +89,13 @@ def detect_tpu(
         for check in (HOST_STALE, HOST_DOWN):
             _emit(
                 out,
-                clear_check(
-                    book, sample.ts, check, sample.node, f"host {sample.node} reporting again"
+                clear_episode(
+                    book, check, sample.ts, sample.node, f"host {sample.node} reporting again"
                 ),
             )
         _emit(
             out,
-            clear_check(book, sample.ts, SLICE_STALE, None, f"slice {book.name} reporting again"),
+            clear_episode(book, SLICE_STALE, sample.ts, None, f"slice {book.name} reporting again"),
         )
     reporting = [r for r in sample.chips if _reports(r)]
     for reading in reporting:
@@ -142,14 +132,11 @@ def check_stale_tpu(
         silent_s = (now_ms - newest) / 1000
         _emit(
             out,
-            open_check(
+            open_episode(
                 state.book,
+                SLICE_STALE,
                 now_ms,
-                check=SLICE_STALE,
                 device=None,
-                kind="slice",
-                severity="warning",
-                action="watch",
                 start_ts=newest + max(limits.values()),
                 evidence=evidence("seconds_since_last_scrape", silent_s, None, None, silent_s),
                 message=f"every host of slice {state.book.name} silent for {silent_s:.0f} s: "
@@ -172,15 +159,12 @@ def _host_stale(
     note = announced(state.book, host.last_ts + limit_ms)
     if note is not None and check == HOST_DOWN:
         return None
-    return open_check(
+    return open_episode(
         state.book,
+        check,
         now_ms,
-        check=check,
         device=node,
-        kind="node",
-        severity="info" if note else "critical",
-        action="watch" if note else "repair_slice",
-        fatal=check == HOST_DOWN,
+        announced=note is not None,
         start_ts=host.last_ts + limit_ms,
         evidence=evidence(
             "seconds_since_last_scrape",
@@ -228,13 +212,13 @@ def _update_chip(
     chip.duty = reading.metrics.get(DUTY_METRIC)
     chip.util = reading.metrics.get(UTIL_METRIC)
     if chip.absent:
-        if chip.absent >= settings.missing_samples:
+        if chip.absent >= rule(settings, CHIP_MISSING).open_after:
             _emit(
                 out,
-                clear_check(
+                clear_episode(
                     state.book,
-                    sample.ts,
                     CHIP_MISSING,
+                    sample.ts,
                     str(reading.chip_id),
                     f"chip {reading.chip_id} reporting again",
                 ),
@@ -255,23 +239,21 @@ def _absent_chips(
         if chip_id in seen or chip is None or chip.host != sample.node:
             continue
         chip.absent += 1
-        if chip.absent == settings.missing_samples:
+        missing = rule(settings, CHIP_MISSING).open_after
+        if chip.absent == missing:
             _emit(
                 out,
-                open_check(
+                open_episode(
                     state.book,
+                    CHIP_MISSING,
                     sample.ts,
-                    check=CHIP_MISSING,
                     device=str(chip_id),
-                    kind="tpu_chip",
-                    severity="critical",
-                    action="repair_slice",
                     evidence=evidence(
                         "chips_reporting",
                         len(seen),
                         len(host.chips),
                         None,
-                        settings.missing_samples * host.interval_ms / 1000,
+                        missing * host.interval_ms / 1000,
                     ),
                     message=f"chip {chip_id} missing from {chip.absent} scrapes of host "
                     f"{sample.node} while the host reports",
@@ -339,20 +321,16 @@ def _judge_chip(
         and util_median > 0
         and chip.util <= util_median * (1 - settings.tpu_util_drop_frac)
     )
-    persist_ms, clear_ms = settings.tpu_persist_s * 1000, settings.tpu_clear_s * 1000
     device = str(chip_id)
-    edge = timed_step(chip.runs, DUTY, ts, duty_bad, persist_ms, clear_ms)
+    edge = step(chip.runs, DUTY, ts, duty_bad, rule(settings, DUTY))
     if edge == OPEN:
         _emit(
             out,
-            open_check(
+            open_episode(
                 state.book,
+                DUTY,
                 ts,
-                check=DUTY,
                 device=device,
-                kind="tpu_chip",
-                severity="critical",
-                action="repair_slice",
                 evidence=evidence(
                     DUTY_METRIC, chip.duty, duty_median, None, settings.tpu_persist_s
                 ),
@@ -361,19 +339,16 @@ def _judge_chip(
             ),
         )
     elif edge == CLEAR:
-        _emit(out, clear_check(state.book, ts, DUTY, device, f"chip {chip_id} busy again"))
-    edge = timed_step(chip.runs, UTIL, ts, util_bad, persist_ms, clear_ms)
+        _emit(out, clear_episode(state.book, DUTY, ts, device, f"chip {chip_id} busy again"))
+    edge = step(chip.runs, UTIL, ts, util_bad, rule(settings, UTIL))
     if edge == OPEN:
         _emit(
             out,
-            open_check(
+            open_episode(
                 state.book,
+                UTIL,
                 ts,
-                check=UTIL,
                 device=device,
-                kind="tpu_chip",
-                severity="warning",
-                action="watch",
                 evidence=evidence(
                     UTIL_METRIC, chip.util, util_median, None, settings.tpu_persist_s
                 ),
@@ -382,4 +357,4 @@ def _judge_chip(
             ),
         )
     elif edge == CLEAR:
-        _emit(out, clear_check(state.book, ts, UTIL, device, f"chip {chip_id} keeps pace"))
+        _emit(out, clear_episode(state.book, UTIL, ts, device, f"chip {chip_id} keeps pace"))

@@ -28,7 +28,8 @@ import msgspec
 from pipeline.catalog import xid_info
 from pipeline.catalog.xid import Action, XidEntry
 from pipeline.config import DetectSettings
-from pipeline.detect.findings import Book, clear_check, evidence, open_check, refresh
+from pipeline.detect.episodes import clear_episode, open_episode
+from pipeline.detect.findings import Book, evidence, refresh
 from pipeline.detect.gpu_metrics import recovery
 from pipeline.model import Finding, RecommendedAction, XidEvent
 
@@ -115,10 +116,10 @@ def expire_xid(
     for key in [k for k, e in state.episodes.items() if now_ms - e.last_ts >= clear_ms]:
         episode = state.episodes.pop(key)
         for check in (f"xid.{episode.code}", f"xid.{episode.code}.nonfatal"):
-            finding = clear_check(
+            finding = clear_episode(
                 state.book,
-                now_ms,
                 check,
+                now_ms,
                 episode.device,
                 f"XID {episode.code} on GPU {episode.device}: quiet after {episode.count} events",
             )
@@ -130,10 +131,10 @@ def expire_xid(
         for opened in [e for e in state.book.open.values() if e.check == APP_RECURRENCE]:
             device = opened.device or ""
             if len(_blamed_jobs(state.app_hits, device)) < settings.app_xid_min_jobs:
-                finding = clear_check(
+                finding = clear_episode(
                     state.book,
-                    now_ms,
                     APP_RECURRENCE,
+                    now_ms,
                     device,
                     f"GPU {device}: application XIDs no longer recur",
                 )
@@ -151,17 +152,14 @@ def _recovery_changed(state: XidState, event: XidEvent, device: str) -> Finding 
     code = int(match.group(1), 16)
     check = f"xid.{RECOVERY_XID}"
     if code == 0:
-        return clear_check(state.book, event.ts, check, device, f"GPU {device}: recovered")
+        return clear_episode(state.book, check, event.ts, device, f"GPU {device}: recovered")
     name, action = recovery(code)
-    return open_check(
+    return open_episode(
         state.book,
+        check,
         event.ts,
-        check=check,
         device=device,
-        kind="gpu",
-        severity="critical",
         action=action,
-        fatal=True,
         evidence=evidence("recovery_action", code, 0, None, 0),
         message=f"XID 154 on GPU {device} ({event.pci_bus_id}): the driver asks for {name}",
     )
@@ -174,23 +172,19 @@ def _catalogued(state: XidState, event: XidEvent, device: str, entry: XidEntry) 
     if entry.fatal and _NON_FATAL.search(event.message):
         # The driver itself says this one was corrected (NVLink "non-fatal error detected"):
         # the link retried and the job survived. Watch it; a real fatal line still acts.
-        return open_check(
+        return open_episode(
             state.book,
+            f"xid.{event.xid}.nonfatal",
             event.ts,
-            check=f"xid.{event.xid}.nonfatal",
             device=device,
-            kind="gpu",
-            severity="warning",
-            action="watch",
             evidence=evidence("xid", event.xid, None, None, 0),
             message=f"XID {event.xid} {entry.mnemonic} on GPU {device}, reported non-fatal",
         )
-    return open_check(
+    return open_episode(
         state.book,
+        f"xid.{event.xid}",
         event.ts,
-        check=f"xid.{event.xid}",
         device=device,
-        kind="gpu",
         severity=entry.severity,
         action=action,
         fatal=entry.fatal,
@@ -209,14 +203,11 @@ def _application(
     if len(jobs) < settings.app_xid_min_jobs:
         return None
     codes = sorted({hit.code for hit in state.app_hits if hit.device == device})
-    return open_check(
+    return open_episode(
         state.book,
+        APP_RECURRENCE,
         event.ts,
-        check=APP_RECURRENCE,
         device=device,
-        kind="gpu",
-        severity="warning",
-        action="reset_gpu",
         evidence=evidence(
             "distinct_jobs", len(jobs), settings.app_xid_min_jobs, None, settings.app_xid_window_s
         ),

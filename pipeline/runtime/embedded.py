@@ -1,59 +1,93 @@
 """The embedded runtime: the whole pipeline in one process, no Kafka, deterministic.
 
-Records flow exactly as they do through the Kafka topics (telemetry → findings → health →
-proposals/node-state → policy → actions, fed back to health), through the same functions in
-pipeline/runtime/route.py. Outputs go to an `emit(topic_suffix, event)` callback — the demo
-writes them to the lake; tests collect them.
+A driver of the stage table in pipeline/runtime/topology.py, as the faust app is: records
+flow exactly as they do through the Kafka topics (telemetry → findings → health →
+proposals/node-state → zone/policy → actions, fed back to health), each output handed to the
+stage that reads its topic, breadth-first, like records travelling through topics. The whole
+fleet is one partition. Outputs on FleetPulse's topics go to an `emit(topic_suffix, event)`
+callback — the demo writes them to the lake; tests collect them.
+
+Input is fed in event-time order, so nothing needs aligning. Stages mutate the states they
+are given (topology.py); this driver keeps no snapshot: a stage that raises stops the run.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Any, TypeVar
 
 from pipeline import guard, health, policy
 from pipeline.codec import decode, encode
 from pipeline.config import Settings
-from pipeline.deadletter import dead_letter
 from pipeline.errors import DecodeError
-from pipeline.model import (
-    CapacityEvent,
-    Event,
-    Finding,
-    GpuSample,
-    IciSample,
-    Inventory,
-    NodeEvent,
-    PolicyRelease,
-    Proposal,
-    TpuSample,
-    XidEvent,
-)
-from pipeline.runtime import route
+from pipeline.model import DeadLetter, Event, RawRecord
+from pipeline.runtime import route, topology, zones
 from pipeline.runtime.clock import RobustClock
+from pipeline.runtime.route import ClockName, Family, Refusal
 from pipeline.runtime.topics import TOPICS, record_key
+from pipeline.runtime.topology import INTERNAL, READER, Out
 
 Emit = Callable[[str, Event], None]
+S = TypeVar("S")
 
-
-class _Work(NamedTuple):
-    stage: str  # "health" or "policy"
-    event: Event
-    pool: str  # the policy key; unused by the health stage
-
-
-_TELEMETRY = (GpuSample, XidEvent, TpuSample, IciSample)
 _VALUE_BY_SUFFIX = {spec.suffix: spec.value for spec in TOPICS}
 _SUFFIX_BY_VALUE = {spec.value: spec.suffix for spec in TOPICS}
+# the counters' names, made once rather than per record
+_IN_COUNT = {spec.value: f"in.{spec.value.__name__}" for spec in TOPICS}
+_OUT_COUNT: dict[str, str] = {}
+# the topics read from outside the pipeline (not written by any of its stages)
+_INPUTS = {
+    topic
+    for topic in READER
+    if topic not in INTERNAL and not any(topic in stage.outputs for stage in topology.STAGES)
+}
 
 
-def _family_of(state: route.TelemetryState) -> route.Family | None:
-    if state.gpu is not None or state.xid is not None:
-        return "gpu"
-    if state.tpu is not None or state.ici is not None:
-        return "tpu"
-    return None
+class _Part:
+    """One stage's states, the fleet's clocks: topology.Part over dictionaries."""
+
+    def __init__(self, runtime: EmbeddedRuntime, table: dict[str, Any]) -> None:
+        self.runtime = runtime
+        self.table = table
+
+    @property
+    def settings(self) -> Settings:
+        return self.runtime.settings
+
+    @property
+    def wall_ms(self) -> int | None:
+        return self.runtime._wall_ms() if self.runtime._wall_ms is not None else None
+
+    def get(self, key: str, cls: type[S]) -> S | None:
+        state: S | None = self.table.get(key)
+        return state
+
+    def put(self, key: str, state: Any) -> None:
+        self.table[key] = state
+
+    def clock(self, family: ClockName) -> RobustClock:
+        return self.runtime.clocks[family]
+
+    def observe(self, family: ClockName, key: str, ts: int) -> list[int]:
+        return self.runtime.clocks[family].observe(key, ts)
+
+    def keys(self, family: Family | None) -> list[str]:
+        telemetry = self.runtime.telemetry
+        return [
+            key
+            for key in sorted(telemetry)
+            if family is None or topology.family_of(telemetry[key]) == family
+        ]
+
+    def note_key(self, key: str, family: Family) -> None:
+        pass  # the family of a key is read off its state (keys)
+
+    def count(self, what: str) -> None:
+        self.runtime.counts[what] += 1
+
+    def failed(self, key: str, now_ms: int, exc: Exception) -> None:
+        raise exc
 
 
 class EmbeddedRuntime:
@@ -72,34 +106,44 @@ class EmbeddedRuntime:
         self.settings = settings
         self._emit_to = emit
         self._wall_ms = wall_ms
-        self.telemetry: dict[str, route.TelemetryState] = {}
-        self.health: dict[str, health.HealthState] = {}
-        self.policy: dict[str, policy.PolicyState] = {}
-        self.guard: guard.GuardState | None = None
-        self.pools_by_zone: dict[str, set[str]] = {}
+        self.tables: dict[str, dict[str, Any]] = {stage.table: {} for stage in topology.STAGES}
+        self._parts = {s.name: _Part(self, self.tables[s.table]) for s in topology.STAGES}
         self.counts: Counter[str] = Counter()
-        self.clocks = {family: RobustClock(settings.clock) for family in route.FAMILIES}
+        self.clocks = {name: RobustClock(settings.clock) for name in route.CLOCKS}
         self._offset = 0  # pseudo offsets for dead letters of events fed as objects
 
-    def feed(self, event: Event) -> None:
-        self.counts[f"in.{type(event).__name__}"] += 1
-        if isinstance(event, _TELEMETRY):
-            self._on_telemetry(event)
-        elif isinstance(event, Inventory):
-            key = record_key(event)
-            self.telemetry[key] = route.on_inventory(self.telemetry.get(key), event)
-            self._cascade([_Work("policy", event, route.GUARD_KEY)])
-        elif isinstance(event, PolicyRelease):
-            self._cascade([_Work("policy", event, route.GUARD_KEY)])
-        elif isinstance(event, NodeEvent):
-            self._announce(event)
-            self._cascade([_Work("health", event, event.pool)])
-        elif isinstance(event, CapacityEvent):
-            self._announce(event)
-            pools = route.capacity_pools(event, self.pools_by_zone)
-            self._cascade([_Work("policy", event, pool) for pool in pools])
-        else:
+    # the stages' states, by key
+    @property
+    def telemetry(self) -> dict[str, route.TelemetryState]:
+        return self.tables["telemetry"]
+
+    @property
+    def health(self) -> dict[str, health.HealthState]:
+        return self.tables["health"]
+
+    @property
+    def zones(self) -> dict[str, zones.ZoneState]:
+        return self.tables["zones"]
+
+    @property
+    def policy(self) -> dict[str, policy.PolicyState]:
+        return {k: v for k, v in self.tables["policy"].items() if k != route.GUARD_KEY}
+
+    @property
+    def guard(self) -> guard.GuardState | None:
+        found: guard.GuardState | None = self.tables["policy"].get(route.GUARD_KEY)
+        return found
+
+    def feed(self, event: Event, key: str | None = None) -> None:
+        """One input event, on the topic its type goes to; `key`: the record's key, checked
+        like the worker checks it (None: the event's own)."""
+        cls = type(event)
+        self.counts[_IN_COUNT.get(cls) or f"in.{cls.__name__}"] += 1
+        suffix = _SUFFIX_BY_VALUE.get(cls)
+        if suffix not in _INPUTS:
             raise TypeError(f"the embedded runtime takes input events, got {type(event).__name__}")
+        assert suffix is not None
+        self._run([(suffix, record_key(event) if key is None else key, event)])
 
     def feed_all(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -107,143 +151,95 @@ class EmbeddedRuntime:
         self.finish()
 
     def feed_raw(
-        self, topic_suffix: str, raw: bytes | None, offset: int, key: str | None = None
+        self,
+        topic_suffix: str,
+        raw: bytes | None,
+        offset: int,
+        key: str | None = None,
+        content_type: str | None = None,
     ) -> None:
-        """Decode like a Kafka consumer would; bad records become dead letters, never errors.
-        A tombstone on the compacted inventory topic is a target leaving it, as in the worker."""
+        """Decode like a Kafka consumer would (`content_type`: the record's header, None for
+        JSON); bad records become dead letters, never errors. A tombstone on the compacted
+        inventory topic is a target leaving it, as in the worker."""
         limit = self.settings.kafka.max_value_bytes
+        self._offset = offset
         try:
-            event = decode(raw, _VALUE_BY_SUFFIX[topic_suffix], limit)
+            event = decode(raw, _VALUE_BY_SUFFIX[topic_suffix], limit, content_type)
         except DecodeError as exc:
             if exc.reason == "tombstone" and topic_suffix == "inventory" and key is not None:
                 self.counts["tombstones"] += 1
-                self.telemetry[key] = route.on_inventory(self.telemetry.get(key), None)
+                self._run([(topic_suffix, key, None)])
                 return
             self.counts[f"dead.{exc.reason}"] += 1
             self._dead_letter(topic_suffix, raw, offset, key, str(exc), exc.reason)
             return
-        self._offset = offset
-        self.feed(event)
+        self.feed(event, key)
 
     def reject(self, topic: str, raw: bytes, offset: int, error: str) -> None:
         """A record that never reached a topic (a bad line of a recording): a dead letter."""
         self._dead_letter(topic, raw, offset, None, error, "invalid")
 
     def finish(self) -> None:
-        """End of input: close the utilization windows still open."""
-        for key in sorted(self.telemetry):
-            for row in route.flush_windows(self.telemetry[key]):
-                self._emit("utilization", row)
+        """End of input: every stage's end-of-input outputs (open utilization windows)."""
+        for stage in topology.STAGES:
+            if stage.on_eof is not None:
+                self._route(stage.on_eof(self._parts[stage.name]), deque())
 
-    # --- stages ---------------------------------------------------------------------------
+    # --- routing --------------------------------------------------------------------------
 
-    def _tick(self, family: route.Family, boundaries: list[int]) -> None:
-        """The family's clock crossed `boundaries`: check that family's keys for silence."""
-        for boundary in boundaries:
-            for key in sorted(self.telemetry):
-                state = self.telemetry[key]
-                if _family_of(state) != family:
-                    continue
-                resumed = self.clocks[family].resumed
-                state, findings = route.on_time(state, boundary, self.settings, resumed)
-                self.telemetry[key], rows = route.close_silent_windows(
-                    state, boundary, self.settings
-                )
-                for row in rows:
-                    self._emit("utilization", row)
-                self._cascade([_Work("health", finding, "") for finding in findings])
-
-    def _announce(self, event: NodeEvent | CapacityEvent) -> None:
-        key = route.announcement_key(event)
-        if key is not None and key in self.telemetry:
-            self.telemetry[key] = route.on_announcement(self.telemetry[key], event)
-
-    def _on_telemetry(self, event: route.Telemetry) -> None:
-        key = route.telemetry_key(event)
-        family = route.FAMILY_OF[type(event)]
-        clock = self.clocks[family]
-        wall = self._wall_ms() if self._wall_ms is not None else None
-        state, admitted, refusal, skew = route.door(
-            self.telemetry.get(key), event, clock, self.settings, wall
-        )
-        self.telemetry[key] = state
-        self._cascade([_Work("health", finding, "") for finding in skew])
-        if refusal is not None or admitted is None:
-            self.counts[f"refused.{refusal.reason if refusal else 'unknown'}"] += 1
-            suffix = _SUFFIX_BY_VALUE[type(event)]
-            message = refusal.message if refusal else "refused"
-            reason = refusal.reason if refusal else "refused"
-            self._dead_letter(suffix, encode(event), self._offset, key, message, reason)
-            return
-        if self.settings.inventory.enforce and state.inventory is None:
-            self.counts["unknown_target"] += 1  # processed; never removed (guard.py)
-        if isinstance(admitted, route.CLOCK_MOVERS):
-            self._tick(family, clock.observe(key, admitted.ts))
-        state, findings, rows = route.on_telemetry(
-            self.telemetry.get(key), admitted, self.settings
-        )
-        self.telemetry[key] = state
-        for row in rows:
-            self._emit("utilization", row)
-        self._cascade([_Work("health", finding, "") for finding in findings])
-
-    def _cascade(self, work: list[_Work]) -> None:
+    def _run(self, work: list[tuple[str, str | None, Event | None]]) -> None:
         # Breadth-first, like records travelling through topics: a stage's outputs are handled
         # after the inputs already queued, and actions flow back into the health machine.
         queue = deque(work)
         while queue:
-            item = queue.popleft()
-            if item.stage == "health":
-                queue.extend(self._on_health(item.event))  # type: ignore[arg-type]
-            else:
-                queue.extend(self._on_policy(item.pool, item.event))  # type: ignore[arg-type]
+            topic, key, event = queue.popleft()
+            stage = READER[topic]
+            try:
+                state_key = stage.key(event, key)
+            except DecodeError as exc:
+                self.counts[f"dead.{exc.reason}"] += 1
+                raw = None if event is None else encode(event)
+                self._dead_letter(topic, raw, self._offset, key, str(exc), exc.reason)
+                continue
+            outs = stage.on_item(self._parts[stage.name], event, state_key)
+            self._route(outs, queue, (topic, event))
 
-    def _on_health(self, signal: route.HealthSignal) -> list[_Work]:
-        if isinstance(signal, Finding):
-            self._emit("findings", signal)
-        key = route.health_key(signal)
-        state, proposals, node_state = route.on_health(self.health.get(key), signal, self.settings)
-        self.health[key] = state
-        next_work = [_Work("policy", p, route.policy_key(p)) for p in proposals]
-        if node_state is not None:
-            self._emit("node-state", node_state)
-            target = node_state.target
-            self.pools_by_zone.setdefault(target.zone, set()).add(route.pool_key(target))
-            next_work.append(_Work("policy", node_state, route.pool_key(target)))
-        return next_work
-
-    def _on_policy(self, pool: str, signal: route.PolicySignal) -> list[_Work]:
-        if isinstance(signal, Proposal):
-            self._emit("proposals", signal)
-        state, self.guard, actions, alerts = route.on_policy(
-            self.policy.get(pool), self.guard, signal, self.settings, pool
-        )
-        if state is not None:
-            self.policy[pool] = state
-        for alert in alerts:
-            self._emit("alerts", alert)
-        for action in actions:
-            self._emit("actions", action)
-        return [_Work("health", action, pool) for action in actions]
+    def _route(
+        self,
+        outs: list[Out],
+        queue: deque[tuple[str, str | None, Event | None]],
+        source: tuple[str, Event | None] | None = None,
+    ) -> None:
+        for out in outs:
+            if isinstance(out.event, Refusal):
+                assert source is not None  # only a record is refused
+                topic, event = source
+                assert event is not None
+                self.counts[f"refused.{out.event.reason}"] += 1
+                self._dead_letter(
+                    topic, encode(event), self._offset, out.key, out.event.message, out.event.reason
+                )
+                continue
+            if out.topic not in INTERNAL:
+                self._emit(out.topic, out.event)
+            if out.topic in READER:
+                queue.append((out.topic, out.key, out.event))
 
     def _dead_letter(
         self, suffix: str, raw: bytes | None, offset: int, key: str | None, error: str, reason: str
     ) -> None:
         ticked = [clock.ticked for clock in self.clocks.values() if clock.ticked is not None]
-        letter = dead_letter(
-            ts_ms=max(ticked, default=0),
-            topic=suffix,
-            partition=0,
-            offset=offset,
-            key=key,
-            raw=raw,
-            error=error,
-            reason=reason,
+        record = RawRecord(topic=suffix, partition=0, offset=offset, key=key, value=raw)
+        letter = DeadLetter.from_record(
+            record, reason=reason, error=error, ts_ms=max(ticked, default=0)
         )
         self._emit("dlq", letter)
 
     def _emit(self, suffix: str, event: Event) -> None:
-        self.counts[f"out.{suffix}"] += 1
+        name = _OUT_COUNT.get(suffix)
+        if name is None:
+            name = _OUT_COUNT[suffix] = f"out.{suffix}"
+        self.counts[name] += 1
         if self._emit_to is not None:
             self._emit_to(suffix, event)
 

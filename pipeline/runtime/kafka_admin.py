@@ -11,7 +11,8 @@ from kafka.errors import KafkaError
 from pipeline.config import KafkaSettings
 from pipeline.errors import FleetPulseError
 from pipeline.kafka_client import check_login, client_kwargs
-from pipeline.runtime.topics import TOPICS, TopicSpec, topic_configs, topic_name
+from pipeline.runtime.group_topics import TopicShape, group_name, group_topics
+from pipeline.runtime.topics import TOPICS, topic_configs, topic_name
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,13 @@ class TopicResult:
     note: str = ""
 
 
-def create_topics(settings: KafkaSettings, bootstrap_timeout_s: float = 30.0
-                  ) -> list[TopicResult]:
+def create_topics(settings: KafkaSettings, bootstrap_timeout_s: float = 30.0,
+                  group_id: str = "") -> list[TopicResult]:
     """Create every topic that is missing; report those that exist with their partition count.
+
+    FleetPulse's topics, and the worker group's own (`group_id`, "" = the default group): its
+    internal topics and its tables' changelogs, so that no worker of the group ever starts
+    before them (pipeline/runtime/group_topics.py says why).
 
     A topic that exists with a different partition count is reported, not altered: changing
     partitions moves keys between partitions, which breaks per-key state. Someone must decide.
@@ -44,29 +49,37 @@ def create_topics(settings: KafkaSettings, bootstrap_timeout_s: float = 30.0
             f"({type(exc).__name__}); is the broker running? The address is kafka.bootstrap "
             "in the config, or FLEETPULSE_KAFKA__BOOTSTRAP"
         ) from exc
+    wanted = all_topics(settings, group_id)
     try:
         existing = _partition_counts(admin)
-        missing = [spec for spec in TOPICS if topic_name(settings, spec.suffix) not in existing]
+        missing = [topic for topic in wanted if topic.name not in existing]
         if missing:
             admin.create_topics(
                 [
                     NewTopic(
-                        name=topic_name(settings, spec.suffix),
-                        num_partitions=spec.partitions(settings),
+                        name=topic.name,
+                        num_partitions=topic.partitions,
                         replication_factor=settings.replication,
-                        topic_configs=topic_configs(settings, spec),
+                        topic_configs=topic.configs,
                     )
-                    for spec in missing
+                    for topic in missing
                 ],
                 validate_only=False,
             )
-        created = {topic_name(settings, spec.suffix) for spec in missing}
-        return [
-            _result(settings, spec, existing, created)
-            for spec in TOPICS
-        ]
+        created = {topic.name for topic in missing}
+        return [_result(topic, existing, created) for topic in wanted]
     finally:
         admin.close()
+
+
+def all_topics(settings: KafkaSettings, group_id: str = "") -> list[TopicShape]:
+    """FleetPulse's topics, then the worker group's, as name, partitions and configs."""
+    own = [
+        TopicShape(topic_name(settings, spec.suffix), spec.partitions(settings),
+                   topic_configs(settings, spec))
+        for spec in TOPICS
+    ]
+    return own + list(group_topics(settings, group_name(settings, group_id)))
 
 
 def _partition_counts(admin: KafkaAdminClient) -> dict[str, int]:
@@ -74,15 +87,12 @@ def _partition_counts(admin: KafkaAdminClient) -> dict[str, int]:
     return {topic["name"]: len(topic["partitions"]) for topic in described}
 
 
-def _result(
-    settings: KafkaSettings, spec: TopicSpec, existing: dict[str, int], created: set[str]
-) -> TopicResult:
-    name, wanted = topic_name(settings, spec.suffix), spec.partitions(settings)
-    if name in created:
-        return TopicResult(name, wanted, created=True)
-    count = existing[name]
+def _result(topic: TopicShape, existing: dict[str, int], created: set[str]) -> TopicResult:
+    if topic.name in created:
+        return TopicResult(topic.name, topic.partitions, created=True)
+    count, wanted = existing[topic.name], topic.partitions
     note = "" if count == wanted else f"has {count} partitions, wants {wanted}; left unchanged"
-    return TopicResult(name, count, created=False, note=note)
+    return TopicResult(topic.name, count, created=False, note=note)
 
 
 def require_topic(settings: KafkaSettings, suffix: str) -> str:

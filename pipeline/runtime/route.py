@@ -21,6 +21,7 @@ from pipeline.model import (
     CapacityEvent,
     Entity,
     Evidence,
+    FabricSample,
     Finding,
     GpuSample,
     IciSample,
@@ -35,34 +36,46 @@ from pipeline.model import (
     XidEvent,
 )
 from pipeline.runtime.clock import RobustClock
+from pipeline.runtime.fleet import FleetSignal
 from pipeline.runtime.topics import record_key, scoped
 
 # Staleness is checked each time event time crosses a TICK_MS boundary; both runtimes use
 # the boundary itself as "now", so replays and the two runtimes agree on finding ids.
 REPUBLISH_MS = 5 * 60_000
-Telemetry = GpuSample | XidEvent | TpuSample | IciSample
+Telemetry = GpuSample | XidEvent | TpuSample | IciSample | FabricSample
 HealthSignal = Finding | NodeEvent | Action
 PolicySignal = Proposal | NodeState | CapacityEvent | Inventory | PolicyRelease
 S = TypeVar("S")
 Family = Literal["gpu", "tpu"]
 FAMILIES: tuple[Family, ...] = ("gpu", "tpu")
 # Which clock an event belongs to; GPU and TPU samples move theirs. XIDs and ICI samples
-# come from other, faster sources: checked against their family's clock, they move none.
+# come from other sources: checked against their family's clock, they move none (fabric
+# samples: see DOOR_CLOCK).
 FAMILY_OF: dict[type, Family] = {
     GpuSample: "gpu",
     XidEvent: "gpu",
+    FabricSample: "gpu",
     TpuSample: "tpu",
     IciSample: "tpu",
 }
 CLOCK_MOVERS = (GpuSample, TpuSample)
+# The clock a record is checked against at the door. Fabric samples come from node_exporter,
+# scraped apart from DCGM: they are checked against a clock of their own, which they move, so
+# an outage of the GPU exporters alone does not refuse them as ahead of a stopped GPU clock.
+# Only the families' clocks tick (staleness is the GPU samples' business).
+ClockName = Family | Literal["fabric"]
+CLOCKS: tuple[ClockName, ...] = (*FAMILIES, "fabric")
+DOOR_CLOCK: dict[type, ClockName] = {**FAMILY_OF, FabricSample: "fabric"}
 CLOCK_SKEW = "clock_skew"
 GUARD_KEY = "*guard"  # the guard's key among the policy states (no pool name has a '*')
 
 
 class TelemetryState(msgspec.Struct, kw_only=True):
-    """Everything the telemetry stage keeps for one node (GPU + XID) or one slice (TPU + ICI)."""
+    """Everything the telemetry stage keeps for one node (GPU + XID + fabric) or one slice (TPU +
+    ICI)."""
 
     gpu: detect.GpuNodeState | None = None
+    fabric: detect.FabricNodeState | None = None
     xid: detect.XidState | None = None
     tpu: detect.TpuSliceState | None = None
     ici: detect.IciSliceState | None = None
@@ -70,6 +83,8 @@ class TelemetryState(msgspec.Struct, kw_only=True):
     inventory: Inventory | None = None  # what the fleet's owner says this target is
     heard_ms: int | None = None  # a refused record arrived then: talking, with a wrong clock
     skew_since: int | None = None  # open clock_skew episode (reference time it opened)
+    in_job: bool = False  # the last GPU sample ran a job (fleet_inputs: job peers)
+    placed: bool = False  # the fleet stage has this inventory record (fleet_inputs)
 
 
 class Refusal(NamedTuple):
@@ -93,12 +108,33 @@ def on_telemetry(
         state.window, rows = aggregate.aggregate(state.window, event, settings.aggregate)
     elif isinstance(event, XidEvent):
         state.xid, findings = detect.detect_xid(state.xid, event, settings.detect)
+    elif isinstance(event, FabricSample):
+        state.fabric, findings = detect.detect_fabric(state.fabric, event, settings.detect)
     elif isinstance(event, TpuSample):
         state.tpu, findings = detect.detect_tpu(state.tpu, event, settings.detect)
         state.window, rows = aggregate.aggregate(state.window, event, settings.aggregate)
     else:
         state.ici, findings = detect.detect_ici(state.ici, event, settings.detect)
     return state, findings, rows
+
+
+def fleet_inputs(
+    state: TelemetryState, admitted: Telemetry, findings: list[Finding]
+) -> list[FleetSignal]:
+    """What the telemetry stage passes on to the fleet stage for one admitted record: a fabric
+    sample's port findings, after its node's inventory (placement) the first time, and the
+    sample itself (the event time that turns troubles no switch explains into link verdicts);
+    a GPU sample of a node that runs, or ran until now, a job (job peers)."""
+    if isinstance(admitted, FabricSample):
+        placed: list[FleetSignal] = []
+        if state.inventory is not None and not state.placed:
+            placed, state.placed = [state.inventory], True
+        return [*placed, *findings, admitted]
+    if isinstance(admitted, GpuSample):
+        in_job = any(gpu.job is not None for gpu in admitted.gpus)
+        was_in_job, state.in_job = state.in_job, in_job
+        return [admitted] if in_job or was_in_job else []
+    return []
 
 
 def door(
@@ -204,7 +240,7 @@ def _skew_finding(
 
 
 def _target_of(event: Telemetry) -> Target:
-    if isinstance(event, GpuSample | XidEvent):
+    if isinstance(event, GpuSample | XidEvent | FabricSample):
         return Target(
             cluster=event.cluster, kind="node", name=event.node, pool=event.pool, zone=event.zone
         )
@@ -216,7 +252,7 @@ def _target_of(event: Telemetry) -> Target:
 def on_inventory(state: TelemetryState | None, record: Inventory | None) -> TelemetryState:
     """The fleet's owner says what this target is (None: it left the inventory)."""
     state = state or TelemetryState()
-    state.inventory = record
+    state.inventory, state.placed = record, False
     return state
 
 

@@ -15,6 +15,7 @@ from pipeline.model import (
     CapacityEvent,
     DeadLetter,
     Event,
+    FabricSample,
     Finding,
     GpuSample,
     IciSample,
@@ -46,6 +47,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("telemetry.gpu", GpuSample, "cluster/node"),
     TopicSpec("telemetry.tpu", TpuSample, "cluster/slice"),
     TopicSpec("telemetry.ici", IciSample, "cluster/slice"),
+    # node_exporter's network ports of GPU nodes, co-partitioned with telemetry.gpu.
+    TopicSpec("telemetry.fabric", FabricSample, "cluster/node"),
     TopicSpec("events.xid", XidEvent, "cluster/node"),
     TopicSpec("events.node", NodeEvent, "cluster/target"),
     TopicSpec("events.capacity", CapacityEvent, "zone"),
@@ -85,7 +88,7 @@ def scoped(cluster: str, name: str) -> str:
 def record_key(event: Event) -> str:
     """The Kafka key of an input event, per the topic specs (DESIGN §1 keys and partitions):
     cluster/node, cluster/slice, zone, or the cluster/target a node event names."""
-    if isinstance(event, GpuSample | XidEvent):
+    if isinstance(event, GpuSample | XidEvent | FabricSample):
         return scoped(event.cluster, event.node)
     if isinstance(event, TpuSample | IciSample):
         return scoped(event.cluster, event.slice)

@@ -29,6 +29,8 @@ from pipeline.model import Event
 #   link_gen / link_width  PCIe link generation / width capped at value
 #   work         extra work on this node (workload straggler): value > 1
 #   rate:<FIELD> the DCGM counter FIELD grows by value per second
+#   fab_down / fab_missing / fab_errors  network port `device` (-1: every port) of the node
+#                down, gone from the scrape, or logging `value` errors per second (fabric.py)
 # Job effects: node = job index.
 #   job_speed    the whole job runs at this factor (fabric slowness)
 # TPU effects: node = slice index.
@@ -57,6 +59,9 @@ EffectKind = Literal[
     "rate:DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
     "rate:DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
     "job_speed",
+    "fab_down",
+    "fab_missing",
+    "fab_errors",
     "host_offline",
     "chip_speed",
     "link_health",
@@ -82,7 +87,8 @@ FACTOR_KINDS = frozenset(
 # GPU changes: counter_add / gauge_set on `field`; reset = a reboot or GPU reset of the node
 # (device -1) or one GPU: volatile counters back to zero, pending remaps applied.
 # TPU changes: tpu_reset = a host reboot (node = slice, device = worker id).
-ChangeKind = Literal["counter_add", "gauge_set", "reset", "tpu_reset"]
+# Fabric changes: fabric_add = node_exporter port counter `field` of port `device` steps.
+ChangeKind = Literal["counter_add", "gauge_set", "reset", "tpu_reset", "fabric_add"]
 
 
 @dataclass(frozen=True, slots=True)

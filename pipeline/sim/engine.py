@@ -20,6 +20,8 @@ from pipeline.sim import signatures_job as job_sig
 from pipeline.sim import signatures_tpu as tpu_sig
 from pipeline.sim.capacity import CapacitySignals, schedule_background
 from pipeline.sim.effects import TPU_KINDS, Change
+from pipeline.sim.fabric import FABRIC_EFFECTS, FabricTelemetry
+from pipeline.sim.fabric import inventory as fabric_inventory
 from pipeline.sim.faults import (
     CODES,
     FAULT_TYPE_BY_KEY,
@@ -141,14 +143,16 @@ class Simulation:
         before the next tick; timestamps never decrease."""
         settings, step_ms = self.settings, self.step_s * 1000
         timeline = self._ctx.timeline
-        gpu_effects = [e for e in timeline.effects if e.kind not in TPU_KINDS]
+        gpu_effects = [
+            e for e in timeline.effects if e.kind not in TPU_KINDS and e.kind not in FABRIC_EFFECTS
+        ]
         tpu_effects = [e for e in timeline.effects if e.kind in TPU_KINDS]
         changes = [c for _, _, c in sorted(timeline.changes, key=lambda x: (x[0], x[1]))]
         gpu = GpuTelemetry(
             self.fleet,
             self.workload,
             gpu_effects,
-            [c for c in changes if c.kind != "tpu_reset"],
+            [c for c in changes if c.kind not in ("tpu_reset", "fabric_add")],
             settings.seed,
             settings.gpu_interval_s,
             settings.diurnal,
@@ -161,6 +165,7 @@ class Simulation:
             settings.seed,
             settings.diurnal,
         )
+        fabric = FabricTelemetry(self.fleet, timeline.effects, changes, settings.seed)
         quotas = CapacitySignals(self.fleet, settings)
         events = [
             (ts, seq, e)
@@ -172,6 +177,8 @@ class Simulation:
             offset_s = k * self.step_s
             t = self.start_ms + offset_s * 1000
             out: list[Event] = []
+            if k == 0:  # the owner's inventory: each node's leaf switch, for localisation
+                out.extend(fabric_inventory(self.fleet, t))
             if offset_s % settings.gpu_interval_s == 0:
                 out.extend(gpu.tick(t))
             tpu_due = offset_s % settings.tpu_interval_s == 0
@@ -182,6 +189,8 @@ class Simulation:
                     out.extend(tpu.chip_samples(t))
                 if ici_due:
                     out.extend(tpu.ici_samples(t))
+            if offset_s % settings.gpu_interval_s == 0:  # node_exporter, scraped with DCGM
+                out.extend(fabric.tick(t))
             if offset_s % settings.capacity_interval_s == 0:
                 out.extend(quotas.tick(t, gpu.node_job.tolist(), settings.capacity_interval_s))
             while next_event < len(events) and events[next_event][0] < t + step_ms:

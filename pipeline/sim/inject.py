@@ -16,7 +16,15 @@ import numpy as np
 from pipeline.codec import normalize_pci
 from pipeline.config import SimSettings
 from pipeline.ids import stable_id
-from pipeline.model import CapacityEvent, MaintenanceWindow, NodeEvent, QuotaInfo, Target, XidEvent
+from pipeline.model import (
+    CapacityEvent,
+    MaintenanceWindow,
+    NodeEvent,
+    QuotaInfo,
+    Target,
+    XidEvent,
+    host_kind,
+)
 from pipeline.sim.effects import Change, Effect, Timeline
 from pipeline.sim.faults import Expected, FaultType, InjectedFault, Klass
 from pipeline.sim.fleet import Fleet, region_of
@@ -173,7 +181,7 @@ class Injector:
             NodeEvent(
                 ts=ts,
                 cluster=target.cluster,
-                target_kind=target.kind,
+                target_kind=host_kind(target),
                 target=target.name,
                 pool=target.pool,
                 zone=target.zone,
@@ -214,7 +222,7 @@ class Injector:
                 zone=zone,
                 cluster=target.cluster if target else None,
                 pool=target.pool if target else None,
-                target_kind=target.kind if target else None,
+                target_kind=host_kind(target) if target else None,
                 target=target.name if target else None,
                 accelerator_type=accelerator_type,
                 quota=quota,

@@ -15,7 +15,7 @@ import msgspec
 from pipeline import codec
 from pipeline.config import KafkaSettings
 from pipeline.errors import SinkError
-from pipeline.kafka_client import check_login, client_kwargs
+from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs, until_connected
 from pipeline.model import (
     Event,
 )
@@ -69,6 +69,9 @@ def topic_for(settings: KafkaSettings, event: Event) -> str:
     raise TypeError(f"no topic carries {type(event).__name__}")
 
 
+BROKER_AWAY_MS = 300_000  # how long a send waits for a broker that went away (5 min)
+
+
 def produce_kafka(
     sim: Simulation,
     settings: KafkaSettings,
@@ -80,23 +83,36 @@ def produce_kafka(
     from kafka import KafkaProducer  # the Kafka client only when asked to produce
 
     check_login(settings)  # a refused login fails here, clearly, not after a bootstrap timeout
-    producer = KafkaProducer(
-        **client_kwargs(settings),
-        client_id=f"{settings.client_id}-simulate",
-        acks="all",
-        linger_ms=linger_ms,
-        batch_size=512 * 1024,
-        max_request_size=8 * 1024 * 1024,
-        key_serializer=str.encode,
+    # a broker away at start is waited for; one that goes away meanwhile holds the sends (up to
+    # BROKER_AWAY_MS) instead of failing them
+    producer = until_connected(
+        lambda: KafkaProducer(
+            **client_kwargs(settings),
+            **STAY_CONNECTED,
+            client_id=f"{settings.client_id}-simulate",
+            acks="all",
+            linger_ms=linger_ms,
+            batch_size=512 * 1024,
+            max_request_size=8 * 1024 * 1024,
+            key_serializer=str.encode,
+            max_block_ms=BROKER_AWAY_MS,
+            delivery_timeout_ms=BROKER_AWAY_MS,
+        ),
+        settings, "simulate",
     )
+    assert producer is not None  # without a stop event it returns only once connected
     topics = {spec.value: topic_name(settings, spec.suffix) for spec in TOPICS}
     sent = 0
     failures: list[BaseException] = []
     try:
         for i, tick in enumerate(sim.ticks()):
             for event in tick:
+                value, content_type = codec.encode_as(event, settings.telemetry_format)
                 future = producer.send(
-                    topics[type(event)], key=record_key(event), value=codec.encode(event)
+                    topics[type(event)],
+                    key=record_key(event),
+                    value=value,
+                    headers=codec.record_headers(content_type),
                 )
                 future.add_errback(failures.append)
                 sent += 1

@@ -3,22 +3,29 @@
 Each function records what one fault does (see inject.py) and returns the time until which its
 node is taken. Timings and sizes marked [G] in the reference are drawn from the ranges it gives.
 
-Fabric faults (N1, F1-F3) have no DCGM field or XID of their own: the NIC and switch counters
-(IB port state, link_downed, retransmits) are outside the telemetry this pipeline ingests. What
-a DCGM-only view can see is modelled: the GPU's PCIe traffic (GPUDirect RDMA to the NIC) drops
-or dips, and the job hangs, fails or slows. Their expected outcome is a finding, not a cordon,
-except N1 (a dead NIC makes the node unusable: cordon).
+Fabric faults (N1, F1-F3) show in node_exporter's port state and counters (fabric.py: a port
+down, a port flapping, errors rising with the link up, a NIC gone from the scrape) and, as a
+DCGM view sees them, in the GPUs' PCIe traffic (GPUDirect RDMA to the NIC) and the job, which
+hangs, fails or slows. Their expected outcome is a finding (the element is the network team's
+to repair), except N1 (a dead NIC makes the node unusable: cordon). The truth's `device` names
+the element: the port ("mlx5_2:1"), the leaf switch, or the NIC.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from pipeline.model import MaintenanceWindow
 from pipeline.sim.effects import Change, Effect
+from pipeline.sim.fabric import PORTS, leaf_switch
 from pipeline.sim.gpu import HW_POWER_BRAKE
 from pipeline.sim.inject import HOUR, MINUTE, Injector, Placement
 
 SECOND = 1000
 REBOOT_MS = 5 * MINUTE
+LINK_DOWNED = "node_infiniband_link_downed_total"
+CARRIER = "node_network_carrier_changes_total"
+RECOVERY = "node_infiniband_link_error_recovery_total"
 
 
 def _hard_gpu(ctx: Injector, p: Placement, median_repair_h: float, hang_ms: int) -> int:
@@ -305,13 +312,14 @@ def n1_nic(ctx: Injector, p: Placement) -> int:
     first = 2 * int(ctx.rng.integers(0, 4)) if p.device < 0 else p.device - p.device % 2
     for gpu in (first, first + 1):
         ctx.effect(Effect("pcie_bw", p.onset_ms, end, p.node, gpu, 0.02))
+    ctx.effect(Effect("fab_missing", p.onset_ms, end + REBOOT_MS, p.node, first // 2))
     job = ctx.take_out(p.node, p.onset_ms, end + REBOOT_MS, ctx.collective_timeout_ms())
     back = ctx.reboot(p.node, end, REBOOT_MS, "N1 repaired: NIC replaced")
     ctx.record(
         p,
         ctx.fleet.gpu_nodes[p.node].target(),
         end,
-        device=f"nic{first // 2}",
+        device=f"mlx5_{first // 2}",
         job=ctx.job_name(job),
     )
     return back
@@ -390,7 +398,8 @@ def n3_cloud(ctx: Injector, p: Placement) -> int:
 
 def f1_cable(ctx: Injector, p: Placement) -> int:
     end = p.onset_ms + ctx.repair_ms(p, 6.0)
-    _lose_network(ctx, p, p.node, end)
+    port = int(ctx.rng.integers(0, PORTS)) if p.device < 0 else p.device % PORTS
+    _lose_network(ctx, p, p.node, end, port, f"mlx5_{port}:1")
     return end
 
 
@@ -398,22 +407,36 @@ def f1_tor(ctx: Injector, p: Placement) -> int:
     end = p.onset_ms + ctx.repair_ms(p, 4.0)
     for node in ctx.fleet.gpu_nodes:
         if node.rack == p.unit.a:
-            _lose_network(ctx, p, node.index, end)
+            _lose_network(ctx, p, node.index, end, -1, leaf_switch(node))
             ctx.busy_node[node.index] = max(ctx.busy_node.get(node.index, 0), end)
     return end
 
 
-def _lose_network(ctx: Injector, p: Placement, node: int, end: int) -> None:
+def _lose_network(
+    ctx: Injector, p: Placement, node: int, end: int, port: int, element: str
+) -> None:
     ctx.effect(Effect("pcie_bw", p.onset_ms, end, node, -1, 0.01))
+    ctx.effect(Effect("fab_down", p.onset_ms, end, node, port))
+    _toggle(ctx, p.onset_ms, node, port, carrier=1.0)  # down: link_downed +1, one carrier edge
+    ctx.change(Change(end, "fabric_add", node, port, CARRIER, 1.0))  # back up: the other edge
     job = ctx.take_out(node, p.onset_ms, end, ctx.collective_timeout_ms())
-    ctx.record(p, ctx.fleet.gpu_nodes[node].target(), end, job=ctx.job_name(job))
+    ctx.record(p, ctx.fleet.gpu_nodes[node].target(), end, device=element, job=ctx.job_name(job))
+
+
+def _toggle(ctx: Injector, ts: int, node: int, port: int, carrier: float = 2.0) -> None:
+    ctx.change(Change(ts, "fabric_add", node, port, LINK_DOWNED, 1.0))
+    ctx.change(Change(ts, "fabric_add", node, port, CARRIER, carrier))
+    ctx.change(Change(ts, "fabric_add", node, port, RECOVERY, 1.0))
 
 
 def f2_flap(ctx: Injector, p: Placement) -> int:
     t = p.onset_ms
     job = ctx.workload.job_at(p.node, t)
+    port = int(ctx.rng.integers(0, PORTS)) if p.device < 0 else p.device % PORTS
     for _ in range(int(ctx.rng.integers(3, 11))):
         down = int(ctx.rng.uniform(0.5, 3) * SECOND)
+        ctx.effect(Effect("fab_down", t, t + down, p.node, port))
+        _toggle(ctx, t, p.node, port)
         # RDMA retransmits and NCCL retries stretch each outage well past the link's downtime;
         # a 10 s scrape sees the dip as a lower average.
         stall = down + int(ctx.rng.uniform(8, 15) * SECOND)
@@ -421,18 +444,26 @@ def f2_flap(ctx: Injector, p: Placement) -> int:
         if job >= 0:  # every rank of the job stalls with it
             ctx.effect(Effect("job_speed", t, t + stall, job, -1, 0.6))
         t += down + int(ctx.rng.uniform(5, 30) * SECOND)
-    ctx.record(p, ctx.fleet.gpu_nodes[p.node].target(), t, job=ctx.job_name(job))
+    ctx.record(
+        p, ctx.fleet.gpu_nodes[p.node].target(), t, device=f"mlx5_{port}:1", job=ctx.job_name(job)
+    )
     return t
 
 
 def f3_gray(ctx: Injector, p: Placement) -> int:
+    # A failing optic: symbol errors and link-level retransmits (recoveries), no link-down.
     end = p.onset_ms + ctx.repair_ms(p, 48.0)
+    port = int(ctx.rng.integers(0, PORTS)) if p.device < 0 else p.device % PORTS
+    rate = float(ctx.rng.lognormal(np.log(2.0), 1.0))  # errors per second [G]
+    ramp = int(ctx.rng.uniform(0, 10) * MINUTE)
+    ctx.effect(Effect("fab_errors", p.onset_ms, end, p.node, port, rate, ramp))
     ctx.effect(Effect("pcie_bw", p.onset_ms, end, p.node, -1, float(ctx.rng.uniform(0.6, 0.85))))
     ctx.effect(Effect("speed", p.onset_ms, end, p.node, -1, float(ctx.rng.uniform(0.85, 0.95))))
     ctx.record(
         p,
         ctx.fleet.gpu_nodes[p.node].target(),
         end,
+        device=f"mlx5_{port}:1",
         job=ctx.job_name(ctx.workload.job_at(p.node, p.onset_ms)),
     )
     return end

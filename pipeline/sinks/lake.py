@@ -22,15 +22,19 @@ reader never counts a row twice while compaction swaps files.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
+import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -40,6 +44,7 @@ from pipeline.model import Event
 from pipeline.sinks.lake_tables import TABLES, TableSpec
 
 Source = tuple[str, int, int]  # (topic, partition, offset)
+_Key = tuple[str, int, str, int]  # (table, hour bucket, topic, partition): one file per flush
 Positions = dict[tuple[str, int], int]  # (topic, partition) -> next offset to consume
 
 HOUR_MS = 3_600_000
@@ -171,19 +176,33 @@ def _fsync(path: Path) -> None:
 
 
 @dataclass
-class _Buffer:
+class _Pending:
+    """Rows of one (table, topic, partition) since the last flush: the events and their
+    offsets, in arrival order. Nothing per row but two list appends: the hour split and the
+    Arrow columns are built for the whole batch at flush."""
+
+    events: list[Event] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Ready:
+    """One file's rows, converted and waiting to be written (kept when a write fails)."""
+
+    arrow: pa.Table
     first: int
     last: int
-    events: list[Event]
 
 
 class LakeWriter:
-    """Buffers events per (table, hour, topic, partition) and writes them out on `flush`."""
+    """Buffers events per (table, topic, partition) and writes them out on `flush`, one file
+    per (table, hour, topic, partition)."""
 
     def __init__(self, root: Path | str, settings: LakeSettings) -> None:
         self.root = Path(root)
         self.settings = settings
-        self._buffers: dict[tuple[str, int, str, int], _Buffer] = {}
+        self._pending: dict[tuple[str, str, int], _Pending] = {}
+        self._ready: dict[_Key, _Ready] = {}
         self._positions: Positions = {}
         self.pending_rows = 0
         self.rows_written = 0
@@ -191,28 +210,49 @@ class LakeWriter:
 
     def add(self, table: str, event: Event, source: Source) -> None:
         """Buffer one event; `source` is (topic, partition, offset) of the record it came from."""
-        spec = _spec(table, event)
         topic, partition, offset = source
-        position = (topic, partition)
-        seen = self._positions.get(position)
-        if offset < 0 or (seen is None and (partition < 0 or not _TOPIC.match(topic))):
-            raise SinkError(
-                f"lake: bad source {source!r}: expected (topic, partition >= 0, offset >= 0)"
-            )
-        key = (table, spec.time(event) // HOUR_MS, topic, partition)
-        buffer = self._buffers.get(key)
-        if buffer is None:
-            self._buffers[key] = _Buffer(offset, offset, [event])
-        else:
-            buffer.events.append(event)
-            # offsets rise within a partition; min/max keep a file's range right if they don't
-            if offset > buffer.last:
-                buffer.last = offset
-            elif offset < buffer.first:
-                buffer.first = offset
-        if seen is None or offset >= seen:
-            self._positions[position] = offset + 1
+        pending = self._pending.get((table, topic, partition))
+        if pending is None or type(event) is not _EVENT_OF.get(table) or offset < 0:
+            pending = self._start(table, [event], topic, partition, [offset])
+        pending.events.append(event)
+        pending.offsets.append(offset)
+        if offset >= self._positions[(topic, partition)]:
+            self._positions[(topic, partition)] = offset + 1
         self.pending_rows += 1
+
+    def extend(
+        self, table: str, events: Sequence[Event], topic: str, partition: int,
+        offsets: Sequence[int],
+    ) -> None:
+        """Buffer a batch of events of one partition, `offsets[i]` the offset of `events[i]`."""
+        if len(events) != len(offsets):
+            raise SinkError(f"lake: {len(events)} events but {len(offsets)} offsets")
+        if not events:
+            return
+        pending = self._start(table, events, topic, partition, offsets)
+        pending.events.extend(events)
+        pending.offsets.extend(offsets)
+        position = (topic, partition)
+        self._positions[position] = max(self._positions[position], max(offsets) + 1)
+        self.pending_rows += len(events)
+
+    def _start(
+        self, table: str, events: Sequence[Event], topic: str, partition: int,
+        offsets: Sequence[int],
+    ) -> _Pending:
+        """Check what `add`/`extend` take before buffering it: the table, the event types,
+        the source (checked once per partition: it becomes a file name)."""
+        spec = _spec(table, events)
+        if min(offsets) < 0 or (
+            (topic, partition) not in self._positions
+            and (partition < 0 or not _TOPIC.match(topic))
+        ):
+            raise SinkError(
+                f"lake: bad source {(topic, partition, min(offsets))!r}: expected "
+                "(topic, partition >= 0, offset >= 0)"
+            )
+        self._positions.setdefault((topic, partition), 0)
+        return self._pending.setdefault((spec.name, topic, partition), _Pending())
 
     def flush(self) -> Positions:
         """Write every buffer to its file; return the next offset per (topic, partition) written.
@@ -220,16 +260,53 @@ class LakeWriter:
         Raises SinkError if a file could not be written; then nothing may be committed, and the
         buffers are kept so the caller may retry or crash and replay.
         """
-        for key in sorted(self._buffers):
-            self._write(key, self._buffers[key])
-            del self._buffers[key]
-        positions, self._positions = self._positions, {}
+        # One thread writes (Parquet encoding, compression and fsync run without the GIL) while
+        # this one converts the next batch to Arrow: a flush costs about its conversion, not
+        # conversion plus writing. Files are written in the order they are queued, and after a
+        # failure the rest are left queued, as if written one after the other.
+        stop = threading.Event()
+        writes: list[tuple[_Key, Future[bool]]] = []
+        submitted: set[_Key] = set()
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-write") as pool:
+                try:
+                    queued = self._convert()  # this flush's files, as each is converted
+                    left = sorted(self._ready)  # files a failed flush left: written last
+                    for key in itertools.chain(queued, left):
+                        if key not in submitted:  # a left file that new rows joined: queued
+                            submitted.add(key)
+                            ready = self._ready[key]
+                            writes.append((key, pool.submit(self._write_unless, stop, key, ready)))
+                except BaseException:
+                    stop.set()
+                    raise
+        finally:
+            for key, future in writes:
+                if future.exception() is None and future.result():
+                    del self._ready[key]
+        failed = next((f.exception() for _, f in writes if f.exception() is not None), None)
+        if failed is not None:
+            raise failed
+        positions = {key: offset for key, offset in self._positions.items() if offset > 0}
+        self._positions = {}
         self.pending_rows = 0
         return positions
 
+    def _write_unless(self, stop: threading.Event, key: _Key, ready: _Ready) -> bool:
+        """Write one queued file (in the writing thread) unless an earlier write failed."""
+        if stop.is_set():
+            return False
+        try:
+            self._write(key, ready)
+        except BaseException:
+            stop.set()
+            raise
+        return True
+
     def discard(self) -> None:
         """Forget every buffered event (their input was not acknowledged: it is replayed)."""
-        self._buffers.clear()
+        self._pending.clear()
+        self._ready.clear()
         self._positions = {}
         self.pending_rows = 0
 
@@ -247,27 +324,63 @@ class LakeWriter:
         self.mark_committed(positions)
         return positions
 
-    def _write(self, key: tuple[str, int, str, int], buffer: _Buffer) -> None:
+    def _convert(self) -> Iterator[_Key]:
+        """Pending events → Arrow columns, a whole partition's batch at once, split by event
+        hour (the table's first column) with numpy; rows keep their arrival order. Yields the
+        key of each file it queues, as soon as it is queued."""
+        for source in sorted(self._pending):
+            table, topic, partition = source
+            pending = self._pending[source]
+            arrow = TABLES[table].to_arrow(pending.events)
+            del self._pending[source]  # converted: its rows are in `arrow` now
+            offsets = np.asarray(pending.offsets, dtype=np.int64)
+            # the first column is the event time (TIMESTAMP ms): its int64 view, hour buckets
+            hours = arrow.column(0).to_numpy().view(np.int64) // HOUR_MS
+            for hour in np.unique(hours).tolist():
+                rows = np.flatnonzero(hours == hour)
+                got = offsets[rows]
+                key = (table, hour, topic, partition)
+                self._queue(key, _rows(arrow, rows), int(got.min()), int(got.max()))
+                yield key
+
+    def _queue(self, key: _Key, arrow: pa.Table, first: int, last: int) -> None:
+        ready = self._ready.get(key)
+        if ready is None:
+            self._ready[key] = _Ready(arrow, first, last)
+        else:  # rows added after a failed flush go to the same file as those before it
+            merged = pa.concat_tables([ready.arrow, arrow])
+            self._ready[key] = _Ready(merged, min(first, ready.first), max(last, ready.last))
+
+    def _write(self, key: _Key, ready: _Ready) -> None:
         table, hour_bucket, topic, partition = key
         spec = TABLES[table]
         directory = partition_dir(self.root, table, hour_bucket)
-        path = directory / sink_file_name(topic, partition, buffer.first)
-        arrow = spec.to_arrow(buffer.events)
+        path = directory / sink_file_name(topic, partition, ready.first)
         metadata = {
             **(spec.schema.metadata or {}),
             b"fleetpulse.topic": topic.encode(),
             b"fleetpulse.partition": str(partition).encode(),
-            b"fleetpulse.first_offset": str(buffer.first).encode(),
-            b"fleetpulse.last_offset": str(buffer.last).encode(),
+            b"fleetpulse.first_offset": str(ready.first).encode(),
+            b"fleetpulse.last_offset": str(ready.last).encode(),
         }
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            arrow = arrow.replace_schema_metadata(metadata)
+            arrow = ready.arrow.replace_schema_metadata(metadata)
             write_atomically(path, lambda tmp: write_parquet(tmp, arrow, self.settings))
         except OSError as exc:
             raise SinkError(f"lake: cannot write {path}: {exc}") from exc
         self.rows_written += arrow.num_rows
         self.files_written += 1
+
+
+def _rows(arrow: pa.Table, rows: np.ndarray) -> pa.Table:
+    """The given rows (ascending indices) of a table: itself, a zero-copy slice when they are
+    one run (a partition's events mostly arrive in time order), or a copy."""
+    if len(rows) == arrow.num_rows:
+        return arrow
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return arrow.slice(int(rows[0]), len(rows))
+    return arrow.take(rows)
 
 
 def write_parquet(path: Path, arrow: pa.Table, settings: LakeSettings) -> None:
@@ -287,11 +400,16 @@ def _text_writer(body: str) -> Callable[[Path], None]:
     return write
 
 
-def _spec(table: str, event: Event) -> TableSpec:
+_EVENT_OF = {name: spec.event for name, spec in TABLES.items()}
+
+
+def _spec(table: str, events: Sequence[Event]) -> TableSpec:
     spec = TABLES.get(table)
     if spec is None:
         raise SinkError(f"lake: unknown table {table!r}: expected one of {', '.join(TABLES)}")
-    if not isinstance(event, spec.event):
-        got = type(event).__name__
+    # the distinct types of a batch (a C loop over it), not an isinstance call per event
+    wrong = sorted(t.__name__ for t in set(map(type, events)) if not issubclass(t, spec.event))
+    if wrong:
+        got = ", ".join(wrong)
         raise SinkError(f"lake: table {table!r} takes {spec.event.__name__}, got {got}")
     return spec

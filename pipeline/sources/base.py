@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from pipeline.codec import decode, encode
-from pipeline.errors import DecodeError, FleetPulseError, SourceError
+from pipeline.errors import BrokerUnavailableError, DecodeError, FleetPulseError, SourceError
 from pipeline.model import Event
 from pipeline.retry import Backoff
 
@@ -131,6 +131,9 @@ class LoopStats:
     errors: int = 0
 
 
+# A batch Kafka did not take is retried at least this often, however long the endpoint's
+# backoff has grown: the adapter is back within seconds of the broker
+BROKER_RETRY_MAX_S = 5.0
 # Errors worth retrying: the endpoint or the network. A programming error still crashes.
 RETRYABLE: tuple[type[BaseException], ...] = (FleetPulseError, OSError, ConnectionError)
 
@@ -170,6 +173,8 @@ def run_source(
                 msg = f"{source.name}: gave up after {max_failures} failed attempts: {exc}"
                 raise SourceError(msg) from exc
             delay = backoff.next_delay()
+            if isinstance(exc, BrokerUnavailableError):
+                delay = min(delay, BROKER_RETRY_MAX_S)
             log.warning("%s: %s; retrying in %.1f s", source.name, exc, delay)
             wait(delay)
             continue

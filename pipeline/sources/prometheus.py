@@ -1,4 +1,6 @@
-"""DCGM metrics from a Prometheus server → GpuSample, one per node per scrape timestamp.
+"""DCGM metrics from a Prometheus server → GpuSample, one per node per scrape timestamp (and,
+with `sources.prometheus_fabric`, node_exporter's network ports → FabricSample: see
+prometheus_fabric.py).
 
 The query is an instant query of a range selector, `{__name__=~"(?i)dcgm_fi_.+"}[<window>]`,
 which returns the raw samples with their own timestamps (a range *query* would resample them
@@ -401,15 +403,23 @@ class PrometheusSource:
         start_ms = max(self.position if self.position is not None else oldest, oldest)
         if end_ms <= start_ms:
             return Batch([], [], PrometheusPosition(start_ms))
-        results = self._query(start_ms, end_ms)
+        results = self._query(self._series, start_ms, end_ms)
         parsed = parse_series(results, self._identity, after_ms=start_ms)
+        if self._settings.prometheus_fabric:
+            # node_exporter's ports of the same nodes, same window (prometheus_fabric.py)
+            from pipeline.sources.prometheus_fabric import fabric_selector, parse_fabric_series
+
+            fabric = self._query(
+                fabric_selector(self._settings.prometheus_selector), start_ms, end_ms
+            )
+            parsed.extend(parse_fabric_series(fabric, self._identity, after_ms=start_ms))
         return Batch(parsed.events, parsed.bad, PrometheusPosition(end_ms))
 
-    def _query(self, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
+    def _query(self, series: str, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
-        query = f"{self._series}[{end_ms - start_ms}ms]"
+        query = f"{series}[{end_ms - start_ms}ms]"
         try:
             result = self._client.custom_query(query, params={"time": f"{end_ms / 1000:.3f}"})
         except requests.ConnectionError as exc:

@@ -2,24 +2,27 @@
 
 Keys follow the partitioning rules of DESIGN §1: GPU samples and XID events by node, TPU chip
 and ICI samples by slice, capacity events by zone. Rejected inputs go to fleet.dlq with the
-source name in place of a topic (they never were on one) and partition/offset -1.
+source name in place of a topic (they never were on one) and partition/offset -1. Telemetry
+values are written in `kafka.telemetry_format` (msgpack by default, with its content-type
+header; pipeline/codec.py), everything else as JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, Any
 
-from pipeline import deadletter
-from pipeline.codec import encode
+from pipeline.codec import encode, encode_as, record_headers
 from pipeline.config import KafkaSettings
-from pipeline.errors import SourceError
-from pipeline.kafka_client import check_login, client_kwargs
+from pipeline.errors import BrokerUnavailableError
+from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs
 from pipeline.model import (
     DeadLetter,
     Event,
+    RawRecord,
 )
 from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sources.base import BadRecord
@@ -28,15 +31,10 @@ _SEND_TIMEOUT_S = 30.0
 
 
 def dead_letter(source: str, bad: BadRecord, now_ms: int) -> DeadLetter:
-    return deadletter.dead_letter(
-        ts_ms=now_ms,
-        topic=f"source.{source}",
-        partition=-1,
-        offset=-1,
-        key=None,
-        raw=bad.raw,
-        error=str(bad.error),
-        reason=bad.error.reason,
+    """A rejected input never reached a topic: the source's name stands in for one."""
+    record = RawRecord(topic=f"source.{source}", value=bad.raw)
+    return DeadLetter.from_record(
+        record, reason=bad.error.reason, error=str(bad.error), ts_ms=now_ms
     )
 
 
@@ -44,37 +42,48 @@ class KafkaPublisher:
     """Sends every event to its topic and waits for the broker's acknowledgement."""
 
     def __init__(self, settings: KafkaSettings, client_id: str) -> None:
-        from kafka import KafkaProducer  # the kafka client only where Kafka is used
         from kafka.errors import KafkaError
 
         self._error = KafkaError
         self._settings = settings
+        self._client_id = client_id
         self._topics = {spec.value: topic_name(settings, spec.suffix) for spec in TOPICS}
         check_login(settings)  # a refused login fails here, not after a bootstrap timeout
-        try:
-            self._producer = KafkaProducer(
-                **client_kwargs(settings),
-                client_id=client_id,
-                acks="all",
-                linger_ms=5,
-            )
-        except KafkaError as exc:
-            raise SourceError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
-        # the producer bootstrapped (it reached the broker); a batch the broker did not
-        # acknowledge makes the adapter not ready until one is acknowledged again
-        self._ready = (True, f"connected to {settings.bootstrap}")
+        self._producer: Any = None
+        self._ready = (False, f"not connected to {settings.bootstrap} yet")
+        # a broker away at start is not an exit: the first publish that reaches it connects,
+        # and until then each poll fails and is retried by the ingest loop's backoff
+        with contextlib.suppress(BrokerUnavailableError):
+            self._connect()
+
+    def _connect(self) -> Any:
+        from kafka import KafkaProducer  # the kafka client only where Kafka is used
+
+        if self._producer is None:
+            try:
+                self._producer = KafkaProducer(
+                    **client_kwargs(self._settings),
+                    **STAY_CONNECTED,
+                    client_id=self._client_id,
+                    acks="all",
+                    linger_ms=5,
+                )
+            except self._error as exc:
+                reason = f"cannot reach Kafka at {self._settings.bootstrap}: {exc}"
+                self._ready = (False, reason)
+                raise BrokerUnavailableError(reason) from exc
+            # the producer bootstrapped (it reached the broker); a batch the broker did not
+            # acknowledge makes the adapter not ready until one is acknowledged again
+            self._ready = (True, f"connected to {self._settings.bootstrap}")
+        return self._producer
 
     def publish(self, source: str, events: Sequence[Event], bad: Sequence[BadRecord]) -> None:
+        producer = self._connect()
         now_ms = int(time.time() * 1000)
-        futures = [
-            self._producer.send(
-                self._topics[type(event)], key=record_key(event).encode(), value=encode(event)
-            )
-            for event in events
-        ]
+        futures = [self._send(event) for event in events]
         dlq = topic_name(self._settings, "dlq")
         futures += [
-            self._producer.send(dlq, value=encode(dead_letter(source, record, now_ms)))
+            producer.send(dlq, value=encode(dead_letter(source, record, now_ms)))
             for record in bad
         ]
         try:
@@ -82,15 +91,26 @@ class KafkaPublisher:
                 future.get(timeout=_SEND_TIMEOUT_S)
         except self._error as exc:
             self._ready = (False, f"Kafka did not acknowledge the last batch: {exc}")
-            raise SourceError(f"{source}: Kafka did not acknowledge the batch: {exc}") from exc
+            msg = f"{source}: Kafka did not acknowledge the batch: {exc}"
+            raise BrokerUnavailableError(msg) from exc
         self._ready = (True, f"connected to {self._settings.bootstrap}")
+
+    def _send(self, event: Event) -> Any:
+        value, content_type = encode_as(event, self._settings.telemetry_format)
+        return self._producer.send(
+            self._topics[type(event)],
+            key=record_key(event).encode(),
+            value=value,
+            headers=record_headers(content_type),
+        )
 
     def readiness(self) -> tuple[bool, str]:
         """/readyz: the broker answered, and acknowledged the last batch."""
         return self._ready
 
     def close(self) -> None:
-        self._producer.close(timeout=_SEND_TIMEOUT_S)
+        if self._producer is not None:
+            self._producer.close(timeout=_SEND_TIMEOUT_S)
 
 
 class StdoutPublisher:

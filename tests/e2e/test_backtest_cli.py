@@ -97,3 +97,49 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     done = backtest(str(tmp_path / "nope.csv"), cwd=tmp_path)
     assert done.returncode == 2
     assert "does not exist" in done.stderr
+
+
+def _synthetic(root: Path, name: str, drop_at: int, n: int = 3000) -> list[str]:
+    """A 5-minute series with a labelled level drop; returns its window."""
+    rows = ["timestamp,value"]
+    for i in range(n):
+        minutes = i * 5
+        value = 80.0 + (i * 7919 % 11) * 0.3 - (30.0 if drop_at <= i < drop_at + 100 else 0.0)
+        rows.append(
+            f"2014-01-{1 + minutes // 1440:02d} {minutes % 1440 // 60:02d}:{minutes % 60:02d}:00,{value}"
+        )
+    (root / name).write_text("\n".join(rows) + "\n")
+    return [rows[drop_at - 10].split(",")[0], rows[drop_at + 60].split(",")[0]]
+
+
+def test_compare_sweeps_the_detector_and_both_baselines_at_matched_false_alarms(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "series"
+    root.mkdir()
+    windows = {"a.csv": [_synthetic(root, "a.csv", 2000)], "b.csv": [_synthetic(root, "b.csv", 2500)]}
+    (root / "windows.json").write_text(json.dumps(windows))
+    done = backtest(str(root), "--windows", str(root / "windows.json"), "--compare", "--json",
+                    cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert set(report["matched"]) == {"0.5", "1", "1.3", "2", "2.8"}
+    for row in report["matched"].values():
+        assert set(row) == {"fleetpulse", "zscore", "ewma"}
+    ours = report["matched"]["1.3"]["fleetpulse"]
+    assert ours["recall"] == 1.0 and ours["false_alarms_per_week"] <= 1.3
+    assert set(report["leave_one_out"]) == {"fleetpulse", "zscore", "ewma"}
+    text = backtest(str(root), "--windows", str(root / "windows.json"), "--compare",
+                    "--sensitivity", "5", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "leave one series out, fleetpulse" in text.stdout
+
+
+def test_compare_needs_windows_and_a_positive_sensitivity(tmp_path: Path) -> None:
+    root = tmp_path / "series"
+    root.mkdir()
+    _synthetic(root, "a.csv", 50, n=200)
+    done = backtest(str(root), "--compare", cwd=tmp_path)
+    assert done.returncode == 2 and "--compare needs --windows" in done.stderr
+    done = backtest(str(root), "--sensitivity", "0", cwd=tmp_path)
+    assert done.returncode == 2 and "expected a number > 0" in done.stderr

@@ -64,6 +64,7 @@ def test_help_shows_defaults_and_keeps_hand_formatted_text() -> None:
     ingest = fleetpulse("ingest", "--help").stdout
     # ingest's description is a hand-aligned table: RawDescription layout survives
     assert "    fleetpulse ingest prometheus     DCGM metrics" in ingest
+    assert "    fleetpulse ingest capacity       the cloud's capacity signals" in ingest
 
 
 def test_sink_lake_takes_lake_like_every_other_command() -> None:
@@ -101,6 +102,16 @@ def test_ingest_cloudmon_without_credentials_says_what_is_missing(tmp_path: Path
     assert "needs Google Cloud credentials" in run.stderr
     assert "GOOGLE_APPLICATION_CREDENTIALS" in run.stderr
     assert "gcloud auth application-default login" in run.stderr
+
+
+def test_ingest_capacity_without_credentials_says_what_is_missing(tmp_path: Path) -> None:
+    env = _ingest_env(tmp_path, GCE_METADATA_HOST="127.0.0.1:1", GCE_METADATA_IP="127.0.0.1:1",
+                      FLEETPULSE_CAPACITY__FEEDS='["tpu"]')
+    run = fleetpulse("ingest", "capacity", "--once", "--stdout", env=env, timeout=60)
+    _no_traceback(run)
+    assert run.returncode == 2
+    assert "The TPU API needs Google Cloud credentials" in run.stderr
+    assert "FLEETPULSE_CAPACITY__TPU_ENDPOINT" in run.stderr
 
 
 def test_ingest_prometheus_once_with_prometheus_down_exits_with_a_clear_error(

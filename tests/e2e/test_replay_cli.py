@@ -15,7 +15,7 @@ from pipeline.sim import read_truth
 SMALL = ["--duration", "600", "--gpu-nodes", "8", "--tpu-slices", "1", "--seed", "5",
          "--no-random-faults", "--quiet"]
 GARBAGE = [b"not json at all", b'{"schema": "gpu_sample/2", "ts": 5}', b"", b'{"schema": "nope/1"}',
-           b'{"schema": "finding/1", "ts": 1767225700000}']
+           b'{"schema": "finding/2", "ts": 1767225700000}']
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pipeline import codec
@@ -124,16 +125,22 @@ def test_kafka_run_lands_every_event_on_its_topic_with_its_key(tmp_path: Path) -
         expected[json.loads(line)["schema"].split("/")[0]] += 1
     prefix = env["FLEETPULSE_KAFKA__TOPIC_PREFIX"]
     suffix = {"gpu_sample": "telemetry.gpu", "tpu_sample": "telemetry.tpu", "ici_sample": "telemetry.ici",
-              "xid_event": "events.xid", "node_event": "events.node", "capacity_event": "events.capacity"}
+              "xid_event": "events.xid", "node_event": "events.node", "capacity_event": "events.capacity",
+              "fabric_sample": "telemetry.fabric", "inventory": "inventory"}
     key_field = {"gpu_sample": "node", "tpu_sample": "slice", "ici_sample": "slice", "xid_event": "node",
-                 "node_event": "target", "capacity_event": "zone"}
+                 "node_event": "target", "capacity_event": "zone", "fabric_sample": "node",
+                 "inventory": "name"}
     consumer = KafkaConsumer(*(f"{prefix}.{s}" for s in suffix.values()), bootstrap_servers=bootstrap,
                              auto_offset_reset="earliest", consumer_timeout_ms=3000)
     received: Counter[str] = Counter()
     for record in consumer:
-        value = json.loads(record.value)
+        content_type = codec.content_type_of(record.headers)
+        # samples in the fast wire format by default, events as JSON (streams/README.md)
+        packed = content_type == codec.MSGPACK
+        value = msgspec.msgpack.decode(record.value) if packed else json.loads(record.value)
         name = value["schema"].split("/")[0]
         assert record.topic == f"{prefix}.{suffix[name]}"
+        assert packed == name.endswith("_sample"), (name, content_type)
         # Keys carry the cluster wherever a node or slice name is the key (a zone key does not).
         expected_key = value[key_field[name]] if name == "capacity_event" else \
             f"{value['cluster']}/{value[key_field[name]]}"

@@ -22,6 +22,7 @@ from pipeline.model import (
     Alert,
     DeadLetter,
     Event,
+    FabricSample,
     GpuSample,
     Inventory,
     XidEvent,
@@ -102,10 +103,9 @@ class Outcome:
     @property
     def lost(self) -> int:
         """Records neither processed nor dead-lettered, plus samples a window dropped as late
-        without a dead letter: what the pipeline lost silently."""
-        processed = sum(
-            n for k, n in self.runtime.counts.items() if k.startswith("in.") and k != "in.Inventory"
-        )
+        without a dead letter: what the pipeline lost silently. Inventory records count as
+        fed and processed alike, whether loaded first or found in the recording."""
+        processed = sum(n for k, n in self.runtime.counts.items() if k.startswith("in."))
         refused = sum(n for k, n in self.runtime.counts.items() if k.startswith("refused."))
         undecodable = len(self.dead_letters) - refused
         silently_late = sum(
@@ -144,6 +144,7 @@ def run(
     )
     outcome = Outcome(fed=0, runtime=runtime, outputs=outputs)
     for record in inventory or []:
+        outcome.fed += 1
         runtime.feed(record)
     for offset, event in enumerate(events):
         outcome.fed += 1
@@ -154,6 +155,12 @@ def run(
 
 
 # --- the hostile inputs -------------------------------------------------------------------
+
+
+def without_inventory(events: list[Event]) -> list[Event]:
+    """The recording less the inventory records the simulator puts at its start (a fleet
+    whose owner publishes no inventory)."""
+    return [e for e in events if not isinstance(e, Inventory)]
 
 
 def skew_host(events: list[Event], node: str, from_ts: int, by_ms: int) -> list[Event]:
@@ -167,11 +174,12 @@ def skew_host(events: list[Event], node: str, from_ts: int, by_ms: int) -> list[
 
 
 def outage(events: list[Event], start: int, end: int) -> list[Event]:
-    """Every GPU node's telemetry stops between `start` and `end` (a monitoring outage)."""
+    """Every GPU node's telemetry stops between `start` and `end` (a monitoring outage: the
+    DCGM, kernel-log and node_exporter scrapes all go through the monitoring that is down)."""
     return [
         e
         for e in events
-        if not (isinstance(e, GpuSample | XidEvent) and start <= e.ts < end)
+        if not (isinstance(e, GpuSample | XidEvent | FabricSample) and start <= e.ts < end)
     ]
 
 

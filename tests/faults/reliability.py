@@ -16,9 +16,10 @@ import re
 import sys
 from pathlib import Path
 
+from pipeline import docs_markers
+
 ROOT = Path(__file__).resolve().parents[2]
-START = "<!-- reliability:start -->"
-END = "<!-- reliability:end -->"
+MARKER = "reliability"  # the README section between <!-- reliability:start/end -->
 SUITES = ("input", "poison", "lake", "infrastructure")
 
 
@@ -73,12 +74,10 @@ def _cell(value: object) -> str:
 
 
 def rewrite_readme(readme: Path, table: str) -> None:
-    text = readme.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme}: markers {START} / {END} not found")
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    readme.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+    try:
+        docs_markers.rewrite_section(readme, MARKER, table)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 def main() -> int:

@@ -158,9 +158,9 @@ def test_disk_full_under_the_lake_sink_blocks_commits_then_resumes_with_nothing_
             _produce(producer, topic, _rows(produced, CHUNK))
             produced += CHUNK
             time.sleep(0.5)
-            if _metric(port, "fleetpulse_lake_sink_writes_blocked") == 1:
+            if _metric(port, "fleetpulse_lake_sink_flush_blocked") == 1:
                 break
-        assert _metric(port, "fleetpulse_lake_sink_writes_blocked") == 1, (
+        assert _metric(port, "fleetpulse_lake_sink_flush_blocked") == 1, (
             f"{produced} records never filled the disk:\n{log.read_text()[-3000:]}")
         # records that arrive while the disk is full must not be lost either
         _produce(producer, topic, _rows(produced, CHUNK))
@@ -172,14 +172,14 @@ def test_disk_full_under_the_lake_sink_blocks_commits_then_resumes_with_nothing_
         during, _ = _committed(kafka_settings, group, topic)
         assert during == before < end
         assert sink.poll() is None, log.read_text()[-3000:]
-        assert 'fleetpulse_lake_sink_write_errors_total{reason="disk_full"}' in _get(
+        assert 'fleetpulse_lake_sink_flush_errors_total{reason="disk_full"}' in _get(
             port, "/metrics")[1]
         status, body = _get(port, "/readyz")
         assert status == 503 and "disk_full" in body, body
         assert "lake blocked (disk_full)" in log.read_text()
         rows_while_full = sum(_read_lake(small_disk).values())  # raises on a truncated file
         assert _hidden_leftovers(small_disk) == []
-        errors = _metric(port, "fleetpulse_lake_sink_write_errors_total")
+        errors = _metric(port, "fleetpulse_lake_sink_flush_errors_total")
 
         # space returns: the sink catches up alone
         subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
@@ -190,7 +190,7 @@ def test_disk_full_under_the_lake_sink_blocks_commits_then_resumes_with_nothing_
             assert sink.poll() is None, log.read_text()[-3000:]
             time.sleep(0.3)
         recovered_s = time.monotonic() - grown
-        assert _metric(port, "fleetpulse_lake_sink_writes_blocked") == 0
+        assert _metric(port, "fleetpulse_lake_sink_flush_blocked") == 0
         assert _get(port, "/readyz")[0] == 200
     finally:
         producer.close()

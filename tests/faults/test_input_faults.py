@@ -29,6 +29,7 @@ from tests.faults.hostile import (
     run,
     simulate,
     skew_host,
+    without_inventory,
     zeroed,
 )
 
@@ -147,7 +148,7 @@ def test_pool_hopping_without_an_inventory_is_held_by_the_caps_and_the_common_ca
     fleet: tuple[list[Event], list],  # type: ignore[type-arg]
 ) -> None:
     events, _ = fleet
-    out = run(_hopping(events))
+    out = run(_hopping(without_inventory(events)))
     # Without an inventory every XID's pool is believed (64 one-node pools, each with budget
     # for its node), so the caps above the pool are what holds: per zone and fleet-wide.
     fleet_cap = max(POLICY.cap_floor, int(POLICY.fleet_max_unavailable_pct * 64 / 100))

@@ -29,7 +29,7 @@ from tests.faults import reliability
 from tests.faults.test_poison_kafka import KINDS, LIMIT, REASON, poison
 
 _VALUE_OF = {spec.suffix: spec.value for spec in TOPICS}
-SUFFIXES = (*sorted(set(INPUT_SUFFIX.values())), "inventory")
+SUFFIXES = tuple(sorted({*INPUT_SUFFIX.values(), "inventory"}))  # the recording carries inventory too
 
 
 def _settings() -> Settings:

@@ -44,3 +44,7 @@ def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
 @pytest.fixture
 def settings(kafka_settings: KafkaSettings) -> Settings:
     return msgspec.structs.replace(load_settings(environ={}), kafka=kafka_settings)
+
+
+# the real kube-apiserver and helm for tests/integration/test_kubernetes_*.py
+from tests.kube_fixture import helm, kube  # noqa: E402, F401

@@ -60,7 +60,7 @@ def test_the_example_actuator_carries_out_an_action_once_and_echoes_it(
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert create.returncode == 0, create.stderr
-    sample = (schemas_tool.SCHEMA_DIR / "samples" / "action.v2.json").read_bytes()
+    sample = (schemas_tool.SCHEMA_DIR / "samples" / "action.v3.json").read_bytes()
     now = int(time.time() * 1000)
     action = msgspec.structs.replace(
         codec.decode(sample, Action), kind="drain", ts=now, expires_at=now + 600_000

@@ -9,15 +9,19 @@ import sys
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer
 from kafka import KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
 from pipeline import codec, schemas_tool
-from pipeline.config import KafkaSettings
+from pipeline.config import KafkaSettings, Settings
 from pipeline.model import TOPIC_VALUES, Event
+from pipeline.runtime.group_topics import TABLES, changelog_name, group_name, group_topics
+from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import TOPICS, TopicSpec, topic_name
+from streams.worker import prepare_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -41,12 +45,13 @@ def _run_cli(kafka: KafkaSettings, *args: str) -> subprocess.CompletedProcess[st
 
 
 def test_topics_create_is_idempotent_with_the_right_shape(kafka_settings: KafkaSettings) -> None:
+    every = len(TOPICS) + len(group_topics(kafka_settings, group_name(kafka_settings)))
     first = _run_cli(kafka_settings, "topics", "create")
     assert first.returncode == 0, first.stderr
-    assert f"{len(TOPICS)} created, 0 already present" in first.stdout
+    assert f"{every} created, 0 already present" in first.stdout
     second = _run_cli(kafka_settings, "topics", "create")
     assert second.returncode == 0, second.stderr
-    assert f"0 created, {len(TOPICS)} already present" in second.stdout
+    assert f"0 created, {every} already present" in second.stdout
 
     admin = KafkaAdminClient(bootstrap_servers=kafka_settings.bootstrap)
     try:
@@ -64,6 +69,48 @@ def test_topics_create_is_idempotent_with_the_right_shape(kafka_settings: KafkaS
         gpu = topic_name(kafka_settings, "telemetry.gpu")
         configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, gpu)])
         assert configs["topic"][gpu]["retention.ms"]["value"] == str(kafka_settings.retention_ms)
+    finally:
+        admin.close()
+    # and the default worker group's changelogs, made before any worker starts
+    _assert_changelogs(kafka_settings, group_name(kafka_settings))
+
+
+def _assert_changelogs(kafka: KafkaSettings, group: str) -> None:
+    """Every table's changelog of `group` is served, with faust's shape: compacted, one
+    partition for the policy table and the configured count for the others."""
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        names = [changelog_name(group, table) for table in TABLES]
+        described = {t["name"]: t for t in admin.describe_topics(names)}
+        partitions = {name: len(described[name]["partitions"]) for name in names}
+        assert partitions == {
+            name: 1 if table == "policy" else kafka.partitions
+            for name, table in zip(names, TABLES, strict=True)
+        }
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+        configs = admin.describe_configs(resources)["topic"]
+        assert {configs[name]["cleanup.policy"]["value"] for name in names} == {"compact"}
+    finally:
+        admin.close()
+
+
+def test_a_worker_makes_its_groups_changelogs_before_faust_starts(settings: Settings) -> None:
+    # FleetPulse's topics are there, group w's are not (those made are the default group's):
+    # the worker makes them itself, and they are served before faust's clients ask for them, so
+    # the group's first assignment has every changelog (faust alone declared them racily)
+    kafka, w = settings.kafka, f"{settings.kafka.topic_prefix}-w"  # a group of this test's
+    create_topics(kafka)
+    assert not set(_existing(kafka)) & {t.name for t in group_topics(kafka, w)}
+    group = msgspec.structs.replace(settings.worker, group_id=w)
+    internal = prepare_topics(msgspec.structs.replace(settings, worker=group))
+    assert set(internal) < set(_existing(kafka))
+    _assert_changelogs(kafka, w)
+
+
+def _existing(kafka: KafkaSettings) -> list[str]:
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        return [t["name"] for t in admin.describe_topics()]
     finally:
         admin.close()
 

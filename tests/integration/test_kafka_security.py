@@ -33,7 +33,8 @@ from pipeline import codec
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.kafka_client import client_kwargs
 from pipeline.model import Action
-from pipeline.runtime.topics import topic_name
+from pipeline.runtime.group_topics import group_name, group_topics
+from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.sim import read_truth
 from streams.testing import WorkerProcess, create_topics, produce_events, scenario, worker_env
 
@@ -122,9 +123,10 @@ def test_topics_create_and_a_round_trip_over_sasl_ssl(secure_broker: SecureBroke
     kafka = secure_broker.settings(topic_prefix="rt")
     done = _cli("topics", "create", env=_env(kafka, FLEETPULSE_KAFKA__TOPIC_PREFIX="rt"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"15 created, 0 already present on 127.0.0.1:{secure_broker.secure_port}" in (
-        done.stdout
-    )
+    # every topic FleetPulse declares, and the default worker group's
+    every = len(TOPICS) + len(group_topics(kafka, group_name(kafka)))
+    created = f"{every} created, 0 already present"
+    assert f"{created} on 127.0.0.1:{secure_broker.secure_port}" in done.stdout
     topic = topic_name(kafka, "findings")
     producer = KafkaProducer(**client_kwargs(kafka), acks="all")
     sent = producer.send(topic, key=b"node-1", value=b"over-tls").get(timeout=30)

@@ -27,7 +27,7 @@ from pipeline.sinks.lake_tables import TABLES
 from tests import lake_fixture as fx
 
 pytestmark = pytest.mark.kafka
-BAD_RECORDS = [b"not json", b'{"schema": "utilization/1"}', b'{"schema": "finding/1", "ts": 5}']
+BAD_RECORDS = [b"not json", b'{"schema": "utilization/1"}', b'{"schema": "finding/2", "ts": 5}']
 IDS = {"findings": "finding_id", "actions": "action_id", "capacity": "event_id"}
 
 

@@ -24,7 +24,7 @@ import msgspec
 import pytest
 
 from pipeline.config import HttpClientSettings, SimSettings, SourcesSettings
-from pipeline.model import GpuReading, GpuSample
+from pipeline.model import FabricSample, GpuReading, GpuSample
 from pipeline.sim.endpoints.dcgm_exporter import DcgmExporter
 from pipeline.sim.endpoints.fleet import SimEndpoints
 from pipeline.sim.engine import Simulation
@@ -117,10 +117,12 @@ def test_scraped_samples_come_back_as_served(
     sim, endpoints = fleet
     exporters = list(endpoints.exporters.values())
     served: list[GpuSample] = []
+    ports: list[FabricSample] = []
     for tick in sim.ticks():
         for event in tick:
             endpoints.dispatch(event)
         served += [e for e in tick if isinstance(e, GpuSample)]
+        ports += [e for e in tick if isinstance(e, FabricSample)]
         _wait_for_scrapes(exporters)
     _wait_for_scrapes(exporters)  # the scrape after the last one: that one is in the TSDB now
     assert len(served) == 6
@@ -143,6 +145,16 @@ def test_scraped_samples_come_back_as_served(
     assert sorted(got) == sorted(want), "every served sample read back exactly once"
     mismatched = [key for key in want if not _close(got[key], want[key])]
     assert mismatched == [], f"read back differently: {got[mismatched[0]]} != {want[mismatched[0]]}"
+    # node_exporter's ports of the same nodes (sources.prometheus_fabric): IB ports by HCA and
+    # the IPoIB netdevs as ports of their own, every value as served
+    fabric = {(e.node, e.ts): e for e in batch.events if isinstance(e, FabricSample)}
+    assert sorted(fabric) == sorted((p.node, p.ts) for p in ports)
+    for sent in ports:
+        back = {p.key: p.metrics for p in fabric[(sent.node, sent.ts)].ports}
+        for port in sent.ports:
+            ib = {k: v for k, v in port.metrics.items() if k.startswith("node_infiniband_")}
+            net = {k: v for k, v in port.metrics.items() if k.startswith("node_network_")}
+            assert back[port.key] == ib and back[f"{port.netdev}:1"] == net
 
     # the position is committed atomically and the next poll reads nothing twice
     source.commit(batch.position)
@@ -255,9 +267,10 @@ def test_auth_headers_arrive_and_the_selector_reads_one_shard(
     finally:
         server.shutdown()
         server.server_close()
-    [headers] = handler.seen
-    assert headers["Authorization"] == "Bearer prom-reader-token-5e1f"
-    assert headers["X-Scope-OrgID"] == "team-a"
+    assert len(handler.seen) == 2  # the DCGM series, then node_exporter's ports
+    for headers in handler.seen:
+        assert headers["Authorization"] == "Bearer prom-reader-token-5e1f"
+        assert headers["X-Scope-OrgID"] == "team-a"
     assert batch.bad == []
     got = {e.node for e in batch.events if isinstance(e, GpuSample)}
     assert got == {nodes[0].name}, "the selector keeps the other node's series out"

@@ -7,18 +7,23 @@ import asyncio
 import base64
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipeline.config import load_settings
 from pipeline.errors import DecodeError
-from pipeline.model import CapacityEvent, NodeState, Target
-from streams import zones
+from pipeline.model import CapacityEvent, DeadLetter, NodeState, Target
+from pipeline.runtime import zones
+from pipeline.runtime.align import Aligner
+from pipeline.runtime.group_topics import TABLES, group_topics
+from streams import tables
 from streams.acks import EXIT_UNSENDABLE, Settler
-from streams.align import Aligner
+from streams.app import app_id, create_app
 from streams.clock import CATCH_UP_GRACE_MS, IDLE_S, PartitionClocks
 from streams.metrics import WorkerMetrics
-from streams.records import check_key, dead_letter, decode_value
+from streams.records import check_key, decode_value
 
 T0 = 1_767_225_600_000
 
@@ -98,6 +103,14 @@ def test_aligner_ties_follow_topic_order_and_the_cap_forces_release() -> None:
     assert aligner.release(now=0.0) == ["g0"]  # over the cap: only as much as needed
 
 
+def test_aligner_forgets_what_it_held_when_its_partitions_are_revoked() -> None:
+    aligner: Aligner[str] = Aligner(["gpu", "xid"], grace_s=lambda p: 60.0, max_held=100)
+    aligner.hold("gpu", 0, T0, "gpu@0", now=0.0)
+    aligner.hold("xid", 1, T0, "xid@0", now=0.0)
+    assert aligner.forget() == 2 and aligner.held == 0
+    assert aligner.release(now=120.0) == [] and aligner.release_all() == []
+
+
 def test_partition_clock_ticks_every_boundary_crossed_from_the_second_record_on() -> None:
     clocks = PartitionClocks()
     assert clocks.observe("gpu", 0, "n1", T0 + 5_000, wall=0.0) == []  # first record: starts it
@@ -149,7 +162,9 @@ def test_a_dead_letter_carries_the_coordinates_the_bytes_and_the_reason() -> Non
     record = _Record()
     with pytest.raises(DecodeError) as raised:
         decode_value(record, NodeState)
-    letter = dead_letter(record, str(raised.value), raised.value.reason)
+    letter = DeadLetter.from_record(
+        record, reason=raised.value.reason, error=str(raised.value), ts_ms=int(record.timestamp * 1000)
+    )
     assert (letter.topic, letter.partition, letter.offset, letter.key) == (
         "p.telemetry.gpu", 2, 41, "node-1"
     )  # fmt: skip
@@ -161,7 +176,8 @@ def test_a_dead_letter_carries_the_coordinates_the_bytes_and_the_reason() -> Non
     assert raised.value.reason == "tombstone"
     with pytest.raises(DecodeError, match="keys decide partitions"):
         check_key(_Record(key=b"node-2"), "node-1", "node")
-    assert dead_letter(_Record(key=None, value=None), "x", "tombstone").raw_b64 == ""
+    assert DeadLetter.from_record(_Record(key=None, value=None), reason="tombstone", error="x"
+                                  ).raw_b64 == ""
 
 
 def test_the_settler_acks_only_what_the_broker_acknowledged() -> None:
@@ -194,3 +210,95 @@ def test_the_settler_acks_only_what_the_broker_acknowledged() -> None:
 
     asyncio.run(scenario())
     assert acked == [1, 2] and exits == [EXIT_UNSENDABLE]
+
+
+def test_the_changelogs_made_ahead_of_faust_are_the_ones_its_tables_use(tmp_path: Path) -> None:
+    # workers and `topics create` make the changelogs before faust starts (faust declaring
+    # them itself raced the group's first assignment): a name or a partition count of our
+    # own that differed from the table's would leave faust racing to make its own again
+    settings = load_settings(environ={"FLEETPULSE_WORKER__DATADIR": str(tmp_path)})
+    ctx = create_app(settings)
+    made = {t.name: t for t in group_topics(settings.kafka, app_id(settings))}
+    for table in ctx.tables.values():
+        topic = table.changelog_topic
+        ours = made[topic.get_topic_name()]
+        assert (ours.partitions, ours.configs) == (
+            table.partitions, {"cleanup.policy": "compact"}
+        )
+        assert topic.compacting and not topic.deleting and topic.retention is None
+    assert len(ctx.tables) == len(TABLES)
+
+
+# --- changelog values fenced by the group's generation (streams/tables.py) ----------------
+
+K = b"c/node-1"
+
+
+def test_a_replay_keeps_the_newest_generation_whatever_the_order_the_writes_landed_in() -> None:
+    before = tables.pack(4, b"state before the cut")
+    owner = tables.pack(6, b"the new owner's state")  # after the rebalance that fenced gen 4
+    late = tables.pack(4, b"the fenced worker's late write")
+    again = tables.pack(6, b"the new owner's next state")
+    records = [(K, before), (K, owner), (K, late), (K, again)]
+    assert list(tables.newest(records, {})) == [0, 1, 3]  # the late write is not applied
+    # a value of an older release (no generation) is oldest; the same generation: the later
+    legacy = b"x\x01legacy zlib"
+    assert list(tables.newest([(K, legacy), (K, before), (K, legacy)], {})) == [0, 1]
+    assert list(tables.newest([(K, late), (K, before)], {})) == [0, 1]
+    # what the table holds already counts: a late write older than it is not applied
+    assert list(tables.newest([(K, late)], {K: 6})) == []
+    assert tables.compressed_of(owner) == b"the new owner's state"
+    assert tables.compressed_of(legacy) == legacy and tables.generation_of(legacy) == -1
+
+
+@dataclass
+class _Message:
+    key: bytes
+    value: bytes | None
+    partition: int
+
+
+@dataclass
+class _Event:
+    message: _Message
+
+    @property
+    def key(self) -> bytes:
+        return self.message.key
+
+    @property
+    def value(self) -> bytes | None:
+        return self.message.value
+
+
+def _fenced_table(tmp_path: Path) -> Any:
+    settings = load_settings(environ={"FLEETPULSE_WORKER__DATADIR": str(tmp_path)})
+    return create_app(settings).tables["health"]
+
+
+def test_a_fenced_workers_late_write_does_not_overwrite_the_new_owners_state(
+    tmp_path: Path,
+) -> None:
+    table = _fenced_table(tmp_path)
+    owner, late = tables.pack(6, b"owner"), tables.pack(4, b"late")
+    # replayed in two batches (faust's buffer), the late write last
+    table.apply_changelog_batch([_Event(_Message(K, tables.pack(4, b"before"), 0))])
+    table.apply_changelog_batch([_Event(_Message(K, owner, 0)), _Event(_Message(K, late, 0))])
+    assert table.data[K] == owner
+    # the owner's next write keeps its generation even if the assignment's is lower (a group
+    # whose generations started again), so it wins over the state it was computed from
+    table.write(0, K, b"next", generation=2)
+    assert tables.generation_of(table.data[K]) == 6
+
+
+def test_a_partition_that_comes_back_is_judged_by_its_replay_alone(tmp_path: Path) -> None:
+    from faust.types import TP
+
+    table = _fenced_table(tmp_path)
+    changelog = table.changelog_topic.get_topic_name()
+    table.apply_changelog_batch([_Event(_Message(K, tables.pack(9, b"held before"), 1))])
+    # partition 1 went to another worker and came back: what was held of it proves nothing
+    asyncio.run(table.on_rebalance({TP(changelog, 1)}, set(), {TP(changelog, 1)}, 10))
+    replayed = tables.pack(3, b"the changelog's newest")
+    table.apply_changelog_batch([_Event(_Message(K, replayed, 1))])
+    assert table.data[K] == replayed

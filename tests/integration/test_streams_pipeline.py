@@ -47,7 +47,7 @@ POISON: dict[str, tuple[bytes | None, bytes, str]] = {
     "events.node": (None, b"\xff\xfe", "expected a JSON object"),
     "events.capacity": (b"zone-x", b'{"schema": "capacity_event/1"}', "required field"),
     "findings": (b"node-x", b"null", "expected"),
-    "actions": (b"node-x", b'{"schema": "action/2", "action_id": 7}', "expected"),
+    "actions": (b"node-x", b'{"schema": "action/3", "action_id": 7}', "expected"),
 }
 
 
@@ -108,7 +108,9 @@ def _wait_until_processed(run: Run, inputs: int, started: float) -> None:
     """All inputs consumed (the worker's own counter), then every expected action is out."""
     port = run.worker.metrics_port()
     deadline = time.monotonic() + 240
-    while _metric_sum(port, "fleetpulse_worker_records_in_total", ".telemetry.|.events.") < inputs:
+    # the inputs' topics (the simulator also writes the fleet's inventory)
+    inputs_topics = r"\.telemetry\.|\.events\.|\.inventory\b"
+    while _metric_sum(port, "fleetpulse_worker_records_in_total", inputs_topics) < inputs:
         assert time.monotonic() < deadline, f"inputs not consumed:\n{run.worker.tail()}"
         time.sleep(0.5)
     elapsed = time.monotonic() - started

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from kafka import KafkaConsumer
 
-from pipeline import cli
+from pipeline import cli, codec
 from pipeline.codec import decode
 from pipeline.config import Settings, SimSettings
 from pipeline.model import IciSample, TpuSample
@@ -39,7 +39,9 @@ def _read(settings: Settings, suffixes: list[str], count: int) -> dict[str, list
         while sum(map(len, found.values())) < count and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=500).values():
                 for record in records:
-                    found[topics[record.topic]].append((record.key, record.value))
+                    found[topics[record.topic]].append(
+                        (record.key, record.value, codec.content_type_of(record.headers))
+                    )
     finally:
         consumer.close()
     return found
@@ -88,11 +90,13 @@ def test_ingest_command_publishes_to_kafka(
         monkeypatch.chdir(tmp_path)  # no fleetpulse.toml from the repo
         assert cli.main(["ingest", "tpu-runtime", "--once"]) == 0
     found = _read(settings, ["telemetry.tpu", "telemetry.ici"], count=2)
-    [(tpu_key, tpu_value)] = found["telemetry.tpu"]
-    [(ici_key, ici_value)] = found["telemetry.ici"]
+    [(tpu_key, tpu_value, tpu_type)] = found["telemetry.tpu"]
+    [(ici_key, ici_value, ici_type)] = found["telemetry.ici"]
     assert tpu_key == ici_key == f"{tpu_slice.cluster}/{tpu_slice.name}".encode()
-    assert decode(ici_value, IciSample) == links
+    # the adapter writes the fast format by default, marked so any consumer can tell
+    assert tpu_type == ici_type == codec.MSGPACK
+    assert decode(ici_value, IciSample, content_type=ici_type) == links
     unjobbed = [msgspec.structs.replace(chip, job=None) for chip in chips.chips]
-    assert decode(tpu_value, TpuSample) == msgspec.structs.replace(chips, chips=unjobbed)
+    assert decode(tpu_value, TpuSample, content_type=tpu_type) == msgspec.structs.replace(chips, chips=unjobbed)
     assert (tmp_path / "tpu_runtime.json").exists(), "position committed after the acks"
     assert os.path.getsize(tmp_path / "tpu_runtime.json") > 0

@@ -1,4 +1,4 @@
-"""Event-time utilization windows: values, closing by watermark, late records, purity."""
+"""Event-time utilization windows: values, closing by watermark, late records, state."""
 
 from __future__ import annotations
 
@@ -109,14 +109,15 @@ def test_reading_without_utilization_is_counted_not_averaged() -> None:
     assert [row.device for row in flush(state)] == ["0"]
 
 
-def test_flush_and_advance_close_what_is_open_and_state_is_not_mutated() -> None:
+def test_flush_leaves_the_state_and_advance_closes_what_is_open_in_place() -> None:
+    # stages update their state in place (pipeline/runtime/topology.py); flush only reads it
     state, _ = run([gpu_sample(T0, [40.0]), gpu_sample(T0 + 60_000, [60.0])])
     before = msgspec.msgpack.encode(state)
     assert [r.window_start for r in flush(state)] == [T0, T0 + 60_000]
+    assert msgspec.msgpack.encode(state) == before
     later, rows = advance(state, T0 + 120_000 + 30_000, SETTINGS)
     assert [r.window_start for r in rows] == [T0, T0 + 60_000] and later.open == {}
-    aggregate(state, gpu_sample(T0 + 500_000, [1.0]), SETTINGS)
-    assert msgspec.msgpack.encode(state) == before
+    assert later is state and state.closed_before == T0 + 120_000
 
 
 def test_rows_are_valid_contract_values_and_state_round_trips() -> None:

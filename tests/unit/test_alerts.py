@@ -144,7 +144,7 @@ def test_the_alert_sample_is_what_the_code_emits_for_the_action_sample() -> None
     from pipeline.model import Action
     from pipeline.schemas_tool import SCHEMA_DIR
 
-    action = decode((SCHEMA_DIR / "samples" / "action.v2.json").read_bytes(), Action)
+    action = decode((SCHEMA_DIR / "samples" / "action.v3.json").read_bytes(), Action)
     sample = decode((SCHEMA_DIR / "samples" / "alert.v1.json").read_bytes(), Alert)
     emitted = alerts.cordon_alert(
         action.target, action.reason, sample.ts, action_id=action.action_id, fatal=True,

@@ -59,7 +59,7 @@ def _series(n: int, shift_at: int | None = None, seed: int = 3) -> list[tuple[in
 
 
 def test_scoring_hits_false_alarms_and_delay() -> None:
-    params = SeriesParams(half_life=100, warmup=100)
+    params = SeriesParams()
     result = bt.run_series("s", _series(2000, shift_at=1500), params)
     shift_ts = T0 + 1500 * 300_000
     windows = [
@@ -76,7 +76,7 @@ def test_scoring_hits_false_alarms_and_delay() -> None:
 
 
 def test_flat_series_with_labels_scores_zero_recall_and_no_false_alarm() -> None:
-    result = bt.run_series("s", _series(1000), SeriesParams(half_life=100, warmup=100))
+    result = bt.run_series("s", _series(1000), SeriesParams())
     bt.score_series(result, [(T0, T0 + 10 * 300_000)])
     assert bt.summarise([result]).recall == 0.0
     assert result.false_alarms == 0

@@ -93,7 +93,7 @@ def test_an_ici_link_down_repairs_the_slice() -> None:
 
 
 def _score(faults: int, detected: int, episodes: int, false: int, days: float) -> Score:
-    part = ClassScore(faults=faults, detected=detected, delays_ms=[1000] * detected)
+    part = ClassScore(faults=faults, found=detected, delays_ms=[1000] * detected)
     return Score({"hard": part}, {"G1": part}, episodes, episodes - false, 0, false, days)
 
 
@@ -110,3 +110,28 @@ def test_the_false_cordon_goal_is_claimed_only_when_the_run_can_resolve_it() -> 
     assert _false_cordons_met(headline(_score(1, 1, 1, 1, 50.0))) is False
     assert _false_cordons_met(headline(_score(1, 1, 1, 0, 50.0))) is None  # bound 60 per 1k
     assert _false_cordons_met(headline(_score(1, 1, 1, 0, 40_000.0))) is True
+
+
+def test_summary_rows_show_found_acted_withheld_and_the_nab_comparison() -> None:
+    from bench.summary import intensity_rows, nab_rows
+
+    merged = merge([_score(4, 3, 3, 0, 10.0)])
+    merged.by_class["hard"].action_faults, merged.by_class["hard"].acted = 4, 2
+    merged.by_class["hard"].withheld, merged.by_class["hard"].withheld_rules = 1, {"budget": 1}
+    run = {"fleetpulse": {"headline": headline(merged), **merged.summary()},
+           "baseline": {"headline": headline(merged), **merged.summary()}}
+    rows = intensity_rows({"x10": run})
+    assert rows[0].figure == "x10: hard"
+    assert rows[0].value == "found 3/4, acted 2, withheld 1, missed 1"
+    point = {"threshold": 4.5, "recall": 0.846, "hits": 11, "windows": 13,
+             "false_alarms_per_week": 1.27}
+    nab = {"fleetpulse": {"hits": 11, "windows": 13, "recall": 0.846, "false_alarms_per_week": 1.27},
+           "baseline_static_3sd": {"recall": 0.7, "false_alarms_per_week": 7.0}, "sensitivity": 4.5,
+           "matched": {"1.3": {"fleetpulse": point, "zscore": None, "ewma": point}},
+           "leave_one_out": {d: {"recall": 0.5, "hits": 1, "windows": 2,
+                                 "false_alarms_per_week": 1.0} for d in ("fleetpulse", "zscore", "ewma")}}
+    rows = nab_rows(nab)
+    matched = rows[1]
+    assert matched.met is False and matched.goal == "≥ 0.85 at ≤ 1.3"
+    assert "z-score none within" in matched.baseline
+    assert rows[2].figure.startswith("NAB, leave one series out")

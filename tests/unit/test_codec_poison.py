@@ -11,9 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline import codec, schemas_tool
-from pipeline.deadletter import MAX_RAW, dead_letter
 from pipeline.errors import DecodeError
-from pipeline.model import TOPIC_VALUES, Action, Event, GpuSample, Inventory
+from pipeline.model import (
+    DEAD_LETTER_MAX_RAW,
+    TOPIC_VALUES,
+    Action,
+    DeadLetter,
+    Event,
+    GpuSample,
+    Inventory,
+    RawRecord,
+)
 
 TYPES = [*TOPIC_VALUES.values(), Event]
 
@@ -138,22 +146,15 @@ def test_invalid_enum_value_names_the_allowed_values() -> None:
     assert caught.value.expected.startswith("one of 'cordon', 'drain'"), caught.value.expected
     assert caught.value.got == "'explode'"
     sample["kind"], sample["target"]["kind"] = "drain", "rack"
-    with pytest.raises(DecodeError, match=r"\$\.target\.kind: expected one of 'node', 'slice', "
-                       r"got 'rack'"):  # fmt: skip
+    with pytest.raises(DecodeError, match=r"\$\.target\.kind: expected one of 'link', 'node', 'slice', "
+                       r"'switch', got 'rack'"):  # fmt: skip
         codec.decode(json.dumps(sample).encode(), Action)
 
 
 def test_a_dead_letter_of_a_huge_record_still_fits_the_broker() -> None:
-    letter = dead_letter(
-        ts_ms=0,
-        topic="t",
-        partition=0,
-        offset=1,
-        key=b"k" * 1000,
-        raw=b"x" * (3 * MAX_RAW),
-        error="e" * 10_000,
-        reason="too_large",
-    )
+    record = RawRecord(topic="t", partition=0, offset=1, key=b"k" * 1000,
+                       value=b"x" * (3 * DEAD_LETTER_MAX_RAW))
+    letter = DeadLetter.from_record(record, reason="too_large", error="e" * 10_000, ts_ms=0)
     assert len(codec.encode(letter)) < 1_000_000
     assert (letter.reason, letter.key, letter.ts) == ("too_large", "k" * 256, 1_000_000_000_000)
-    assert f"first {MAX_RAW} of {3 * MAX_RAW} bytes" in letter.error
+    assert f"first {DEAD_LETTER_MAX_RAW} of {3 * DEAD_LETTER_MAX_RAW} bytes" in letter.error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +41,8 @@ ops = st.one_of(
     st.tuples(st.just("dry")),
     st.tuples(
         st.just("event"),
-        st.sampled_from(["cordoned", "uncordoned", "drained", "repaired", "deleted", "created"]),
+        st.sampled_from(["cordoned", "uncordoned", "drained", "repaired", "deleted", "created",
+                         "held", "blocked", "skipped", "repair_requested", "ready", "not_ready"]),
     ),
     st.tuples(
         st.just("foreign"),
@@ -83,7 +85,9 @@ def _run(sequence: list[tuple[int, tuple[Any, ...]]]) -> list[tuple[HealthState,
     for n, (dt, op) in enumerate(sequence):
         at += dt
         state, proposals = transition(state, _signal(op, at, last, n), SETTINGS)
-        trace.append((state, proposals))
+        # transition changes the state it is given; a driver keeps snapshots (topology.py)
+        trace.append((msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=HealthState),
+                      proposals))
         last = proposals[-1] if proposals else last
     return trace
 

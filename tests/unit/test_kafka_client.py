@@ -96,3 +96,41 @@ def test_kafka_python_gets_tls_files_and_hostname_check(tmp_path: Path) -> None:
         "ssl_check_hostname": True,
         "ssl_cafile": str(ca),
     }
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # closed again when the block ends
+
+
+def test_until_connected_waits_for_an_absent_broker_and_says_why() -> None:
+    import threading
+
+    from kafka import KafkaProducer
+
+    from pipeline.kafka_client import STAY_CONNECTED, until_connected
+
+    kafka = KafkaSettings(bootstrap=f"127.0.0.1:{_closed_port()}")
+    stop, heard = threading.Event(), []
+
+    def on_wait(reason: str) -> None:
+        heard.append(reason)
+        stop.set()  # one failed attempt is enough to see that it waits instead of raising
+
+    got = until_connected(lambda: KafkaProducer(**client_kwargs(kafka), **STAY_CONNECTED),
+                          kafka, "test", stop, on_wait)
+    assert got is None
+    assert len(heard) == 1 and heard[0].startswith(f"waiting for Kafka at {kafka.bootstrap}")
+
+
+def test_until_connected_lets_other_errors_through() -> None:
+    from pipeline.kafka_client import until_connected
+
+    def refuse() -> None:
+        raise ConfigError("bad settings")
+
+    with pytest.raises(ConfigError, match="bad settings"):
+        until_connected(refuse, KafkaSettings(), "test")

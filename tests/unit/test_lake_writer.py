@@ -15,9 +15,10 @@ import pipeline.sinks.lake as lake_module
 from pipeline.config import LakeSettings
 from pipeline.errors import SinkError
 from pipeline.lake import Lake
-from pipeline.model import XidEvent
+from pipeline.model import Event, Utilization, XidEvent
+from pipeline.sinks import lake_tables
 from pipeline.sinks.lake import LakeWriter, read_committed, visible_files
-from pipeline.sinks.lake_tables import TABLES, table_for_event
+from pipeline.sinks.lake_tables import TABLES, TableSpec, table_for_event
 from tests import lake_fixture as fx
 
 HOUR = fx.HOUR
@@ -68,7 +69,7 @@ def test_nested_structs_flatten_into_columns_lists_and_maps(tmp_path: Path) -> N
     row = next(r for r in findings if r["finding_id"] == first.finding_id)
     assert (row["target_cluster"], row["target_kind"], row["target_name"], row["target_pool"],
             row["target_zone"]) == ("c1", "node", "g1", "train", "z-a")
-    assert row["evidence_score"] == 5.0 and row["schema"] == "finding/1"
+    assert row["evidence_score"] == 5.0 and row["schema"] == "finding/2"
     actions = pq.read_table(visible_files(tmp_path, "actions")).to_pylist()
     assert actions[0]["reason_checks"] == ["xid"]
     alert = pq.read_table(visible_files(tmp_path, "alerts")).to_pylist()[0]
@@ -185,3 +186,113 @@ def test_the_gpu_a_reset_is_for_lands_in_the_actions_table(tmp_path: Path) -> No
     writer.flush()
     rows = pq.read_table(visible_files(tmp_path, "actions")).to_pylist()
     assert [(r["kind"], r["device"]) for r in rows] == [("reset_gpu", "0,3")]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    hours=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    split=st.integers(0, 40),
+)
+def test_a_batch_through_extend_writes_the_same_files_as_one_add_per_record(
+    tmp_path_factory: pytest.TempPathFactory, hours: list[int], split: int
+) -> None:
+    events = [xid_at(offset, hour) for offset, hour in enumerate(hours)]
+    offsets = [10 + offset for offset in range(len(events))]
+    one_by_one, batched = tmp_path_factory.mktemp("add"), tmp_path_factory.mktemp("extend")
+    writer = LakeWriter(one_by_one, LakeSettings())
+    for event, offset in zip(events, offsets, strict=True):
+        writer.add("xid", event, ("fleet.events.xid", 2, offset))
+    expected = writer.flush()
+    writer = LakeWriter(batched, LakeSettings())
+    writer.extend("xid", events[:split], "fleet.events.xid", 2, offsets[:split])
+    writer.extend("xid", events[split:], "fleet.events.xid", 2, offsets[split:])
+    assert writer.flush() == expected == {("fleet.events.xid", 2): 10 + len(events)}
+
+    def files(root: Path) -> dict[str, list[int]]:
+        return {str(p.relative_to(root)): pq.read_table(p).column("pid").to_pylist()
+                for p in visible_files(root, "xid")}
+
+    assert files(batched) == files(one_by_one)
+    assert sorted(pid for pids_ in files(batched).values() for pid in pids_) == list(
+        range(len(events)))
+
+
+def test_a_failed_flush_keeps_what_it_did_not_write_and_later_rows_join_the_same_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = LakeWriter(tmp_path, LakeSettings())
+    for offset in range(4):
+        writer.add("xid", xid_at(offset, hour=offset % 2), ("fleet.events.xid", 0, offset))
+    real = lake_module.write_parquet
+    calls = {"n": 0}
+
+    def full_after_one(path: Path, table: pa.Table, settings: LakeSettings) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        real(path, table, settings)
+
+    monkeypatch.setattr(lake_module, "write_parquet", full_after_one)
+    with pytest.raises(SinkError, match="No space left"):
+        writer.flush()
+    writer.add("xid", xid_at(4, hour=1), ("fleet.events.xid", 0, 4))  # fetched meanwhile
+    assert writer.flush() == {("fleet.events.xid", 0): 5}
+    names = sorted(p.name for p in visible_files(tmp_path, "xid"))
+    assert names == ["fleet.events.xid-0-0.parquet", "fleet.events.xid-0-1.parquet"]
+    assert pids(tmp_path) == [0, 1, 2, 3, 4]
+
+
+def test_extend_refuses_what_add_refuses(tmp_path: Path) -> None:
+    writer = LakeWriter(tmp_path, LakeSettings())
+    with pytest.raises(SinkError, match="takes XidEvent, got Finding"):
+        writer.extend("xid", [xid_at(0, 0), fx.FINDINGS[0]], "t", 0, [0, 1])
+    with pytest.raises(SinkError, match="bad source"):
+        writer.extend("xid", [xid_at(0, 0)], "t", 0, [-1])
+    with pytest.raises(SinkError, match="1 events but 2 offsets"):
+        writer.extend("xid", [xid_at(0, 0)], "t", 0, [0, 1])
+    assert writer.flush() == {}
+
+
+def _reference_arrow(spec: TableSpec, events: list[Event]) -> pa.Table:
+    """The plainest conversion: every column read from every event by its own getter."""
+    arrays = [pa.array(list(map(c.get, events)), type=c.type) for c in spec.columns]
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+UTILIZATION_ROWS = st.builds(
+    Utilization, window_start=st.integers(fx.T0, fx.END), window_s=st.sampled_from([60, 300]),
+    cluster=st.just("c1"), pool=st.sampled_from(["train", "serve"]), zone=st.just("z-a"),
+    node=st.sampled_from(["g1", "g2", "ü-7"]), slice=st.none() | st.just("s1"),
+    device=st.sampled_from(["0", "7", "chip-3"]), accelerator=st.just("NVIDIA H100"),
+    job=st.none() | st.just("job-1"), allocated=st.booleans(),
+    util_mean=st.floats(0, 100), util_max=st.floats(0, 100), mem_used_frac=st.floats(0, 1),
+    power_w_mean=st.none() | st.floats(0, 1000), samples=st.integers(1, 2**31 - 1),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    table=st.sampled_from(sorted(TABLES)),
+    picks=st.lists(st.integers(0, 1000), max_size=12),
+    utilization=st.lists(UTILIZATION_ROWS, max_size=12),
+    chunk=st.integers(1, 5),  # batches span several conversion chunks
+)
+def test_the_fast_conversion_builds_the_same_columns_as_one_getter_per_column(
+    table: str, picks: list[int], utilization: list[Utilization], chunk: int
+) -> None:
+    known: list[Event] = list(fx.EVERYTHING[table]())
+    events = (list(utilization) if table == "utilization"
+              else [known[i % len(known)] for i in picks])
+    spec = TABLES[table]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lake_tables, "CHUNK_ROWS", chunk)
+        got = spec.to_arrow(events)
+    expected = _reference_arrow(spec, events)
+    assert got.schema == expected.schema
+    assert got.equals(expected, check_metadata=True)
+
+
+def test_the_fast_conversion_serves_the_tables_whose_fields_are_all_columns() -> None:
+    # utilization is the lake's volume table: it must not fall back to the slower path
+    assert TABLES["utilization"]._rows_type is not None
+    assert TABLES["findings"]._rows_type is None  # nested structs: column by column

@@ -193,11 +193,15 @@ def test_one_open_action_per_target_until_the_health_machine_reports_it() -> Non
     state, more, _ = run(state, [drain])
     assert more == [] and state.withheld["c1/node/n1"].reason == "busy"
     state, more, _ = run(state, [reflect(actions[0], 3)])
+    # proposed before the health machine saw the cordon (it came back late): dropped; the
+    # health machine proposes again, after the state that reports the cordon, what it wants
+    assert more == [] and not state.withheld
+    state, more, _ = run(state, [drain])
     assert targets(more) == [("drain", "n1")]
 
 
 def test_an_unreported_action_stops_blocking_when_it_expires() -> None:
-    settings = msgspec.structs.replace(BASE, action_ttl_s=60)
+    settings = msgspec.structs.replace(BASE, report_ttl_s=60)
     state = pool(10, settings)
     t = target("n1")
     state, _actions, _ = run(
@@ -305,7 +309,9 @@ def test_scheduled_maintenance_cordons_drains_and_releases_outside_the_budget() 
     assert targets(failure) == [("cordon", "n5")]
     state, _, _ = run(state, [reflect(actions[0], 8202, "draining")], settings)
     done = capacity(15_000, "MAINTENANCE_DONE", t=t)
-    state, actions, raised = run(state, [done], settings)
+    state, actions, _ = run(state, [done], settings)
+    assert actions == []  # the pool's time (the health machine's) is not there yet
+    state, actions, raised = run(state, [node_state(target("n9"), 15_000)], settings)
     assert targets(actions) == [("uncordon", "n3")]
     assert [a.status for a in raised if a.labels["alertname"] == alerts.MAINTENANCE] == ["resolved"]
     state, again, _ = run(state, [notice, node_state(target("n9"), 16_000)], settings)
@@ -397,6 +403,18 @@ def test_which_capacity_events_count(event: CapacityEvent, deferred: bool) -> No
     assert (actions == []) is deferred
 
 
+def test_a_reading_of_one_quota_does_not_clear_another_quotas_hold() -> None:
+    # a zone has many quotas (GPUs, TPUs, CPUs) read at the same instant: the TPU quota's
+    # healthy reading must not lift the hold the exhausted GPU quota put on the pool
+    exhausted = capacity(1, "QUOTA_EXCEEDED", usage=101.0, metric="GPUS")
+    other = capacity(1, "QUOTA_USAGE", usage=10.0, metric="TPUS", event_id="cap-event-2")
+    state, actions, _ = run(pool(10), [exhausted, other, proposal(target("n1"), 2)])
+    assert actions == [] and state.quota_until > 0
+    recovered = capacity(3, "QUOTA_USAGE", usage=10.0, metric="GPUS", event_id="cap-event-3")
+    state, _, _ = run(state, [recovered])
+    assert state.quota_until == 0 and state.quota_holds == {}
+
+
 def test_a_withheld_proposal_is_dropped_when_its_episode_ends() -> None:
     state = pool(10)  # budget 1
     first, second = proposal(target("n1"), 1), proposal(target("n2"), 2)
@@ -429,13 +447,16 @@ def test_a_cordon_alert_fires_and_resolves_when_a_person_uncordons() -> None:
     assert [(a.fingerprint, a.status) for a in more] == [(raised[0].fingerprint, "resolved")]
 
 
-def test_decide_is_deterministic_and_leaves_its_input_alone() -> None:
-    state = pool(10)
-    snapshot = msgspec.msgpack.encode(state)
+def test_decide_is_deterministic_from_a_snapshot() -> None:
+    # decide changes the state it is given (pipeline/runtime/topology.py): the driver keeps
+    # the snapshot, and the same snapshot and signals give the same decisions
+    snapshot = msgspec.msgpack.encode(pool(10))
     signals: list[Signal] = [proposal(target(f"n{i}"), i) for i in range(3)]
-    first = run(state, signals)
-    assert msgspec.msgpack.encode(state) == snapshot
-    assert run(state, signals) == first
+
+    def restored() -> PolicyState:
+        return msgspec.msgpack.decode(snapshot, type=PolicyState)
+
+    assert run(restored(), signals) == run(restored(), signals)
 
 
 def test_a_signal_for_another_pool_is_refused() -> None:
@@ -450,3 +471,61 @@ def test_a_gpu_reset_action_carries_the_device_of_its_proposal() -> None:
     reset = msgspec.structs.replace(proposal(t, 2, "reset_gpu"), device="0,3")
     state, actions, _ = run(state, [reset])
     assert [(a.kind, a.device) for a in actions] == [("reset_gpu", "0,3")]
+
+
+def _alert_ids(raised: list[Alert]) -> list[str]:
+    return [f"{a.fingerprint}/{a.status}" for a in raised]
+
+
+def test_capacity_readings_ahead_of_the_health_machine_decide_as_in_event_time() -> None:
+    # Working off a backlog, the zone stage fans capacity readings out long before the health
+    # machine's proposals and node states of the same hour reach the policy, and our cordon
+    # reaches the health machine only after it published a node state or two. Read in that
+    # order, the pool must decide as it does in event-time order: the cordon stays open (not
+    # expired by the readings' time) and its alert is not resolved by the stale node state.
+    t = target("n1")
+    readings = [capacity(60 * m, "QUOTA_USAGE", usage=10, event_id=f"cap-{m}") for m in range(60)]
+    cordon = proposal(t, 200, fatal=True)
+
+    def decide_in(order: list[Signal]) -> tuple[list[Action], list[Alert]]:
+        state = pool(10)
+        actions: list[Action] = []
+        raised: list[Alert] = []
+        for signal in order:
+            if signal == "reflect":  # our own cordon, back from the health machine
+                signal = reflect(actions[0], 230)
+            state, new_actions, new_alerts = decide(state, signal, BASE)
+            actions += new_actions
+            raised += new_alerts
+        return actions, raised
+
+    stale = node_state(t, 210, "degraded", episode=cordon.episode)  # before it saw the cordon
+    live = [r for r in readings if r.ts <= cordon.ts] + [cordon, stale, "reflect"] + [
+        r for r in readings if r.ts > cordon.ts
+    ]
+    # the readings of the next hour come in while the cordon is on its way back
+    backlog = [*readings[:30], cordon, *readings[30:], stale, "reflect"]
+    want_actions, want_alerts = decide_in(live)  # type: ignore[arg-type]
+    got_actions, got_alerts = decide_in(backlog)  # type: ignore[arg-type]
+    assert targets(want_actions) == [("cordon", "n1")]
+    assert [a.action_id for a in got_actions] == [a.action_id for a in want_actions]
+    assert _alert_ids(got_alerts) == _alert_ids(want_alerts)
+    assert got_actions[0].ts == want_actions[0].ts == cordon.ts  # the pool's (health) time
+
+
+def test_a_node_state_from_before_our_cordon_came_back_does_not_resolve_its_alert() -> None:
+    # A backlog brings our cordon back to the health machine after it has published node
+    # states for the next quarter of an hour: the open action expires meanwhile, but the
+    # cordon alert stays firing until a node state that has seen the cordon says it is over.
+    t = target("n1")
+    state, actions, raised = run(pool(10), [proposal(t, 200, fatal=True)])
+    assert targets(actions) == [("cordon", "n1")] and _alert_ids(raised)[0].endswith("/firing")
+    later = node_state(target("n9"), 200 + BASE.action_ttl_s + 1)  # the pool's time moves on
+    stale = node_state(t, 200 + BASE.action_ttl_s + 2, "degraded", episode="ep-n1-episode")
+    state, _, raised = run(state, [later, stale])
+    assert raised == [] and "cordon:c1/node/n1" in state.alerts
+    seen = reflect(actions[0], 200 + BASE.action_ttl_s + 3)
+    released = node_state(t, 200 + BASE.action_ttl_s + 4, "healthy",
+                          last_action=seen.last_action)  # a person uncordoned it
+    state, _, raised = run(state, [seen, released])
+    assert [a.status for a in raised] == ["resolved"]

@@ -1,11 +1,15 @@
-"""The scorer: recall, delay, precision and confounder cordons, on hand-made cases."""
+"""The scorer: found / acted / withheld / missed, delay, precision and confounder cordons, on
+hand-made cases and as invariants over generated ones."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.model import Action, Entity, Finding, Reason, Target
-from pipeline.score import score
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.model import Action, Entity, Finding, Proposal, Reason, Target
+from pipeline.score import Held, HeldLog, score
 
 T0 = 1_764_424_800_000
 MIN = 60_000
@@ -80,3 +84,103 @@ def test_maintenance_cordons_are_planned_work_not_scored() -> None:
     faults = [F("n3", "N3", "planned", _target("n5"), T0, T0 + MIN, "none", must_not_cordon=True)]
     result = score(faults, [_action("n5", T0 - MIN, check="maintenance")], [], 1)
     assert (result.episodes, result.confounder_cordons, result.false_cordons) == (0, 0, 0)
+
+
+# --- found / acted / withheld / missed -------------------------------------------------------
+
+
+def _held(name: str, first: int, last: int, rule: str = "budget", kind: str = "cordon") -> Held:
+    return Held(f"prp-{name}-{first}", kind, _target(name), rule, first, last)
+
+
+def test_a_removal_found_but_held_by_the_budget_is_withheld_with_its_rule() -> None:
+    faults = [F("f1", "G8", "gray", _target("n1"), T0, T0 + 60 * MIN, "cordon")]
+    result = score(faults, [], [_finding("n1", T0 + MIN)], 1.0,
+                   held=[_held("n1", T0 + 2 * MIN, T0 + 30 * MIN, "zone_cap")])
+    gray = result.by_class["gray"]
+    assert (gray.found, gray.acted, gray.withheld, gray.missed, gray.found_not_acted) == (1, 0, 1, 0, 0)
+    assert gray.withheld_rules == {"zone_cap": 1}
+    assert gray.delays_ms == [MIN]
+    assert result.episodes == 0  # withheld is not a removal: no episode, no false cordon
+
+
+def test_an_acted_fault_is_not_also_withheld_and_transient_holds_do_not_count() -> None:
+    faults = [F("f1", "G1", "hard", _target("n1"), T0, T0 + 60 * MIN, "cordon"),
+              F("f2", "G1", "hard", _target("n2"), T0, T0 + 60 * MIN, "cordon")]
+    held = [_held("n1", T0, T0 + MIN), _held("n2", T0, T0 + MIN, "busy")]
+    result = score(faults, [_action("n1", T0 + 2 * MIN)], [_finding("n2", T0 + 5)], 1.0, held=held)
+    hard = result.by_class["hard"]
+    assert (hard.found, hard.acted, hard.withheld, hard.found_not_acted, hard.missed) == (2, 1, 0, 1, 0)
+    assert hard.missed_action == 1
+
+
+def test_a_hold_outside_the_fault_window_or_on_another_target_does_not_count() -> None:
+    faults = [F("f1", "G1", "hard", _target("n1"), T0, T0 + 10 * MIN, "cordon")]
+    held = [_held("n1", T0 - 5 * MIN, T0 - MIN), _held("n1", T0 + 21 * MIN, T0 + 22 * MIN),
+            _held("n9", T0, T0 + MIN), _held("n1", T0, T0 + MIN, kind="uncordon")]
+    hard = score(faults, [], [], 1.0, held=held).by_class["hard"]
+    assert (hard.found, hard.withheld, hard.missed, hard.missed_action) == (0, 0, 1, 1)
+
+
+def test_the_held_log_keeps_one_entry_per_proposal_with_its_span_and_latest_rule() -> None:
+    log = HeldLog()
+    proposal = Proposal(proposal_id="prp-1", ts=T0, kind="cordon", target=_target("n1"),
+                        reason=Reason(checks=["x"], finding_ids=[], summary=""), fatal=False,
+                        episode="ep-1", state="suspect")
+    log.note([(proposal, T0, T0, "")])  # not gated yet
+    assert log.held() == []
+    log.note([(proposal, T0, T0 + MIN, "slow_start")])
+    log.note([(proposal, T0, T0 + 3 * MIN, "budget")])
+    assert log.held() == [Held("prp-1", "cordon", _target("n1"), "budget", T0, T0 + 3 * MIN)]
+
+
+EXPECTED = st.sampled_from(["cordon", "repair_slice", "finding", "none"])
+OFFSET = st.integers(min_value=-30, max_value=90).map(lambda m: T0 + m * MIN)
+NAMES = st.sampled_from(["n1", "n2", "n3"])
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> tuple[list[F], list[Action], list[Finding], list[Held]]:
+    faults = []
+    for i in range(draw(st.integers(0, 6))):
+        onset = draw(OFFSET)
+        faults.append(F(f"f{i}", draw(st.sampled_from(["G1", "G8"])),
+                        draw(st.sampled_from(["hard", "gray"])), _target(draw(NAMES)), onset,
+                        onset + draw(st.integers(0, 60)) * MIN, draw(EXPECTED)))
+    actions = [_action(draw(NAMES), draw(OFFSET), draw(st.sampled_from(["cordon", "uncordon"])))
+               for _ in range(draw(st.integers(0, 4)))]
+    findings = [_finding(draw(NAMES), draw(OFFSET)) for _ in range(draw(st.integers(0, 4)))]
+    held = []
+    for _ in range(draw(st.integers(0, 4))):
+        first = draw(OFFSET)
+        held.append(_held(draw(NAMES), first, first + draw(st.integers(0, 30)) * MIN,
+                          draw(st.sampled_from(["budget", "common_cause", "busy"]))))
+    return faults, actions, findings, held
+
+
+@given(_cases())
+@settings(max_examples=300, deadline=None)
+def test_found_acted_withheld_and_missed_add_up(
+    case: tuple[list[F], list[Action], list[Finding], list[Held]],
+) -> None:
+    faults, actions, findings, held = case
+    result = score(faults, actions, findings, 1.0, held=held)
+    scored = [f for f in faults if f.expected in ("cordon", "repair_slice", "finding")]
+    for group in (result.by_class, result.by_type):
+        parts = list(group.values())
+        assert sum(p.faults for p in parts) == len(scored)
+        for p in parts:
+            assert p.found + p.missed == p.faults
+            assert p.found >= p.acted + p.withheld
+            assert p.acted + p.withheld + p.missed_action == p.action_faults
+            assert p.missed_action >= p.found_not_acted
+            assert sum(p.withheld_rules.values()) == p.withheld
+            assert "busy" not in p.withheld_rules
+            assert len(p.delays_ms) == p.found and all(d >= 0 for d in p.delays_ms)
+    # holds change none of the removal arithmetic
+    plain = score(faults, actions, findings, 1.0)
+    assert (plain.episodes, plain.true_episodes, plain.false_cordons) == (
+        result.episodes, result.true_episodes, result.false_cordons)
+    for klass, p in result.by_class.items():
+        assert plain.by_class[klass].acted == p.acted
+        assert plain.by_class[klass].found <= p.found

@@ -20,8 +20,10 @@ from pipeline.config import KafkaSettings, SimSettings
 from pipeline.model import (
     CapacityEvent,
     Event,
+    FabricSample,
     GpuSample,
     IciSample,
+    Inventory,
     NodeEvent,
     TpuSample,
     XidEvent,
@@ -62,7 +64,8 @@ def busy_run() -> tuple[Simulation, tuple[Event, ...]]:
 def test_busy_run_has_every_event_type_and_many_faults() -> None:
     sim, events = busy_run()
     kinds = {type(e) for e in events}
-    assert kinds == {GpuSample, TpuSample, IciSample, XidEvent, NodeEvent, CapacityEvent}
+    assert kinds == {GpuSample, TpuSample, IciSample, XidEvent, NodeEvent, CapacityEvent,
+                     FabricSample, Inventory}  # fmt: skip
     assert len({f.fault_type for f in sim.ground_truth}) >= 15
 
 

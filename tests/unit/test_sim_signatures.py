@@ -18,6 +18,7 @@ from pipeline.config import SimSettings
 from pipeline.model import (
     CapacityEvent,
     Event,
+    FabricSample,
     GpuSample,
     IciSample,
     NodeEvent,
@@ -249,10 +250,17 @@ def check_g10_remap(r: Run) -> None:
 
 def check_n1(r: Run) -> None:
     node = r.fault.target.name
-    nic = int((r.fault.device or "nic0")[3:])
+    nic = int((r.fault.device or "mlx5_0").rpartition("_")[2])
     for gpu in (2 * nic, 2 * nic + 1):
         before, after = _before_after(r.series(node, gpu, "DCGM_FI_PROF_PCIE_TX_BYTES"), r.onset)
         assert max(after) < 0.05 * statistics.median(before)
+    # node_exporter: the NIC's port is gone from the node's scrapes, the others stay
+    ports = [(e.ts, {p.device for p in e.ports}) for e in r.events
+             if isinstance(e, FabricSample) and e.node == node]  # fmt: skip
+    assert all(f"mlx5_{nic}" in seen for ts, seen in ports if ts < r.onset)
+    after_ports = [seen for ts, seen in ports if r.onset <= ts < r.fault.end_ms]
+    assert after_ports and all(seen == {f"mlx5_{i}" for i in range(4)} - {f"mlx5_{nic}"}
+                               for seen in after_ports)  # fmt: skip
 
 
 def check_n2(r: Run) -> None:

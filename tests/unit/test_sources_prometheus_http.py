@@ -136,9 +136,12 @@ def test_the_query_carries_the_selector(tmp_path: Path) -> None:
     client = _RecordingClient()
     settings = _settings(tmp_path, prometheus_selector='{shard="b"}')
     PrometheusSource(settings, clock=lambda: 1000.0, client=client).poll()
-    [(query, params)] = client.queries
+    [(query, params), (fabric, fabric_params)] = client.queries
     assert query == '{__name__=~"(?i)dcgm_fi_.+",shard="b"}[600000ms]'
     assert params == {"time": "1000.000"}
+    # node_exporter's ports of the same shard, same window (sources.prometheus_fabric)
+    assert fabric == '{__name__=~"node_(infiniband|network)_.+",shard="b"}[600000ms]'
+    assert fabric_params == params
 
 
 def test_a_redirect_is_not_followed(tmp_path: Path) -> None:

@@ -21,7 +21,12 @@ memory metrics are INT64 there, as kubelet reports them. Metric labels: `acceler
 `make` = `cloud-tpu`, `model`, `tpu_topology`. The simulator's slice interruptions
 (CapacityEvents PREEMPTION, MAINTENANCE_STARTED, HOST_ERROR on a slice) become points of
 `tpu.googleapis.com/instance/interruption_count` on each `tpu_worker` of the slice and, with
-`gke=True`, of `kubernetes.io/node_pool/interruption_count` on `k8s_node_pool`.
+`gke=True`, of `kubernetes.io/node_pool/interruption_count` on `k8s_node_pool`. The
+simulator's quota readings (CapacityEvents from `gcp.monitoring.quota`) become the
+`serviceruntime.googleapis.com/quota/allocation/usage` and `…/quota/limit` (GAUGE INT64) and
+`…/quota/exceeded` (GAUGE BOOL, a point only when exceeded) series on `consumer_quota`
+(project_id, service, location), metric labels `quota_metric` and, on limit and exceeded,
+`limit_name` (§6.1), for `ingest capacity`.
 
 What ListTimeSeries honours, as the real API does: `name` = `projects/<project>`; a filter of
 `=`/`!=` comparisons joined by AND that names exactly one `metric.type`, over `metric.type`,
@@ -61,6 +66,14 @@ from pipeline.sources.cloudmon import (
     TPU_INTERRUPTIONS,
     TPU_METRICS,
 )
+from pipeline.sources.quota import (
+    CONSUMER_QUOTA,
+    QUOTA_EXCEEDED,
+    QUOTA_LIMIT,
+    QUOTA_METRICS,
+    QUOTA_USAGE,
+    quota_service,
+)
 from pipeline.sources.tpu_hosts import TpuHost, TpuWorker, host_chips, worker_instance_id
 
 SERVICE = "google.monitoring.v3.MetricService"
@@ -71,7 +84,10 @@ _POINTS_KEPT = 4096
 _KINDS: dict[str, tuple[int, str]] = {
     **{t: (spec[1], spec[2]) for t, spec in CHIP_METRICS.items()},
     **dict.fromkeys(INTERRUPTION_METRICS, (INT64, "1")),
+    **QUOTA_METRICS,
 }
+_RESOURCE_OF = {**RESOURCE_OF, **dict.fromkeys(QUOTA_METRICS, CONSUMER_QUOTA)}
+_BOOL = 1  # google.api.MetricDescriptor.ValueType
 # CapacityEvent kind → (interruption_type, interruption_reason) of the interruption metrics
 _INTERRUPTION_OF = {
     "PREEMPTION": ("PreemptionEvent", "Preemption"),
@@ -276,7 +292,11 @@ class CloudMonitoringStandIn:
                 self._series_for(metric_type, resource, labels).points.append((ts, values[name]))
 
     def record_capacity(self, event: CapacityEvent) -> None:
-        """A slice's interruption as the interruption_count metrics show it; others ignored."""
+        """A slice's interruption as the interruption_count metrics show it, a quota reading
+        as the quota metrics; others ignored."""
+        if event.quota is not None and event.source == "gcp.monitoring.quota":
+            self._record_quota(event)
+            return
         if event.target_kind != "slice" or event.kind not in _INTERRUPTION_OF:
             return
         interruption_type, reason = _INTERRUPTION_OF[event.kind]
@@ -306,6 +326,25 @@ class CloudMonitoringStandIn:
                 series = self._series_for(NODE_POOL_INTERRUPTIONS, pool, labels)
                 series.points.append((event.ts, 1.0))
 
+    def _record_quota(self, event: CapacityEvent) -> None:
+        assert event.quota is not None
+        quota = event.quota
+        resource = {
+            "project_id": self.project,
+            "service": quota_service(quota.metric),
+            "location": event.zone,
+        }
+        limit_name = _limit_name(quota.metric)
+        metric = {"quota_metric": quota.metric}
+        limited = {**metric, "limit_name": limit_name}
+        with self._lock:
+            if event.kind == "QUOTA_EXCEEDED":
+                _put(self._series_for(QUOTA_EXCEEDED, resource, limited), event.ts, 1.0)
+                return
+            if event.kind == "QUOTA_USAGE":
+                _put(self._series_for(QUOTA_USAGE, resource, metric), event.ts, quota.usage)
+            _put(self._series_for(QUOTA_LIMIT, resource, limited), event.ts, quota.limit)
+
     def _series_for(
         self, metric_type: str, resource: dict[str, str], metric: dict[str, str]
     ) -> _Series:
@@ -318,7 +357,7 @@ class CloudMonitoringStandIn:
         if series is None:
             series = self._series[key] = _Series(
                 metric_type,
-                RESOURCE_OF[metric_type],
+                _RESOURCE_OF[metric_type],
                 dict(resource),
                 dict(metric),
                 deque(maxlen=_POINTS_KEPT),
@@ -372,6 +411,18 @@ class CloudMonitoringStandIn:
             ]
         windows = [(s, pts) for s, pts in windows if pts]
         return _page(request, windows, headers_only)
+
+
+def _put(series: _Series, ts: int, value: float) -> None:
+    # a gauge has one value per sample time: a limit raised in the same tick replaces it
+    if series.points and series.points[-1][0] == ts:
+        series.points.pop()
+    series.points.append((ts, value))
+
+
+def _limit_name(metric: str) -> str:
+    # limit names as Cloud Monitoring shows them, e.g. NVIDIA-H100-80GB-GPUS-per-project-zone
+    return metric.rsplit("/", 1)[-1].upper().replace("_", "-") + "-per-project-zone"
 
 
 def _gke_model(accelerator_type: str) -> str:
@@ -443,7 +494,9 @@ def _header(out: Any, series: _Series) -> Any:
 def _point(out: Any, ts: int, value: float, value_type: int) -> None:
     out.interval.end_time.seconds, millis = divmod(ts, 1000)
     out.interval.end_time.nanos = millis * 1_000_000
-    if value_type == INT64:
+    if value_type == _BOOL:
+        out.value.bool_value = bool(value)
+    elif value_type == INT64:
         out.value.int64_value = round(value)  # kubelet's integer duty cycle rounds
     else:
         out.value.double_value = float(value)

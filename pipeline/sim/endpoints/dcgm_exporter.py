@@ -7,6 +7,11 @@ DCGM_FI_DRIVER_VERSION` (no pci_bus_id when the reading has none, as before 2024
 that runs a job, the pod attributes `container, namespace, pod` (pod = the job name). Integers
 print as integers and other values with Go's `%f`, as the exporter does.
 
+The same endpoint also serves the node's network ports as node_exporter's infiniband and
+netdev collectors print them (`node_infiniband_*{device, port}`, `node_network_*{device}`),
+from the latest FabricSample, with a `node` label (what a Kubernetes scrape config relabels
+`__meta_kubernetes_pod_node_name` to): one target per node stands in for both exporters.
+
 One deliberate difference: each sample carries an explicit timestamp (the simulated event time,
 ms) unless `timestamps=False`. The real exporter prints none and Prometheus stamps the scrape
 time; with the stamp the pipeline sees the simulator's event time and the ground truth lines
@@ -19,11 +24,12 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from pipeline.catalog import dcgm_field
-from pipeline.model import GpuReading, GpuSample
+from pipeline.model import FabricSample, GpuReading, GpuSample
+from pipeline.sim.endpoints.stand_in import HttpStandIn
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _GENERIC_HELP = "DCGM field (not in the FleetPulse catalog)."
@@ -48,6 +54,27 @@ def render_exposition(
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         lines.extend(series[name])
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def render_node_exporter(samples: Iterable[FabricSample], *, timestamps: bool = True) -> str:
+    """node_exporter's text for the ports of the given nodes (infiniband and netdev series)."""
+    series: dict[str, list[str]] = {}
+    for sample in samples:
+        stamp = f" {sample.ts}" if timestamps else ""
+        for port in sample.ports:
+            for name, value in port.metrics.items():
+                if name.startswith("node_infiniband_"):
+                    pairs = [("device", port.device), ("port", str(port.port))]
+                else:
+                    pairs = [("device", port.netdev or port.device)]
+                pairs.append(("node", sample.node))
+                labels = ",".join(f'{key}="{_escape(value)}"' for key, value in pairs)
+                series.setdefault(name, []).append(f"{name}{{{labels}}} {_value(value)}{stamp}")
+    lines: list[str] = []
+    for name in sorted(series):
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# HELP {name} node_exporter {name}.", f"# TYPE {name} {kind}", *series[name]]
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -86,13 +113,15 @@ def _catalog_order(name: str) -> tuple[int, str]:
     return (field.field_id if field else 1_000_000, name)
 
 
-class DcgmExporter:
+class DcgmExporter(HttpStandIn):
     """An HTTP /metrics endpoint serving the latest sample of each node it was given.
 
     One instance per node is what a real fleet looks like (a DaemonSet pod per node, one
     Prometheus target each); an instance may also hold several nodes, told apart by the
     `Hostname` label, which is how a per-group target looks.
     """
+
+    thread_name = "dcgm-exporter"
 
     def __init__(
         self,
@@ -102,58 +131,39 @@ class DcgmExporter:
         timestamps: bool = True,
         hostname_label: str = "Hostname",
     ) -> None:
-        self.host = host
         self.timestamps = timestamps
         self.hostname_label = hostname_label
         self._latest: dict[str, GpuSample] = {}
+        self._ports: dict[str, FabricSample] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._listen(host, port, _handler_for(self))
         # Counted at the start and the end of each /metrics request, so a caller can tell that
         # a scrape began after an update and has been answered.
         self.scrapes_started = 0
         self.scrapes_served = 0
 
     @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def update(self, sample: GpuSample) -> None:
+    def update(self, sample: GpuSample | FabricSample) -> None:
         with self._lock:
-            self._latest[sample.node] = sample
+            if isinstance(sample, FabricSample):
+                self._ports[sample.node] = sample
+            else:
+                self._latest[sample.node] = sample
 
     def latest(self) -> list[GpuSample]:
         with self._lock:
             return list(self._latest.values())
 
     def render(self) -> str:
+        with self._lock:
+            ports = list(self._ports.values())
         return render_exposition(
             self.latest(), timestamps=self.timestamps, hostname_label=self.hostname_label
-        )
+        ) + render_node_exporter(ports, timestamps=self.timestamps)
 
-    def start(self) -> DcgmExporter:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name=f"dcgm-exporter-{self.port}", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> DcgmExporter:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _handler_for(exporter: DcgmExporter) -> type[BaseHTTPRequestHandler]:

@@ -1,8 +1,9 @@
 """Every stand-in endpoint of a simulated fleet, fed from the simulator's events.
 
-One dcgm-exporter per GPU node and one kernel log per GPU node (kernel/<node>/kern.log), one
-libtpu runtime server per TPU host, one Cloud Monitoring server for the whole fleet (with
-`cloudmon_gke`, the TPU hosts also as GKE nodes). Endpoints exist from the start (the fleet
+One dcgm-exporter, one kernel log (kernel/<node>/kern.log) and one metadata server per GPU
+node, one libtpu runtime server per TPU host, one Cloud Monitoring server for the whole fleet
+(with `cloudmon_gke`, the TPU hosts also as GKE nodes; quota metrics too), one Cloud TPU API
+and one Compute Engine API (for `ingest capacity`). Endpoints exist from the start (the fleet
 is known before the first event), so Prometheus and the ingest adapters can be pointed at them
 before data flows. The manifests written to the output folder
 say where everything is:
@@ -18,10 +19,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.model import CapacityEvent, Event, GpuSample, IciSample, TpuSample, XidEvent
+from pipeline.model import (
+    CapacityEvent,
+    Event,
+    FabricSample,
+    GpuSample,
+    IciSample,
+    NodeEvent,
+    TpuSample,
+    XidEvent,
+)
 from pipeline.sim.endpoints.cloud_monitoring import CloudMonitoringStandIn
+from pipeline.sim.endpoints.compute_api import ComputeStandIn
 from pipeline.sim.endpoints.dcgm_exporter import DcgmExporter
 from pipeline.sim.endpoints.kernel_log import KernelLogWriter
+from pipeline.sim.endpoints.metadata_server import MetadataServerStandIn
+from pipeline.sim.endpoints.tpu_api import TpuApiStandIn
 from pipeline.sim.endpoints.tpu_runtime import TpuRuntimeStandIn
 from pipeline.sim.fleet import Fleet
 from pipeline.sources.tpu_hosts import TpuHost, TpuWorker, save_inventory, worker_instance_id
@@ -44,6 +57,8 @@ class SimEndpoints:
         tpu_runtime_port_base: int = 0,
         cloudmon_port: int = 0,
         cloudmon_gke: bool = False,
+        tpu_api_port: int = 0,
+        compute_port: int = 0,
         project: str = "fleetpulse-sim",
         timestamps: bool = True,
         boot_ms: int = 0,
@@ -81,6 +96,14 @@ class SimEndpoints:
         self.cloudmon = CloudMonitoringStandIn(
             project=project, host=host, port=cloudmon_port, gke=cloudmon_gke
         )
+        self.tpu_api = TpuApiStandIn(fleet, project=project, host=host, port=tpu_api_port)
+        self.compute = ComputeStandIn(fleet, project=project, host=host, port=compute_port)
+        self.metadata = {
+            node.name: MetadataServerStandIn(
+                name=node.name, zone=node.zone, cluster=node.cluster, pool=node.pool, host=host
+            )
+            for node in fleet.gpu_nodes
+        }
         self.counts: dict[str, int] = {}
 
     def start(self) -> SimEndpoints:
@@ -89,13 +112,17 @@ class SimEndpoints:
         for runtime in self.runtimes.values():
             runtime.start()
         self.cloudmon.start()
+        self.tpu_api.start()
+        self.compute.start()
+        for server in self.metadata.values():
+            server.start()
         self.write_manifests()
         return self
 
     def dispatch(self, event: Event) -> None:
         kind = type(event).__name__
         self.counts[kind] = self.counts.get(kind, 0) + 1
-        if isinstance(event, GpuSample) and event.node in self.exporters:
+        if isinstance(event, GpuSample | FabricSample) and event.node in self.exporters:
             self.exporters[event.node].update(event)
         elif isinstance(event, XidEvent) and event.node in self.kernel_logs:
             self.kernel_logs[event.node].write_xid(event)
@@ -105,8 +132,20 @@ class SimEndpoints:
                 self.runtimes[event.node].update_chips(event)
         elif isinstance(event, IciSample) and event.node in self.runtimes:
             self.runtimes[event.node].update_links(event)
-        elif isinstance(event, CapacityEvent):  # slice interruptions → interruption_count
+        elif isinstance(event, CapacityEvent):  # interruptions, quota, maintenance, queues
             self.cloudmon.record_capacity(event)
+            self.tpu_api.record_capacity(event)
+            self.compute.record_capacity(event)
+            if event.target_kind == "node" and event.target in self.metadata:
+                self.metadata[event.target].record_capacity(event)
+        elif isinstance(event, NodeEvent) and event.kind == "created":
+            self.compute.recreated(event.target)
+            if event.target in self.metadata:
+                self.metadata[event.target].recreated()
+        ts = getattr(event, "ts", None)
+        for server in self.metadata.values():  # maintenance notices show 60 s ahead
+            if server.pending and ts is not None:
+                server.advance(ts)
 
     def rotate_kernel_logs(self) -> None:
         for writer in self.kernel_logs.values():
@@ -139,10 +178,13 @@ class SimEndpoints:
     def manifest(self) -> dict[str, Any]:
         return {
             "cloudmon": {"endpoint": self.cloudmon.address, "project": self.cloudmon.project},
+            "tpu_api": {"endpoint": self.tpu_api.address, "project": self.tpu_api.project},
+            "compute": {"endpoint": self.compute.address, "project": self.compute.project},
             "gpu_nodes": {
                 name: {
                     "exporter": exporter.address,
                     "kernel_log": str(self.kernel_logs[name].path),
+                    "metadata": self.metadata[name].address,
                 }
                 for name, exporter in self.exporters.items()
             },
@@ -161,6 +203,10 @@ class SimEndpoints:
         for runtime in self.runtimes.values():
             runtime.stop()
         self.cloudmon.stop()
+        self.tpu_api.stop()
+        self.compute.stop()
+        for server in self.metadata.values():
+            server.stop()
         for writer in self.kernel_logs.values():
             writer.close()
 

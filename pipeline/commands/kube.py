@@ -1,0 +1,122 @@
+"""`fleetpulse actuate kubernetes` and `fleetpulse watch kubernetes`: close the loop.
+
+    fleetpulse actuate kubernetes          # fleet.actions → nodes; outcomes → fleet.events.node
+    fleetpulse watch kubernetes            # nodes → fleet.events.node and fleet.inventory
+
+Both talk to the cluster named by [kubernetes] (kubeconfig, or in_cluster with the pod's
+ServiceAccount) and serve /metrics, /healthz and /readyz. See docs/kubernetes.md for what
+each action does to a node, the RBAC they need, and the marks a repair controller watches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from typing import Any
+
+from pipeline.config import Settings
+from pipeline.edge import stop_on_signals
+from pipeline.selfmetrics import Readiness, serve_stats
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    actuate = subparsers.add_parser(
+        "actuate", help="carry out fleet.actions (the reference Kubernetes actuator)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    targets = actuate.add_subparsers(dest="actuator", metavar="TARGET", required=True)
+    kube = targets.add_parser(
+        "kubernetes",
+        help="cordon, drain (Eviction API), uncordon, request repairs on Kubernetes nodes",
+        description="Consume fleet.actions for kubernetes.cluster (consumer group "
+        "kubernetes.group_id, default fleetpulse-actuator-<cluster>), carry each action out "
+        "once (idempotent by action_id, recorded on the node), never touch a node a person "
+        "holds, and echo every outcome on fleet.events.node: cordoned, drained, uncordoned, "
+        "repair_requested, or held / blocked / skipped with the reason. dry_run actions are "
+        "logged only. SIGTERM finishes the current batch, then exits.",
+    )
+    kube.add_argument("--idle-exit", type=float, metavar="SECONDS",
+                      help="exit after SECONDS without an action (default: run until stopped)")
+    kube.set_defaults(handler=_actuate)
+
+    watch = subparsers.add_parser(
+        "watch", help="watch an orchestrator's nodes (fleet.events.node, fleet.inventory)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    wtargets = watch.add_subparsers(dest="watcher", metavar="TARGET", required=True)
+    wkube = wtargets.add_parser(
+        "kubernetes",
+        help="list + watch Kubernetes nodes",
+        description="List the cluster's nodes (each one an inventory/1 record on the compacted "
+        "fleet.inventory: pool, zone, accelerator, capacity), then watch them from the list's "
+        "resourceVersion, listing again on 410 Gone. Node created/deleted (tombstones on "
+        "fleet.inventory and fleet.node-state), cordons and uncordons by people, the hold "
+        "annotation, the maintenance label, Ready changes and finished repairs become "
+        "node_event/2 records on fleet.events.node. SIGTERM stops it.",
+    )
+    wkube.set_defaults(handler=_watch)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    stop_on_signals(stop)
+    return stop
+
+
+def _cluster(settings: Settings) -> str:
+    return settings.kubernetes.cluster or settings.sources.cluster
+
+
+def _actuate(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.edge import EdgeStats
+    from pipeline.kube.actuator import Actuator, ActuatorStats
+    from pipeline.kube.client import connect
+    from pipeline.kube.kafka import ActuatorSink, Producer, run_actuator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cluster = _cluster(settings)
+    group = settings.kubernetes.group_id or f"fleetpulse-actuator-{cluster}"
+    stats, edge_stats, readiness = ActuatorStats(), EdgeStats(), Readiness()
+    serve_stats("actuate_kubernetes", edge_stats, settings.metrics, readiness, extra=[stats])
+    apis = connect(settings.kubernetes)
+    actuator = Actuator(apis.core, settings.kubernetes, cluster, stats=stats)
+    producer = Producer(settings, f"{settings.kafka.client_id}-actuator")
+    sink = ActuatorSink(actuator, producer.send, settings.kafka.max_value_bytes)
+    try:
+        run_actuator(settings, group, sink, stop=_stop_on_signals(), idle_exit_s=args.idle_exit,
+                     readiness=readiness, stats=edge_stats)
+    finally:
+        producer.close()
+    print(f"actuator: {edge_stats.records} records, {stats.actions} actions for {cluster}: "
+          f"{_counts(stats.outcomes)}; {stats.dry_run} dry run, {stats.replayed} replayed")
+    return 0
+
+
+def _watch(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.kube.client import connect
+    from pipeline.kube.kafka import Producer
+    from pipeline.kube.watcher import NodeWatcher, WatcherStats
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stats = WatcherStats()
+    ready = {"listed": False}
+    serve_stats("watch_kubernetes", stats, settings.metrics,
+                lambda: (ready["listed"], "nodes listed" if ready["listed"] else "listing"))
+    apis = connect(settings.kubernetes)
+    producer = Producer(settings, f"{settings.kafka.client_id}-node-watcher")
+
+    def emit(outs: Any) -> None:
+        producer.send(outs)
+        ready["listed"] = True
+
+    watcher = NodeWatcher(apis.core, settings.kubernetes, _cluster(settings), emit, stats=stats)
+    try:
+        watcher.run(_stop_on_signals())
+    finally:
+        producer.close()
+    print(f"watcher: {stats.nodes} nodes, {stats.node_events} node events, "
+          f"{stats.inventory_records} inventory records, {stats.relists} re-lists")
+    return 0
+
+
+def _counts(outcomes: dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(outcomes.items())) or "none"

@@ -1,0 +1,442 @@
+"""The check catalog: every check FleetPulse's detectors run, declared once.
+
+Detectors look their checks up here (`CHECKS[name]`); severity, action, fatality, entity kind
+and persistence are read from the spec by the episode engine, never written at a call site.
+`docs/checks.md` is generated from this list (`python -m pipeline.detect.check_docs`).
+"""
+
+from __future__ import annotations
+
+from pipeline.detect.spec import CheckSpec, Persistence
+
+SAMPLES_GRAY = Persistence(open_after="gray_persist_samples")
+SAMPLES_COUNTER = Persistence(open_after="counter_persist_samples")
+FIRST_SAMPLE = Persistence(open_after=1)
+TPU_TIMED = Persistence(
+    open_after="tpu_persist_s", open_unit="seconds", clear_after="tpu_clear_s", clear_unit="seconds"
+)
+# Counted by the detector's own absence counter (it also says which peers are fresh).
+MISSING = Persistence(
+    open_after="missing_samples", clear_after=1,
+    window="opens after `missing_samples` scrapes without it while the rest reports; clears "
+    "when it reports again",
+)  # fmt: skip
+PEER = ("peer_min", "peer_mad_k", "warmup_samples", "half_life_samples", "anomaly_adapt")
+STALE = ("node_stale_s", "stale_intervals")
+XID_WINDOW = "one episode per burst (`xid_dedupe_s`); clears after `xid_clear_s` without a repeat"
+
+GPU: tuple[CheckSpec, ...] = (
+    CheckSpec(
+        name="gpu.ecc.dbe", detector="gpu", entity="gpu",
+        signal="new double-bit (uncorrectable) ECC errors", baseline="0",
+        threshold="any new error", settings=("counter_quiet_s",),
+        persistence=Persistence(window="opens at the first error; clears after `counter_quiet_s` "
+                                "without a new one"),
+        severity="critical", action="reset_gpu", fatal=True,
+        evidence="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL increase",
+    ),
+    CheckSpec(
+        name="gpu.row_remap.failure", detector="gpu", entity="gpu",
+        signal="row remap failure flag", baseline="0", threshold="flag set: no spare rows left",
+        settings=(), persistence=FIRST_SAMPLE,
+        severity="critical", action="replace", fatal=True,
+        evidence="DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    ),
+    CheckSpec(
+        name="gpu.row_remap.pending", detector="gpu", entity="gpu",
+        signal="row remap pending flag, or a new uncorrectable remap", baseline="0",
+        threshold="flag set (without the flag: a remap within `counter_quiet_s`)",
+        settings=("counter_quiet_s",), persistence=FIRST_SAMPLE,
+        severity="warning", action="reset_gpu",
+        evidence="DCGM_FI_DEV_ROW_REMAP_PENDING, new remapped rows as score",
+    ),
+    CheckSpec(
+        name="gpu.recovery_action", detector="gpu", entity="gpu",
+        signal="the driver's recovery action (NVML field 1523)", baseline="0 (none)",
+        threshold="any action asked for", settings=(), persistence=FIRST_SAMPLE,
+        severity="critical", action="reboot", fatal=True,
+        action_from="the recovery action: GPU reset -> reset_gpu, reboot -> reboot, "
+        "drain -> drain",
+        evidence="DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+    ),
+    CheckSpec(
+        name="gpu.pcie.replay_rate", detector="gpu", entity="gpu",
+        signal="PCIe replays summed over a window", baseline="`pcie_replays`",
+        threshold="at least `pcie_replays` within `pcie_window_s`",
+        settings=("pcie_replays", "pcie_window_s"),
+        persistence=Persistence(window="opens when the window's sum reaches the limit; clears "
+                                "when the window holds no replay"),
+        severity="warning", action="cordon",
+        evidence="replays in the window, the limit, their ratio as score",
+    ),
+    CheckSpec(
+        name="gpu.pcie.link_downgrade", detector="gpu", entity="gpu",
+        signal="PCIe link width (and gen while busy)", baseline="the best seen on this GPU",
+        threshold="below the best", settings=("busy_util_pct",), persistence=SAMPLES_COUNTER,
+        severity="warning", action="cordon",
+        evidence="link width, best width, link gen as score",
+    ),
+    CheckSpec(
+        name="gpu.pcie.traffic", detector="gpu", entity="gpu",
+        signal="PCIe TX+RX bytes/s", baseline="same-job peers' median",
+        threshold="at most `pcie_traffic_frac` of peers moving `pcie_traffic_min_bps`: the NIC "
+        "or PCIe path", settings=("pcie_traffic_frac", "pcie_traffic_min_bps", "peer_min"),
+        persistence=SAMPLES_COUNTER, severity="warning", action="cordon",
+        evidence="bytes/s, peers' median, their ratio",
+    ),
+    CheckSpec(
+        name="gpu.nvlink.crc_rate", detector="gpu", entity="gpu",
+        signal="scrapes with new NVLink CRC/replay/recovery errors", baseline="0",
+        threshold="errors in `nvlink_error_scrapes` scrapes spread over `nvlink_span_s` within "
+        "`nvlink_window_s`", settings=("nvlink_error_scrapes", "nvlink_span_s", "nvlink_window_s"),
+        persistence=Persistence(window="opens when the window's scrapes qualify; clears when "
+                                "the window holds none"),
+        severity="warning", action="cordon",
+        evidence="new errors, scrapes with errors in the window as score",
+    ),
+    CheckSpec(
+        name="gpu.ecc.sbe_rate", detector="gpu", entity="gpu",
+        signal="single-bit ECC errors, decaying with a one-hour half-life",
+        baseline="`sbe_watch_per_hour`", threshold="at least `sbe_watch_per_hour` (noise: watch, "
+        "never a cordon)", settings=("sbe_watch_per_hour",),
+        persistence=Persistence(window="opens at the limit; clears below half of it"),
+        severity="info", action="watch", evidence="errors per hour, the limit",
+    ),
+    CheckSpec(
+        name="gpu.temp.peer", detector="gpu", entity="gpu",
+        signal="temperature minus same-job peers' median", baseline="the GPU's usual offset",
+        threshold="`temp_peer_delta_c` over its usual offset, `temp_alone_delta_c` over peers, or "
+        "a CUSUM drift (`cusum_h`) of at least `temp_drift_min_c`",
+        settings=("temp_peer_delta_c", "temp_alone_delta_c", "temp_drift_min_c", "cusum_k",
+                  "cusum_h", *PEER),
+        persistence=SAMPLES_GRAY, severity="warning", action="cordon",
+        evidence="temperature, peers + usual offset, z-score",
+    ),
+    CheckSpec(
+        name="gpu.clock.throttle", detector="gpu", entity="gpu",
+        signal="SM clock while busy; throttle reasons", baseline="busy peers, or its own "
+        "same-job history", threshold="`clock_alone_frac` below peers (or `clock_drop_frac` below "
+        "its usual gap), below its history with heat evidence (`violation_frac`), hardware "
+        "slowdown reasons, or a plain slowdown lasting `slow_escalate_s`",
+        settings=("clock_drop_frac", "clock_alone_frac", "clock_own_frac", "slow_escalate_s",
+                  "violation_frac", "busy_util_pct", *PEER),
+        persistence=SAMPLES_GRAY, severity="warning", action="cordon",
+        evidence="SM clock, the reference clock, the relative gap",
+    ),
+    CheckSpec(
+        name="gpu.clock.slow", detector="gpu", entity="gpu",
+        signal="SM clock while busy", baseline="its own same-job history",
+        threshold="`clock_own_frac` below it with no hardware evidence (becomes "
+        "gpu.clock.throttle after `slow_escalate_s`)",
+        settings=("clock_own_frac", "slow_escalate_s", "busy_util_pct", "warmup_samples"),
+        persistence=SAMPLES_GRAY, severity="warning", action="watch",
+        evidence="SM clock, its usual clock, the relative drop",
+    ),
+    CheckSpec(
+        name="gpu.power.peer", detector="gpu", entity="gpu",
+        signal="power draw while busy", baseline="same-job peers' median and its usual gap",
+        threshold="`power_drop_frac` below its usual gap, with hardware-like evidence or across "
+        "`straggler_min_jobs` jobs", settings=("power_drop_frac", "straggler_min_jobs", *PEER),
+        persistence=SAMPLES_GRAY, severity="warning", action="cordon",
+        evidence="watts, peers' median, the relative gap",
+    ),
+    CheckSpec(
+        name="gpu.missing", detector="gpu", entity="gpu",
+        signal="a known GPU in the node's scrape", baseline="the GPUs seen before",
+        threshold="absent while the node reports", settings=("missing_samples",),
+        persistence=MISSING,
+        severity="critical", action="reboot", fatal=True,
+        evidence="GPUs reporting, GPUs known",
+    ),
+    CheckSpec(
+        name="node.stale", detector="gpu", entity="node",
+        signal="seconds since the node's last scrape", baseline="its scrape interval",
+        threshold="silent `node_stale_s` (at least `stale_intervals` intervals)", settings=STALE,
+        persistence=Persistence(window="opens once the silence crosses the limit (named by "
+                                "when it did); clears at the next scrape"),
+        severity="critical", action="reboot", when_announced=("info", "watch"),
+        evidence="seconds silent, the interval",
+    ),
+    CheckSpec(
+        name="node.down", detector="gpu", entity="node",
+        signal="seconds since the node's last scrape", baseline="its scrape interval",
+        threshold="silent `node_down_s` (0: off); not for an announced absence",
+        settings=("node_down_s", *STALE),
+        persistence=Persistence(window="opens once the silence crosses the limit; clears at "
+                                "the next scrape"),
+        severity="critical", action="reboot", fatal=True,
+        evidence="seconds silent, the interval",
+    ),
+)
+
+XID: tuple[CheckSpec, ...] = (
+    CheckSpec(
+        name="xid.<code>", detector="xid", entity="gpu",
+        signal="a kernel-log XID line", baseline="the XID catalog (pipeline/catalog/xid.csv)",
+        threshold="a catalogued XID that asks for action", settings=("xid_dedupe_s", "xid_clear_s"),
+        persistence=Persistence(window=XID_WINDOW),
+        severity="warning", action="watch", action_from="the XID catalog (unknown codes: watch)",
+        severity_from="the XID catalog (unknown codes: warning)", evidence="the XID code",
+    ),
+    CheckSpec(
+        name="xid.<code>.nonfatal", detector="xid", entity="gpu",
+        signal="a fatal XID whose line says non-fatal", baseline="the XID catalog",
+        threshold="the driver reports it corrected", settings=("xid_dedupe_s", "xid_clear_s"),
+        persistence=Persistence(window=XID_WINDOW), severity="warning", action="watch",
+        evidence="the XID code",
+    ),
+    CheckSpec(
+        name="xid.154", detector="xid", entity="gpu",
+        signal="XID 154: the driver's new recovery action", baseline="0 (none)",
+        threshold="any action asked for", settings=("xid_dedupe_s", "xid_clear_s"),
+        persistence=Persistence(window="opens at the line; clears when the action goes back to "
+                                "0 or after `xid_clear_s` without a repeat"),
+        severity="critical", action="reboot", fatal=True,
+        action_from="the recovery action in the line, as gpu.recovery_action",
+        evidence="the recovery action code",
+    ),
+    CheckSpec(
+        name="xid.app_recurrence", detector="xid", entity="gpu",
+        signal="application XIDs (13, 31, 43, 45 ...) on one GPU", baseline="the jobs hitting it",
+        threshold="`app_xid_min_jobs` distinct jobs within `app_xid_window_s`, each on this GPU "
+        "only", settings=("app_xid_min_jobs", "app_xid_window_s"),
+        persistence=Persistence(window="opens at the recurrence; clears when fewer jobs remain "
+                                "in the window"),
+        severity="warning", action="reset_gpu", evidence="distinct jobs, the limit",
+    ),
+)
+
+FABRIC_WINDOW = "fabric_group_window_s"
+FABRIC: tuple[CheckSpec, ...] = (
+    CheckSpec(
+        name="fabric.nic.missing", detector="fabric", entity="nic",
+        signal="a known port in node_exporter's scrape", baseline="the ports seen before",
+        threshold="absent while the node reports: the NIC fell off the bus",
+        settings=("missing_samples",),
+        persistence=MISSING,
+        severity="critical", action="cordon", fatal=True, evidence="ports reporting, ports known",
+    ),
+    CheckSpec(
+        name="fabric.port.down", detector="fabric", entity="fabric_port",
+        signal="IB port state, physical state, netdev up", baseline="ACTIVE / LinkUp / up",
+        threshold="any of them down: its cable or switch (localised by the fabric stage)",
+        settings=(), persistence=Persistence(clear_after=1),
+        severity="critical", action="watch", evidence="IB state, ACTIVE",
+    ),
+    CheckSpec(
+        name="fabric.port.flap", detector="fabric", entity="fabric_port",
+        signal="link_downed / carrier changes while the port is up", baseline="0",
+        threshold="any toggle: the first flapping episode", settings=("fabric_flap_window_s",),
+        persistence=Persistence(window="opens at a toggle; clears after `fabric_flap_window_s` "
+                                "without one"),
+        severity="warning", action="watch", evidence="toggles",
+    ),
+    CheckSpec(
+        name="fabric.port.flap.persistent", detector="fabric", entity="fabric_port",
+        signal="scrapes with a toggle", baseline="`fabric_flap_persist`",
+        threshold="toggles in `fabric_flap_persist` scrapes within `fabric_flap_window_s`",
+        settings=("fabric_flap_persist", "fabric_flap_window_s"),
+        persistence=Persistence(window="opens when the window holds enough toggling scrapes; "
+                                "clears after `fabric_flap_window_s` without a toggle"),
+        severity="warning", action="watch", evidence="toggling scrapes, the limit",
+    ),
+    CheckSpec(
+        name="fabric.port.errors", detector="fabric", entity="fabric_port",
+        signal="symbol / receive / link-recovery / netdev errors per second, link up",
+        baseline="`fabric_errors_per_s`", threshold="at least `fabric_errors_per_s`: silent gray "
+        "loss on the cable or optic", settings=("fabric_errors_per_s", "fabric_error_samples"),
+        persistence=Persistence(open_after="fabric_error_samples"),
+        severity="warning", action="watch", evidence="errors per second, the limit",
+    ),
+    CheckSpec(
+        name="fabric.switch.down", detector="fabric_localise", entity="switch",
+        signal="port troubles (down, persistent flap, errors) of many nodes",
+        baseline="the inventory's leaf switch and rail",
+        threshold="`fabric_switch_min_nodes` nodes behind one leaf switch or rail within "
+        "`fabric_group_window_s`", settings=("fabric_switch_min_nodes", FABRIC_WINDOW),
+        persistence=Persistence(window="opens when the group forms; clears when every port "
+                                "trouble behind it cleared"),
+        severity="critical", action="repair_switch", evidence="nodes affected",
+    ),
+    *(
+        CheckSpec(
+            name=f"fabric.link.{what}", detector="fabric_localise", entity="link",
+            signal=f"one port's {trouble}", baseline="the other ports behind its switch",
+            threshold=f"no switch explains it within `{FABRIC_WINDOW}`: its cable or optic",
+            settings=(FABRIC_WINDOW,),
+            persistence=Persistence(window=f"opens `{FABRIC_WINDOW}` after the port trouble; "
+                                    "clears with it"),
+            severity="warning", action="repair_link", evidence="ports affected",
+        )
+        for what, trouble in (
+            ("down", "fabric.port.down"),
+            ("flapping", "fabric.port.flap.persistent"),
+            ("errors", "fabric.port.errors"),
+        )
+    ),
+)
+
+# Activity falls on the nodes that wait for a slow one too: the majority sets the level.
+JOB_MEDIAN = (
+    "the job's median node, itself counted (at least `job_activity_peers_min` peers: the nodes "
+    "that wait fall too, so the majority sets the level)"
+)
+JOB_ACTIVITY = ("job_activity_drop_frac", "job_activity_peers_min", "busy_util_pct")
+
+JOB_PEERS: tuple[CheckSpec, ...] = (
+    CheckSpec(
+        name="job.straggler", detector="job_peers", entity="node",
+        signal="median SM clock of the node's busy GPUs on a multi-node job",
+        baseline="the job's other nodes' median (at least `job_peers_min`)",
+        threshold="`clock_drop_frac` below it", settings=("clock_drop_frac", "job_peers_min",
+                                                           "busy_util_pct"),
+        persistence=SAMPLES_GRAY, severity="warning", action="watch",
+        evidence="node clock, peers' median, deficit",
+    ),
+    CheckSpec(
+        name="job.straggler.persistent", detector="job_peers", entity="node",
+        signal="median SM clock of the node's busy GPUs on a multi-node job",
+        baseline="the job's other nodes' median", threshold="`clock_drop_frac` below it for "
+        "`slow_escalate_s`: fail-slow hardware",
+        settings=("clock_drop_frac", "job_peers_min", "slow_escalate_s"),
+        persistence=Persistence(open_after="slow_escalate_s", open_unit="seconds"),
+        severity="warning", action="cordon", evidence="node clock, peers' median, deficit",
+    ),
+    CheckSpec(
+        name="job.straggler.sm_active", detector="job_peers", entity="node",
+        signal="DCGM_FI_PROF_SM_ACTIVE of the node's busy GPUs (their median) on a multi-node "
+        "job",
+        baseline=JOB_MEDIAN, threshold="`job_activity_drop_frac` below it",
+        settings=JOB_ACTIVITY,
+        persistence=SAMPLES_GRAY, severity="warning", action="watch",
+        evidence="node SM activity, the job's median, deficit",
+    ),
+    CheckSpec(
+        name="job.straggler.nvlink", detector="job_peers", entity="node",
+        signal="NVLink TX+RX bytes/s of the node's busy GPUs (their median) on a multi-node job",
+        baseline=JOB_MEDIAN, threshold="`job_activity_drop_frac` below it",
+        settings=JOB_ACTIVITY,
+        persistence=SAMPLES_GRAY, severity="warning", action="watch",
+        evidence="node NVLink bytes/s, the job's median, deficit",
+    ),
+    CheckSpec(
+        name="job.straggler.pcie", detector="job_peers", entity="node",
+        signal="PCIe TX+RX bytes/s of the node's busy GPUs (their median) on a multi-node job",
+        baseline=JOB_MEDIAN, threshold="`job_activity_drop_frac` below it",
+        settings=JOB_ACTIVITY,
+        persistence=SAMPLES_GRAY, severity="warning", action="watch",
+        evidence="node PCIe bytes/s, the job's median, deficit",
+    ),
+)
+
+TPU: tuple[CheckSpec, ...] = (
+    CheckSpec(
+        name="tpu.chip.duty_cycle", detector="tpu", entity="tpu_chip",
+        signal="chip duty cycle", baseline="same-job chips on the slice's other hosts",
+        threshold="`tpu_duty_drop_pct` points below peers working at `tpu_busy_pct`",
+        settings=("tpu_duty_drop_pct", "tpu_busy_pct", "peer_min"), persistence=TPU_TIMED,
+        severity="critical", action="repair_slice", evidence="duty cycle, peers' median",
+    ),
+    CheckSpec(
+        name="tpu.chip.tensorcore_util", detector="tpu", entity="tpu_chip",
+        signal="chip TensorCore utilisation", baseline="same-job peers' median",
+        threshold="`tpu_util_drop_frac` below it (fail-slow)",
+        settings=("tpu_util_drop_frac", "tpu_busy_pct", "peer_min"), persistence=TPU_TIMED,
+        severity="warning", action="watch", evidence="utilisation, peers' median",
+    ),
+    CheckSpec(
+        name="tpu.chip.missing", detector="tpu", entity="tpu_chip",
+        signal="a known chip in its host's scrape", baseline="the chips seen before",
+        threshold="absent while the host reports", settings=("missing_samples",),
+        persistence=MISSING,
+        severity="critical", action="repair_slice", evidence="chips reporting, chips known",
+    ),
+    CheckSpec(
+        name="tpu.host.stale", detector="tpu", entity="node",
+        signal="seconds since a host's last scrape", baseline="the slice's other hosts",
+        threshold="silent `node_stale_s` while another host reported", settings=STALE,
+        persistence=Persistence(window="opens once the silence crosses the limit; clears at "
+                                "the host's next scrape"),
+        severity="critical", action="repair_slice", when_announced=("info", "watch"),
+        evidence="seconds silent, the interval",
+    ),
+    CheckSpec(
+        name="tpu.host.down", detector="tpu", entity="node",
+        signal="seconds since a host's last scrape", baseline="the slice's other hosts",
+        threshold="silent `node_down_s` (0: off); not for an announced absence",
+        settings=("node_down_s", *STALE),
+        persistence=Persistence(window="opens once the silence crosses the limit; clears at "
+                                "the host's next scrape"),
+        severity="critical", action="repair_slice", fatal=True,
+        evidence="seconds silent, the interval",
+    ),
+    CheckSpec(
+        name="tpu.slice.stale", detector="tpu", entity="slice",
+        signal="seconds since any host of the slice reported", baseline="0",
+        threshold="every host silent: the slice is down or maintained as a whole", settings=STALE,
+        persistence=Persistence(window="opens once the silence crosses the limit; clears at "
+                                "any host's next scrape"),
+        severity="warning", action="watch", evidence="seconds silent",
+    ),
+)
+
+ICI_TIMED = "ici_link_persist_s"
+ICI: tuple[CheckSpec, ...] = (
+    CheckSpec(
+        name="ici.host.down", detector="ici", entity="node",
+        signal="ICI links into one host's chips, as its neighbours report them",
+        baseline="the host's own reports", threshold="all down (at least 2) while the host "
+        "reports none of them down: the machine failed", settings=("ici_down_health",),
+        persistence=Persistence(open_after=ICI_TIMED, open_unit="seconds",
+                                clear_after="tpu_clear_s", clear_unit="seconds"),
+        severity="critical", action="repair_slice", evidence="links down",
+    ),
+    CheckSpec(
+        name="ici.chip.down", detector="ici", entity="tpu_chip",
+        signal="every ICI link of one chip, from either end", baseline="its links",
+        threshold="all down: the chip, not the cables", settings=("ici_down_health",),
+        persistence=Persistence(open_after=0, open_unit="seconds", clear_after="tpu_clear_s",
+                                clear_unit="seconds"),
+        severity="critical", action="repair_slice", evidence="links down",
+    ),
+    CheckSpec(
+        name="ici.link.down", detector="ici", entity="ici_link",
+        signal="ici_link_health at both ends", baseline="`ici_down_health`",
+        threshold="at or above `ici_down_health` at both ends (for `ici_link_persist_s`, so an "
+        "OCS pattern forms first), or at one end for `ici_one_sided_s`",
+        settings=("ici_down_health", ICI_TIMED, "ici_one_sided_s"),
+        persistence=Persistence(open_after=ICI_TIMED, open_unit="seconds",
+                                clear_after="tpu_clear_s", clear_unit="seconds"),
+        severity="critical", action="repair_slice", evidence="link health",
+    ),
+    CheckSpec(
+        name="ici.ocs.degraded", detector="ici", entity="slice",
+        signal="ICI links down in one torus dimension", baseline="`ici_ocs_min_links`",
+        threshold="at least `ici_ocs_min_links` at once: an optical circuit switch",
+        settings=("ici_ocs_min_links",), persistence=TPU_TIMED,
+        severity="warning", action="watch", evidence="links down",
+    ),
+    CheckSpec(
+        name="ici.link.degraded", detector="ici", entity="ici_link",
+        signal="link health 1-9, error rate, flit rate share of the host's traffic",
+        baseline="the link's usual share", threshold="health between 1 and `ici_down_health`, "
+        "`ici_errors_per_s`, or `ici_flit_drop_frac` below its usual share: resiliency at work",
+        settings=("ici_errors_per_s", "ici_flit_drop_frac", "peer_min", "warmup_samples"),
+        persistence=TPU_TIMED, severity="warning", action="watch",
+        evidence="why (health, errors, flit share), link health",
+    ),
+)
+
+CATALOG: tuple[CheckSpec, ...] = (*GPU, *XID, *FABRIC, *JOB_PEERS, *TPU, *ICI)
+CHECKS: dict[str, CheckSpec] = {spec.name: spec for spec in CATALOG}
+
+
+def spec_of(check: str) -> CheckSpec:
+    """The spec of a check by its finding name (`xid.79` -> the `xid.<code>` spec)."""
+    spec = CHECKS.get(check)
+    if spec is not None:
+        return spec
+    if check.startswith("xid."):
+        family = "xid.<code>.nonfatal" if check.endswith(".nonfatal") else "xid.<code>"
+        return CHECKS[family]
+    raise KeyError(f"unknown check {check!r}: expected one of {sorted(CHECKS)}")

@@ -1,0 +1,186 @@
+"""The episode engine: one persistence counter and one open / clear path for every check.
+
+A rule says whether its condition is bad at this sample; `step` counts how long it has been bad
+(consecutive samples, or event time since it turned bad) and how long good again, against the
+check's persistence (catalog spec, overridable per check in `[detect.checks."<name>"]`), and
+returns OPEN or CLEAR at the edges. `open_episode` / `clear_episode` then build the finding from
+the spec: severity, action, fatality and entity kind are never written at a call site.
+
+A `Run` exists only while its condition is bad, open, or on its way back to good (until the
+clear limit), so a healthy device costs one failed dict lookup per check.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgspec
+
+from pipeline.config import DetectSettings
+from pipeline.detect.catalog import spec_of
+from pipeline.detect.findings import Book, clear_check, open_check
+from pipeline.detect.spec import CheckSpec, Unit
+from pipeline.model import Evidence, Finding, RecommendedAction, Severity
+
+OPEN, CLEAR = 1, -1
+
+
+class Run(msgspec.Struct, kw_only=True, gc=False):
+    """The current bad or good stretch of one condition."""
+
+    bad_since: int = 0  # event time the bad stretch began (0: good now)
+    good_since: int = 0  # event time the good stretch began (0: bad now)
+    streak: int = 0  # > 0 consecutive bad samples, < 0 consecutive good ones
+    open: bool = False
+
+
+class Rule(NamedTuple):
+    """A check's persistence with the settings applied: samples, or milliseconds."""
+
+    open_after: int
+    open_ms: bool
+    clear_after: int
+    clear_ms: bool
+
+
+def step(runs: dict[str, Run], key: str, ts: int, bad: bool, rule: Rule) -> int:
+    """Feed one verdict: OPEN once bad for `rule.open_after`, CLEAR once an open condition
+    has been good for `rule.clear_after`, else 0. Both limits are samples or milliseconds."""
+    run = runs.get(key)
+    if bad:
+        if run is None:
+            run = runs[key] = Run(bad_since=ts, streak=1)
+        elif run.streak <= 0:
+            run.bad_since, run.good_since, run.streak = ts, 0, 1
+        else:
+            run.streak += 1
+        if not run.open and _held(rule.open_after, rule.open_ms, run.streak, ts - run.bad_since):
+            run.open = True
+            return OPEN
+        return 0
+    if run is None:
+        return 0
+    if run.streak >= 0:
+        run.bad_since, run.good_since, run.streak = 0, ts, -1
+    else:
+        run.streak -= 1
+    if _held(rule.clear_after, rule.clear_ms, -run.streak, ts - run.good_since):
+        del runs[key]
+        return CLEAR if run.open else 0
+    return 0
+
+
+def _held(limit: int, in_ms: bool, samples: int, elapsed_ms: int) -> bool:
+    return elapsed_ms >= limit if in_ms else samples >= limit
+
+
+def counting(runs: dict[str, Run], key: str, rule: Rule) -> bool:
+    """Whether a sample-counted condition is on its way to an edge (a run below the open
+    limit, or one clearing): its next sample matters even if the inputs have not changed."""
+    run = runs.get(key)
+    return run is not None and -rule.clear_after < run.streak < rule.open_after
+
+
+def onset(runs: dict[str, Run], key: str) -> int:
+    """When the current bad stretch began (0: not bad)."""
+    run = runs.get(key)
+    return run.bad_since if run is not None else 0
+
+
+# Rules by settings object: settings are frozen and few, and a rule is read per GPU per scrape.
+_RULES: dict[int, tuple[DetectSettings, dict[str, Rule]]] = {}
+
+
+def rule(settings: DetectSettings, check: str) -> Rule:
+    """The persistence of `check` under `settings` (its `[detect.checks]` override applied)."""
+    cached = _RULES.get(id(settings))
+    if cached is None or cached[0] is not settings:
+        if len(_RULES) > 64:
+            _RULES.clear()
+        cached = _RULES[id(settings)] = (settings, {})
+    rules = cached[1]
+    found = rules.get(check)
+    if found is None:
+        found = rules[check] = _resolve(settings, spec_of(check))
+    return found
+
+
+def _resolve(settings: DetectSettings, spec: CheckSpec) -> Rule:
+    p = spec.persistence
+    tuning = settings.checks.get(spec.name)
+    opened = _amount(settings, p.open_after, p.open_unit)
+    cleared = _amount(settings, p.clear_after, p.clear_unit)
+    if tuning is not None and tuning.open_after is not None:
+        opened = _scaled(tuning.open_after, p.open_unit)
+    if tuning is not None and tuning.clear_after is not None:
+        cleared = _scaled(tuning.clear_after, p.clear_unit)
+    return Rule(opened, p.open_unit == "seconds", cleared, p.clear_unit == "seconds")
+
+
+def _amount(settings: DetectSettings, amount: int | str, unit: Unit) -> int:
+    value = getattr(settings, amount) if isinstance(amount, str) else amount
+    return _scaled(int(value), unit)
+
+
+def _scaled(value: int, unit: Unit) -> int:
+    return value * 1000 if unit == "seconds" else value
+
+
+def open_episode(
+    book: Book,
+    check: str,
+    ts: int,
+    *,
+    device: str | None,
+    evidence: Evidence | None,
+    message: str,
+    start_ts: int | None = None,
+    key: str | None = None,
+    announced: bool = False,
+    action: RecommendedAction | None = None,
+    severity: Severity | None = None,
+    fatal: bool | None = None,
+) -> Finding | None:
+    """Open an episode of `check` with its spec's severity, action, fatality and entity kind
+    (an announced absence: the spec's `when_announced`). `action`, and `severity` / `fatal`,
+    are given only where the spec says they come from the data (`action_from`,
+    `severity_from`: the XID catalog, the driver's recovery action). None when the episode is
+    open already."""
+    spec = spec_of(check)
+    graded: Severity = spec.severity
+    chosen: RecommendedAction = spec.action
+    if announced and spec.when_announced is not None:
+        graded, chosen = spec.when_announced
+    if (action and not spec.action_from) or (
+        (severity or fatal is not None) and not spec.severity_from
+    ):
+        raise ValueError(f"{check}: its action and severity are the catalog's, not the caller's")
+    chosen = action or chosen
+    graded = severity or graded
+    return open_check(
+        book,
+        ts,
+        check=check,
+        device=device,
+        kind=spec.entity,
+        severity=graded,
+        action=chosen,
+        fatal=(spec.fatal if fatal is None else fatal) and not announced,
+        evidence=evidence,
+        message=message,
+        key=key,
+        start_ts=start_ts,
+    )
+
+
+def clear_episode(
+    book: Book,
+    check: str,
+    ts: int,
+    device: str | None,
+    message: str,
+    evidence: Evidence | None = None,
+    key: str | None = None,
+) -> Finding | None:
+    """Close an open episode of `check`: its healthy finding, or None when none is open."""
+    return clear_check(book, ts, check, device, message, evidence, key)

@@ -1,0 +1,248 @@
+"""Stragglers against the job's peers on other nodes: a node slower than the rest of its job.
+
+The GPU detector compares a GPU with the GPUs of its own node; a node whose every GPU slows
+down (a power brake, a firmware cap, a slow host: S1 fail-slow) looks normal there. Here each
+multi-node job's nodes are compared with each other: a node's median SM clock over its busy
+GPUs of that job, against the median of the job's other nodes (fresh, at least
+`job_peers_min` of them: a clock only goes down when something is wrong, so one peer tells which
+of two nodes is the slow one). A synchronous job runs every node at the same clocks, so a node
+`job_clock_drop_frac` below its peers, sustained, is slow hardware, while a workload straggler
+(more work on one stage: S4) keeps full clocks and a fleet-wide dip (diurnal, hot zone) moves
+every node together.
+
+  job.straggler            below peers for `gray_persist_samples` scrapes: watch (transient
+                           compute fail-slows, S3, last minutes and end here)
+  job.straggler.persistent still below them after `slow_escalate_s`: fail-slow hardware,
+                           cordon (fault model S1: they do not self-heal)
+Both clear after `clear_persist_samples` scrapes level with the peers. Evidence: the node's
+clock, the peers' median, the deficit.
+
+The same comparison on what a node does rather than how fast it clocks (issue 12 item 3):
+
+  job.straggler.sm_active  SM activity (DCGM_FI_PROF_SM_ACTIVE) of its busy GPUs
+  job.straggler.nvlink     NVLink TX+RX bytes/s
+  job.straggler.pcie       PCIe TX+RX bytes/s (host and NIC path)
+`job_activity_drop_frac` below the job's median node, watched (never a cordon alone: a
+starved node and a workload imbalance look alike here). Unlike the clock these also fall on
+the nodes that wait for a slow one, so one peer cannot tell which of two is the slow one: they
+need `job_activity_peers_min` peers and compare with the median of the whole job (the node
+itself counted), so that the nodes that wait, being the majority, set the level. Step time is
+not judged: no event carries it yet.
+
+Pure: no I/O, no clock. One state for the fleet (jobs span nodes, so it cannot live in a
+node's telemetry state); nodes are named by cluster/node.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from pipeline.config import DetectSettings
+from pipeline.detect.episodes import (
+    CLEAR,
+    OPEN,
+    Run,
+    clear_episode,
+    onset,
+    open_episode,
+    rule,
+    step,
+)
+from pipeline.detect.findings import Book, evidence
+from pipeline.detect.stats import median
+from pipeline.model import Evidence, Finding, GpuSample
+
+STRAGGLER = "job.straggler"
+PERSISTENT = "job.straggler.persistent"
+CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+UTIL = "DCGM_FI_DEV_GPU_UTIL"
+SM_ACTIVE = "job.straggler.sm_active"
+NVLINK = "job.straggler.nvlink"
+PCIE = "job.straggler.pcie"
+# check -> (the metrics summed per GPU, the evidence's metric name)
+ACTIVITY: dict[str, tuple[tuple[str, ...], str]] = {
+    SM_ACTIVE: (("DCGM_FI_PROF_SM_ACTIVE",), "sm_active_vs_job_peers"),
+    NVLINK: (
+        ("DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"),
+        "nvlink_bytes_vs_job_peers",
+    ),
+    PCIE: (
+        ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"),
+        "pcie_bytes_vs_job_peers",
+    ),
+}
+
+
+class NodeInJob(msgspec.Struct, kw_only=True, gc=False):
+    ts: int
+    clock: float
+    levels: dict[str, float] = {}  # activity check -> the node's median over its busy GPUs
+    runs: dict[str, Run] = {}  # its stretches below the peers, per check (episode engine)
+
+
+class JobPeersState(msgspec.Struct, kw_only=True):
+    jobs: dict[str, dict[str, NodeInJob]] = {}  # job -> cluster/node -> latest
+    books: dict[str, Book] = {}  # cluster/node -> its episodes (straggler checks only)
+    interval_ms: dict[str, int] = {}  # cluster/node -> last scrape gap
+
+
+def detect_job_peers(
+    state: JobPeersState | None, sample: GpuSample, settings: DetectSettings
+) -> tuple[JobPeersState, list[Finding]]:
+    """Feed one node's scrape; returns findings on that node against its jobs' peers."""
+    state = state or JobPeersState()
+    key = f"{sample.cluster}/{sample.node}"
+    book = state.books.get(key)
+    if book is None:
+        book = state.books[key] = Book(
+            cluster=sample.cluster, kind="node", name=sample.node, pool=sample.pool,
+            zone=sample.zone,
+        )  # fmt: skip
+    out: list[Finding] = []
+    levels = _busy_levels(sample, settings)
+    for job, clock in _busy_clocks(sample, settings).items():
+        nodes = state.jobs.setdefault(job, {})
+        mine = nodes.get(key)
+        if mine is not None and sample.ts <= mine.ts:
+            continue  # a replay or a late scrape
+        gap = sample.ts - mine.ts if mine is not None else 0
+        if gap:
+            state.interval_ms[key] = gap
+        if mine is None:
+            mine = nodes[key] = NodeInJob(ts=sample.ts, clock=clock)
+        mine.ts, mine.clock, mine.levels = sample.ts, clock, levels.get(job, {})
+        fresh = _fresh(state, nodes, key, sample.ts)
+        out += _judge(book, job, mine, [n.clock for n in fresh], sample.ts, settings)
+        out += _judge_activity(book, job, mine, fresh, sample.ts, settings)
+    _forget(state, key, sample)
+    return state, out
+
+
+def _busy_clocks(sample: GpuSample, settings: DetectSettings) -> dict[str, float]:
+    """Median SM clock of the node's busy GPUs, per job (MIG instances are left out)."""
+    by_job: dict[str, list[float]] = {}
+    for gpu in sample.gpus:
+        clock, util = gpu.metrics.get(CLOCK), gpu.metrics.get(UTIL)
+        if gpu.job is None or gpu.mig_instance is not None or clock is None or util is None:
+            continue
+        if util >= settings.busy_util_pct:
+            by_job.setdefault(gpu.job, []).append(clock)
+    return {job: median(clocks) for job, clocks in by_job.items() if len(clocks) >= 2}
+
+
+def _busy_levels(sample: GpuSample, settings: DetectSettings) -> dict[str, dict[str, float]]:
+    """Per job, per activity check: the median over the node's busy GPUs reporting it."""
+    by_job: dict[str, dict[str, list[float]]] = {}
+    for gpu in sample.gpus:
+        util = gpu.metrics.get(UTIL)
+        if gpu.job is None or gpu.mig_instance is not None or util is None:
+            continue
+        if util < settings.busy_util_pct:
+            continue
+        mine = by_job.setdefault(gpu.job, {})
+        for check, (metrics, _) in ACTIVITY.items():
+            values = [gpu.metrics.get(m) for m in metrics]
+            if all(v is not None for v in values):
+                mine.setdefault(check, []).append(sum(v for v in values if v is not None))
+    return {
+        job: {check: median(vs) for check, vs in checks.items() if len(vs) >= 2}
+        for job, checks in by_job.items()
+    }
+
+
+def _fresh(
+    state: JobPeersState, nodes: dict[str, NodeInJob], key: str, ts: int
+) -> list[NodeInJob]:
+    fresh_ms = 3 * max(state.interval_ms.get(key, 0), 10_000)
+    return [n for k, n in nodes.items() if k != key and ts - n.ts <= fresh_ms]
+
+
+def _judge_activity(
+    book: Book,
+    job: str,
+    mine: NodeInJob,
+    fresh: list[NodeInJob],
+    ts: int,
+    settings: DetectSettings,
+) -> list[Finding]:
+    out: list[Finding] = []
+    for check, (_, metric) in ACTIVITY.items():
+        value = mine.levels.get(check)
+        peers = [n.levels[check] for n in fresh if check in n.levels]
+        if value is None or len(peers) < settings.job_activity_peers_min:
+            continue  # not reported, or too few peers for a majority to set the level
+        level = median([*peers, value])  # the job's median node: the waiting majority
+        deficit = 1.0 - value / level if level > 0 else 0.0
+        slow = deficit >= settings.job_activity_drop_frac
+        edge = step(mine.runs, check, ts, slow, rule(settings, check))
+        if edge == OPEN:
+            proof = evidence(metric, value, level, deficit, 0)
+            found = open_episode(
+                book, check, ts, device=None, evidence=proof, start_ts=onset(mine.runs, check),
+                message=f"node {book.name} runs job {job} {100 * deficit:.0f} % below the job's "
+                f"median node on {metric.removesuffix('_vs_job_peers')} (watched)",
+            )  # fmt: skip
+            out += [found] if found is not None else []
+        elif edge == CLEAR:
+            message = f"{book.name} level with its job's peers again"
+            cleared = clear_episode(book, check, ts, None, message)
+            out += [cleared] if cleared is not None else []
+    return out
+
+
+def _judge(
+    book: Book,
+    job: str,
+    mine: NodeInJob,
+    peers: list[float],
+    ts: int,
+    settings: DetectSettings,
+) -> list[Finding]:
+    if len(peers) < settings.job_peers_min:
+        return []  # too few peers to call anyone slow
+    level = median(peers)
+    deficit = 1.0 - mine.clock / level if level > 0 else 0.0
+    slow = deficit >= settings.clock_drop_frac
+    proof = evidence("sm_clock_vs_job_peers", mine.clock, level, deficit, 0)
+    out = []
+    for check in (STRAGGLER, PERSISTENT):
+        edge = step(mine.runs, check, ts, slow, rule(settings, check))
+        if edge == OPEN:  # named by when it fell behind, not when it was found
+            out.append(_open(book, ts, check, onset(mine.runs, check), job, proof, deficit))
+        elif edge == CLEAR:
+            message = f"{book.name} level with its job's peers again"
+            out.append(clear_episode(book, check, ts, None, message))
+    return [f for f in out if f is not None]
+
+
+def _open(
+    book: Book,
+    ts: int,
+    check: str,
+    since: int,
+    job: str,
+    proof: Evidence,
+    deficit: float,
+) -> Finding | None:
+    persistent = check == PERSISTENT
+    return open_episode(
+        book,
+        check,
+        ts,
+        device=None,
+        evidence=proof,
+        start_ts=since,
+        message=f"node {book.name} runs job {job} {100 * deficit:.0f} % below the SM clock "
+        f"of the job's other nodes"
+        + (" for too long: fail-slow hardware" if persistent else " (watched)"),
+    )
+
+
+def _forget(state: JobPeersState, key: str, sample: GpuSample) -> None:
+    """A node that left a job is no longer its peer."""
+    running = {gpu.job for gpu in sample.gpus if gpu.job is not None}
+    for job, nodes in list(state.jobs.items()):
+        if key in nodes and job not in running:
+            del nodes[key]
+            if not nodes:
+                del state.jobs[job]

@@ -1,0 +1,364 @@
+"""The reference Kubernetes actuator: one fleet.actions record in, the node changed, the
+outcome (done, or not done and why) echoed on fleet.events.node with the action's id.
+
+Rules it keeps (docs/actuators.md, docs/kubernetes.md):
+- acts only on actions for its own cluster; a `dry_run` action is logged, never carried out or
+  echoed; one past `expires_at` is skipped (echoed `skipped`, with how stale it was);
+- idempotent by `action_id`: what it carried out is recorded on the node (the
+  `fleetpulse.io/actions` annotation, in the same patch as the change), so a redelivered action
+  changes nothing and its outcome is echoed again;
+- never touches a node a person holds (their cordon, the hold annotation, the maintenance
+  label): it echoes `held` instead; it releases only cordons it made (`fleetpulse.io/cordoned-by`);
+- drains through the Eviction API (policy/v1) so PodDisruptionBudgets are respected; DaemonSet
+  and mirror pods stay; a PDB's 429 is retried with backoff until kubernetes.drain_timeout_s,
+  then the drain is echoed `blocked`;
+- repair kinds become the `fleetpulse.io/repair=<kind>` label (and annotations) for a repair
+  controller, echoed `repair_requested`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config import KubernetesSettings
+from pipeline.errors import SinkError
+from pipeline.kube import nodes
+from pipeline.model import Action, NodeEvent, host_kind
+from pipeline.retry import Backoff
+
+log = logging.getLogger(__name__)
+
+REPAIR_KINDS = frozenset({"reset_gpu", "reboot", "repair", "replace", "repair_slice"})
+# worst first: the outcome a slice reports when its nodes differ
+_PRECEDENCE = ("held", "skipped", "blocked", "repair_requested", "drained", "cordoned",
+               "uncordoned")  # fmt: skip
+_CONFLICT_RETRIES = 5
+_MIRROR = "kubernetes.io/config.mirror"
+
+
+@dataclass
+class ActuatorStats:
+    actions: int = 0
+    dry_run: int = 0
+    other_cluster: int = 0
+    network_elements: int = 0  # repair_switch / repair_link: the network team's actuator's
+    replayed: int = 0
+    evictions: int = 0
+    eviction_refusals: int = 0  # 429s from a PodDisruptionBudget, each retry counted
+    outcomes: dict[str, int] = field(default_factory=dict, metadata={"label": "outcome"})
+
+
+@dataclass(frozen=True)
+class Result:
+    kind: str  # node_event kind
+    reason: str
+
+
+class Actuator:
+    """Carries out actions against one cluster's API server (`core`: a CoreV1Api)."""
+
+    def __init__(
+        self,
+        core: Any,
+        settings: KubernetesSettings,
+        cluster: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Any] = time.sleep,
+        stats: ActuatorStats | None = None,
+    ) -> None:
+        self.core, self.settings, self.cluster = core, settings, cluster
+        self.clock, self.sleep = clock, sleep
+        self.stats = stats or ActuatorStats()
+
+    # --- one action ---------------------------------------------------------------------
+
+    def handle(self, action: Action) -> NodeEvent | None:
+        """Carry the action out (or not); the echo for fleet.events.node, None for none.
+
+        Raises SinkError when the API server cannot be reached or fails: nothing may be
+        committed then, and the action comes again."""
+        if action.target.cluster != self.cluster:
+            self.stats.other_cluster += 1
+            return None  # another cluster's actuator (its own consumer group) handles it
+        if action.target.kind not in ("node", "slice"):
+            # fabric localisation's verdicts on a switch or link: no node to act on, and no
+            # echo awaited (node_event/2 names nodes and slices only; docs/actuators.md)
+            self.stats.network_elements += 1
+            log.info("skipped %s %s %s: the network team's actuator's", action.action_id,
+                     action.kind, action.target.name)  # fmt: skip
+            return None
+        self.stats.actions += 1
+        now_ms = int(self.clock() * 1000)
+        if action.dry_run:
+            self.stats.dry_run += 1
+            log.info("dry run, not carried out: %s %s (%s)", action.kind,
+                     action.target.name, action.reason.summary)  # fmt: skip
+            return None
+        if action.expires_at is not None and now_ms > action.expires_at:
+            result = Result("skipped", f"expired {now_ms - action.expires_at} ms before it "
+                            f"could start (expires_at {action.expires_at})")  # fmt: skip
+        else:
+            result = self._on_target(action)
+        self.stats.outcomes[result.kind] = self.stats.outcomes.get(result.kind, 0) + 1
+        log.info("%s %s %s: %s (%s)", action.action_id, action.kind, action.target.name,
+                 result.kind, result.reason)  # fmt: skip
+        return self._echo(action, result, int(self.clock() * 1000))
+
+    def _echo(self, action: Action, result: Result, now_ms: int) -> NodeEvent:
+        target = action.target
+        return NodeEvent(
+            ts=now_ms,
+            cluster=target.cluster,
+            target_kind=host_kind(target),
+            target=target.name,
+            pool=target.pool,
+            zone=target.zone,
+            kind=result.kind,  # type: ignore[arg-type]  # one of NodeEventKind by construction
+            actor=self.settings.actor,
+            action_id=action.action_id,
+            reason=f"{action.kind}: {result.reason}"[:4096],
+        )
+
+    def _on_target(self, action: Action) -> Result:
+        names = self._node_names(action)
+        if not names:
+            return Result("skipped", f"no node for {action.target.kind} {action.target.name}")
+        results = [self._on_node(name, action) for name in names]
+        worst = min(results, key=lambda r: _PRECEDENCE.index(r.kind))
+        if len(results) > 1:
+            return Result(worst.kind, f"{len(results)} nodes; {worst.reason}")
+        return worst
+
+    def _node_names(self, action: Action) -> list[str]:
+        if action.target.kind == "node":
+            return [action.target.name]
+        selector = f"{self.settings.slice_label}={action.target.name}"
+        found = self._call(self.core.list_node, label_selector=selector)
+        return sorted(node.metadata.name for node in found.items)
+
+    def _on_node(self, name: str, action: Action) -> Result:
+        node = self._read(name)
+        if node is None:
+            return Result("skipped", f"node {name} does not exist")
+        done = nodes.applied(node).get(action.action_id)
+        if done is not None:
+            self.stats.replayed += 1
+            return Result(done, "already carried out; the replay changed nothing")
+        held = nodes.held_by_person(
+            node, self.settings.held_annotation, self.settings.maintenance_label
+        )
+        if action.kind == "uncordon":
+            return self._uncordon(node, action, held)
+        if held is not None:
+            return Result("held", f"node {name} {held}: left to the person")
+        if action.kind == "cordon":
+            return self._cordon(node, action)
+        if action.kind == "drain":
+            return self._drain(node, action)
+        if action.kind in REPAIR_KINDS:
+            return self._request_repair(node, action)
+        return Result("skipped", f"{action.kind} is not supported by this actuator")
+
+    # --- cordon / uncordon ----------------------------------------------------------------
+
+    def _cordon(self, node: Any, action: Action, record: str | None = "cordoned") -> Result:
+        check = nodes.label_value(action.reason.checks[0] if action.reason.checks else "")
+
+        def change(node: Any) -> dict[str, Any]:
+            taints = [t for t in _taints(node) if t["key"] != nodes.TAINT_KEY]
+            taints.append({"key": nodes.TAINT_KEY, "value": check, "effect": "NoSchedule"})
+            ours = nodes.cordoned_by_us(node) or action.action_id
+            meta: dict[str, Any] = {nodes.CORDONED_BY: ours, nodes.CORDON_REASON: _short(action)}
+            if record is not None:
+                meta[nodes.ACTIONS] = nodes.with_applied(node, action.action_id, record)
+            return {"spec": {"unschedulable": True, "taints": taints},
+                    "metadata": {"annotations": meta}}  # fmt: skip
+
+        self._patch(node, change)
+        self._condition(node.metadata.name, True, action, check)
+        return Result("cordoned", f"unschedulable, tainted {nodes.TAINT_KEY}={check}:NoSchedule")
+
+    def _uncordon(self, node: Any, action: Action, held: str | None) -> Result:
+        name = node.metadata.name
+        if nodes.cordoned_by_us(node) is None:
+            if held is not None:
+                return Result("held", f"node {name} {held}: FleetPulse releases only its own")
+            return Result("skipped", f"node {name} is not cordoned by FleetPulse")
+        if held is not None:  # our cordon, but a person has since marked it: leave it
+            return Result("held", f"node {name} {held}: left cordoned for the person")
+        def change(node: Any) -> dict[str, Any]:
+            taints = [t for t in _taints(node) if t["key"] != nodes.TAINT_KEY]
+            done = nodes.with_applied(node, action.action_id, "uncordoned")
+            return {"spec": {"unschedulable": False, "taints": taints or None},
+                    "metadata": {"annotations": {nodes.CORDONED_BY: None,
+                                                 nodes.CORDON_REASON: None,
+                                                 nodes.ACTIONS: done}}}  # fmt: skip
+
+        self._patch(node, change)
+        self._condition(name, False, action, "released")
+        return Result("uncordoned", "schedulable again; taint and condition cleared")
+
+    def _condition(self, name: str, unhealthy: bool, action: Action, reason: str) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+        condition = {
+            "type": nodes.CONDITION,
+            "status": "True" if unhealthy else "False",
+            "reason": "FleetPulse" + "".join(p.capitalize() for p in reason.split("_"))[:100],
+            "message": f"{action.reason.summary} (action {action.action_id})"[:1024],
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        self._call(self.core.patch_node_status, name, {"status": {"conditions": [condition]}},
+                   _content_type="application/strategic-merge-patch+json")  # fmt: skip
+
+    # --- drain ----------------------------------------------------------------------------
+
+    def _drain(self, node: Any, action: Action) -> Result:
+        name = node.metadata.name
+        if nodes.cordoned_by_us(node) is None:
+            self._cordon(node, action, record=None)  # a drain leaves the node cordoned
+        deadline = self.clock() + self.settings.drain_timeout_s
+        backoff = Backoff(self.settings.eviction_backoff_initial_s,
+                          self.settings.eviction_backoff_max_s)  # fmt: skip
+        while True:
+            refused = [pod for pod in self._evictable(name) if not self._evict(pod)]
+            if not refused:
+                break
+            if self.clock() >= deadline:
+                pods = ", ".join(f"{p.metadata.namespace}/{p.metadata.name}" for p in refused)
+                self._record(name, action, "blocked")
+                return Result("blocked", f"a PodDisruptionBudget refused evicting {pods} "
+                              f"for {self.settings.drain_timeout_s:g} s")  # fmt: skip
+            self.sleep(min(backoff.next_delay(), max(0.0, deadline - self.clock())))
+        self._record(name, action, "drained")
+        return Result("drained", "every pod evicted (DaemonSet and mirror pods stay)")
+
+    def _evictable(self, name: str) -> list[Any]:
+        pods = self._call(self.core.list_pod_for_all_namespaces,
+                          field_selector=f"spec.nodeName={name}").items  # fmt: skip
+        return [pod for pod in pods if _evictable(pod)]
+
+    def _evict(self, pod: Any) -> bool:
+        """Ask to evict the pod: True once it is on its way out, False if a PDB said no."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(
+            name=pod.metadata.name, namespace=pod.metadata.namespace))  # fmt: skip
+        try:
+            self.core.create_namespaced_pod_eviction(
+                pod.metadata.name, pod.metadata.namespace, body,
+                _request_timeout=self.settings.request_timeout_s)  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return True  # already gone
+            if exc.status == 429:
+                self.stats.eviction_refusals += 1
+                return False
+            raise SinkError(f"evicting {pod.metadata.namespace}/{pod.metadata.name}: "
+                            f"HTTP {exc.status} {exc.reason}") from None  # fmt: skip
+        except OSError as exc:
+            raise SinkError(f"kubernetes API unreachable: {exc}") from None
+        self.stats.evictions += 1
+        return True
+
+    # --- repair requests ------------------------------------------------------------------
+
+    def _request_repair(self, node: Any, action: Action) -> Result:
+        def change(node: Any) -> dict[str, Any]:
+            annotations: dict[str, Any] = {
+                nodes.REPAIR_ACTION_ID: action.action_id,
+                nodes.REPAIR_REASON: _short(action),
+                nodes.REPAIR_DEVICE: action.device,
+                nodes.ACTIONS: nodes.with_applied(node, action.action_id, "repair_requested"),
+            }
+            return {"metadata": {"labels": {nodes.REPAIR_LABEL: action.kind},
+                                 "annotations": annotations}}  # fmt: skip
+
+        self._patch(node, change)
+        return Result("repair_requested",
+                      f"labelled {nodes.REPAIR_LABEL}={action.kind} for the repair controller")
+
+    # --- API plumbing ---------------------------------------------------------------------
+
+    def _record(self, name: str, action: Action, outcome: str) -> None:
+        node = self._read(name)
+        if node is not None:
+            self._patch(node, lambda node: {"metadata": {"annotations": {
+                nodes.ACTIONS: nodes.with_applied(node, action.action_id, outcome)}}})  # fmt: skip
+
+    def _read(self, name: str) -> Any | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.core.read_node(name, _request_timeout=self.settings.request_timeout_s)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise SinkError(f"reading node {name}: HTTP {exc.status} {exc.reason}") from None
+        except OSError as exc:
+            raise SinkError(f"kubernetes API unreachable: {exc}") from None
+
+    def _patch(self, node: Any, change: Callable[[Any], dict[str, Any]]) -> None:
+        """A merge patch guarded by the node's resourceVersion: a node changed meanwhile is a
+        409, and the change is worked out again from the node as it is now."""
+        from kubernetes.client.exceptions import ApiException
+
+        name = node.metadata.name
+        for _ in range(_CONFLICT_RETRIES):
+            body = change(node)
+            body["metadata"] = {**body.get("metadata", {}),
+                                "resourceVersion": node.metadata.resource_version}  # fmt: skip
+            try:
+                self.core.patch_node(name, body, _content_type="application/merge-patch+json",
+                                     _request_timeout=self.settings.request_timeout_s)  # fmt: skip
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    why = f"HTTP {exc.status} {exc.reason}"
+                    raise SinkError(f"patching node {name}: {why}") from None
+            except OSError as exc:
+                raise SinkError(f"kubernetes API unreachable: {exc}") from None
+            node = self._read(name)
+            if node is None:
+                return
+        raise SinkError(f"patching node {name}: still conflicting after {_CONFLICT_RETRIES} tries")
+
+    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return method(*args, _request_timeout=self.settings.request_timeout_s, **kwargs)
+        except ApiException as exc:
+            raise SinkError(f"kubernetes API: HTTP {exc.status} {exc.reason}") from None
+        except OSError as exc:
+            raise SinkError(f"kubernetes API unreachable: {exc}") from None
+
+
+def _taints(node: Any) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v}
+        for t in (node.spec.taints or [] if node.spec is not None else [])
+    ]
+
+
+def _evictable(pod: Any) -> bool:
+    """Not a DaemonSet's pod (it would come back at once), not a mirror (static) pod, not
+    already finished or on its way out."""
+    meta = pod.metadata
+    if any(owner.kind == "DaemonSet" for owner in meta.owner_references or []):
+        return False
+    if _MIRROR in (meta.annotations or {}):
+        return False
+    if meta.deletion_timestamp is not None:
+        return False
+    return pod.status is None or pod.status.phase not in ("Succeeded", "Failed")
+
+
+def _short(action: Action) -> str:
+    return f"{action.reason.summary} (action {action.action_id})"[:1024]

@@ -1,0 +1,138 @@
+"""The check catalog, the episode engine and the generated check table."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.config import DetectSettings, load_settings
+from pipeline.detect import (
+    check_docs,
+    episodes,
+    fabric_localise,
+    gpu,
+    gpu_counters,
+    gpu_gauges,
+    ici,
+    job_peers,
+    tpu,
+)
+from pipeline.detect import fabric as fabric_checks
+from pipeline.detect import xid as xid_checks
+from pipeline.detect.catalog import CATALOG, CHECKS, spec_of
+from pipeline.detect.episodes import CLEAR, OPEN, Rule, Run, open_episode, step
+from pipeline.detect.findings import Book
+from pipeline.detect.spec import CheckSpec
+from pipeline.errors import ConfigError
+
+DEFAULTS = DetectSettings()
+
+
+def test_the_docs_table_is_the_catalogs() -> None:
+    text = check_docs.DOC.read_text()
+    assert check_docs.render(text) == text, "run: python -m pipeline.detect.check_docs"
+
+
+def test_every_check_the_detectors_name_is_in_the_catalog() -> None:
+    named = [
+        gpu.NODE_STALE, gpu.NODE_DOWN, gpu.GPU_MISSING, gpu_counters.DBE, gpu_counters.SBE,
+        gpu_counters.REMAP_FAILURE, gpu_counters.REMAP_PENDING, gpu_counters.PCIE_REPLAY,
+        gpu_counters.PCIE_DOWNGRADE, gpu_counters.NVLINK, gpu_counters.RECOVERY, gpu_gauges.TEMP,
+        gpu_gauges.CLOCK, gpu_gauges.SLOW, gpu_gauges.POWER, gpu_gauges.PCIE_TRAFFIC,
+        tpu.DUTY, tpu.UTIL, tpu.CHIP_MISSING, tpu.HOST_STALE, tpu.HOST_DOWN, tpu.SLICE_STALE,
+        ici.LINK_DOWN, ici.LINK_DEGRADED, ici.CHIP_DOWN, ici.HOST_DOWN, ici.OCS,
+        fabric_checks.NIC_MISSING, fabric_checks.PORT_DOWN, fabric_checks.PORT_FLAP,
+        fabric_checks.PORT_FLAP_PERSISTENT, fabric_checks.PORT_ERRORS,
+        fabric_localise.SWITCH_DOWN, *fabric_localise.LINK_CHECKS.values(),
+        job_peers.STRAGGLER, job_peers.PERSISTENT, *job_peers.ACTIVITY, xid_checks.APP_RECURRENCE, "xid.154",
+    ]  # fmt: skip
+    assert sorted(named) == sorted(n for n in CHECKS if "<code>" not in n)
+    assert spec_of("xid.79").name == "xid.<code>"
+    assert spec_of("xid.74.nonfatal").name == "xid.<code>.nonfatal"
+    with pytest.raises(KeyError, match="unknown check"):
+        spec_of("gpu.nope")
+
+
+@pytest.mark.parametrize("spec", CATALOG, ids=[s.name for s in CATALOG])
+def test_a_spec_names_only_settings_that_exist(spec: CheckSpec) -> None:
+    fields = set(DetectSettings.__struct_fields__)
+    assert set(spec.settings) <= fields
+    for amount in (spec.persistence.open_after, spec.persistence.clear_after):
+        if isinstance(amount, str):
+            assert isinstance(getattr(DEFAULTS, amount), int), amount
+
+
+def test_a_checks_persistence_is_tuned_alone_from_the_environment() -> None:
+    settings = load_settings(
+        environ={"FLEETPULSE_DETECT__CHECKS": '{"gpu.temp.peer" = {open_after = 9}}'}
+    ).detect
+    assert episodes.rule(settings, "gpu.temp.peer") == Rule(9, False, 6, False)
+    assert episodes.rule(settings, "gpu.power.peer") == Rule(4, False, 6, False)  # shared
+    assert episodes.rule(settings, "tpu.chip.duty_cycle") == Rule(30_000, True, 120_000, True)
+
+
+@pytest.mark.parametrize("name", ["gpu.nope", "gpu.ecc.dbe"])
+def test_only_engine_counted_checks_take_an_override(name: str) -> None:
+    environ = {"FLEETPULSE_DETECT__CHECKS": f'{{"{name}" = {{open_after = 2}}}}'}
+    with pytest.raises(ConfigError, match="no tunable persistence"):
+        load_settings(environ=environ)
+
+
+def test_a_caller_cannot_change_a_checks_action() -> None:
+    book = Book(cluster="c", kind="node", name="n", pool="p", zone="z")
+    with pytest.raises(ValueError, match="catalog's"):
+        open_episode(book, "gpu.temp.peer", 1, device="0", evidence=None, message="m",
+                     action="reboot")  # fmt: skip
+    found = open_episode(book, "gpu.recovery_action", 1, device="0", evidence=None, message="m",
+                         action="reset_gpu")  # fmt: skip
+    assert found is not None and found.recommended_action == "reset_gpu" and found.fatal
+
+
+def _reference(verdicts: list[tuple[int, bool]], rule: Rule) -> list[int]:
+    """The persistence rule in its plainest form: open once bad for `open_after` (samples or
+    ms since the bad stretch began), clear once an open condition was good for `clear_after`."""
+    edges, opened, bad_n, good_n, bad_since, good_since = [], False, 0, 0, 0, 0
+    for ts, bad in verdicts:
+        edge = 0
+        if bad:
+            bad_since = bad_since if bad_n else ts
+            bad_n, good_n = bad_n + 1, 0
+            held = ts - bad_since if rule.open_ms else bad_n
+            if not opened and held >= rule.open_after:
+                opened, edge = True, OPEN
+        else:
+            good_since = good_since if good_n else ts
+            good_n, bad_n = good_n + 1, 0
+            held = ts - good_since if rule.clear_ms else good_n
+            if opened and held >= rule.clear_after:
+                opened, edge = False, CLEAR
+        edges.append(edge)
+    return edges
+
+
+@given(
+    bads=st.lists(st.booleans(), max_size=60),
+    gaps=st.lists(st.integers(1, 40_000), min_size=60, max_size=60),
+    open_after=st.integers(0, 6),
+    clear_after=st.integers(1, 6),
+    in_ms=st.booleans(),
+)
+def test_the_engine_opens_and_clears_as_the_rule_says(
+    bads: list[bool], gaps: list[int], open_after: int, clear_after: int, in_ms: bool
+) -> None:
+    rule = Rule(open_after * 10_000, True, clear_after * 10_000, True) if in_ms else Rule(
+        max(open_after, 1), False, clear_after, False)  # fmt: skip
+    ts, verdicts = 0, []
+    for bad, gap in zip(bads, gaps, strict=False):
+        ts += gap
+        verdicts.append((ts, bad))
+    runs: dict[str, Run] = {}
+    got = [step(runs, "k", t, bad, rule) for t, bad in verdicts]
+    assert got == _reference(verdicts, rule)
+
+
+def test_runs_survive_a_state_round_trip() -> None:
+    runs = {"k": Run(bad_since=5, streak=2, open=True)}
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(runs), type=dict[str, Run]) == runs

@@ -1,0 +1,157 @@
+"""A node against its job's other nodes: fail-slow hardware (cordon once it lasts), transient
+slowness (watched), and what must not count (a workload straggler, a job-wide dip)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from pipeline.detect.job_peers import (
+    NVLINK,
+    PCIE,
+    PERSISTENT,
+    SM_ACTIVE,
+    STRAGGLER,
+    JobPeersState,
+    detect_job_peers,
+)
+from pipeline.model import Finding
+from tests.detect_fixture import SETTINGS, STEP_MS, T0, gpu_sample
+
+NODES = ("n1", "n2", "n3")
+ESCALATE = SETTINGS.slow_escalate_s * 1000 // STEP_MS  # scrapes until a slow run is persistent
+# (node, step) -> metric overrides for every GPU of that node
+Load = Callable[[str, int], dict[str, float]]
+
+
+def run(steps: int, load: Load, nodes: tuple[str, ...] = NODES) -> list[Finding]:
+    state: JobPeersState | None = None
+    out: list[Finding] = []
+    for step in range(steps):
+        for i, node in enumerate(nodes):
+            sample = gpu_sample(step, lambda g, s, n=node: load(n, s), node=node, seed=i)
+            state, found = detect_job_peers(state, sample, SETTINGS)
+            out += found
+    return out
+
+
+def seen(findings: list[Finding]) -> list[tuple[str, str, bool, str]]:
+    return [(f.check, f.entity.target.name, f.healthy, f.recommended_action) for f in findings]
+
+
+def slow(node: str, factor: float, start: int, end: int = 10**9) -> Load:
+    def load(n: str, step: int) -> dict[str, float]:
+        return {"DCGM_FI_DEV_SM_CLOCK": 1980.0 * factor} if n == node and start <= step < end else {}
+
+    return load
+
+
+def test_a_node_slower_than_its_job_is_watched_then_cordoned_when_it_lasts() -> None:
+    findings = run(ESCALATE + 20, slow("n2", 0.8, start=5))
+    assert seen(findings) == [(STRAGGLER, "n2", False, "watch"), (PERSISTENT, "n2", False, "cordon")]
+    watch, cordon = findings
+    assert watch.ts == T0 + (5 + SETTINGS.gray_persist_samples - 1) * STEP_MS
+    assert cordon.ts == T0 + (5 + ESCALATE) * STEP_MS
+    assert watch.evidence is not None and watch.evidence.metric == "sm_clock_vs_job_peers"
+    assert watch.evidence.baseline is not None and watch.evidence.value is not None
+    assert watch.evidence.value < 0.85 * watch.evidence.baseline
+
+
+def test_a_transient_slowdown_is_only_watched_and_clears() -> None:
+    findings = run(ESCALATE + 20, slow("n3", 0.8, start=5, end=40))
+    assert seen(findings) == [(STRAGGLER, "n3", False, "watch"), (STRAGGLER, "n3", True, "none")]
+
+
+def test_two_node_job_the_slower_one_is_named() -> None:
+    findings = run(30, slow("n1", 0.85, start=0), nodes=("n1", "n2"))
+    assert seen(findings) == [(STRAGGLER, "n1", False, "watch")]
+
+
+def test_more_work_at_full_clocks_and_a_job_wide_dip_are_not_stragglers() -> None:
+    def load(node: str, step: int) -> dict[str, float]:
+        dip = {"DCGM_FI_DEV_SM_CLOCK": 1800.0} if 20 <= step < 60 else {}  # every node
+        busier = {"DCGM_FI_DEV_GPU_UTIL": 100.0} if node == "n3" else {"DCGM_FI_DEV_GPU_UTIL": 70.0}
+        return {**busier, **dip}
+
+    assert run(ESCALATE + 20, load) == []
+
+
+def test_idle_gpus_and_a_node_alone_in_its_job_are_not_judged() -> None:
+    idle = run(40, lambda n, s: {"DCGM_FI_DEV_GPU_UTIL": 5.0, "DCGM_FI_DEV_SM_CLOCK": 300.0}
+               if n == "n2" else {})  # fmt: skip
+    alone = run(40, slow("n1", 0.5, start=0), nodes=("n1",))
+    assert idle == [] and alone == []
+
+
+def test_findings_are_replay_stable() -> None:
+    first = run(ESCALATE + 20, slow("n2", 0.8, start=5))
+    again = run(ESCALATE + 20, slow("n2", 0.8, start=5))
+    assert [f.finding_id for f in first] == [f.finding_id for f in again]
+
+
+# Activity and throughput (issue 12 item 3): SM_ACTIVE, NVLink and PCIe bytes/s, against the
+# job's median node; the fixture's healthy node moves 8e9 + 7e9 PCIe bytes/s.
+FOUR = ("n1", "n2", "n3", "n4")
+BUSY = {"DCGM_FI_PROF_SM_ACTIVE": 0.9, "DCGM_FI_PROF_NVLINK_TX_BYTES": 6e10,
+        "DCGM_FI_PROF_NVLINK_RX_BYTES": 6e10}  # fmt: skip
+
+
+def low(node: str, factors: dict[str, float], start: int = 5) -> Load:
+    """Every node busy; from `start` on, `node` moves `factors` of the others' level."""
+    level = BUSY | {"DCGM_FI_PROF_PCIE_TX_BYTES": 8e9, "DCGM_FI_PROF_PCIE_RX_BYTES": 7e9}
+
+    def load(n: str, step: int) -> dict[str, float]:
+        if n != node or step < start:
+            return dict(BUSY)
+        return BUSY | {m: level[m] * f for m, f in factors.items()}
+
+    return load
+
+
+@pytest.mark.parametrize(
+    ("check", "factors", "metric"),
+    [
+        (SM_ACTIVE, {"DCGM_FI_PROF_SM_ACTIVE": 0.6}, "sm_active_vs_job_peers"),
+        (NVLINK, {"DCGM_FI_PROF_NVLINK_TX_BYTES": 0.5, "DCGM_FI_PROF_NVLINK_RX_BYTES": 0.5},
+         "nvlink_bytes_vs_job_peers"),
+        (PCIE, {"DCGM_FI_PROF_PCIE_TX_BYTES": 0.4, "DCGM_FI_PROF_PCIE_RX_BYTES": 0.4},
+         "pcie_bytes_vs_job_peers"),
+    ],
+)  # fmt: skip
+def test_a_node_doing_less_than_its_job_is_watched_with_the_signal_as_evidence(
+    check: str, factors: dict[str, float], metric: str
+) -> None:
+    findings = run(40, low("n3", factors), nodes=FOUR)
+    assert seen(findings) == [(check, "n3", False, "watch")]
+    (found,) = findings
+    assert found.ts == T0 + (5 + SETTINGS.gray_persist_samples - 1) * STEP_MS
+    proof = found.evidence
+    assert proof is not None and proof.metric == metric
+    assert proof.value is not None and proof.baseline is not None and proof.score is not None
+    assert proof.value < (1 - SETTINGS.job_activity_drop_frac) * proof.baseline
+    assert proof.score == pytest.approx(1 - proof.value / proof.baseline)
+
+
+def test_the_nodes_waiting_for_a_busier_one_are_not_stragglers() -> None:
+    # A compute-slow (or overworked) node is busy while its peers wait: their activity falls
+    # together and the majority sets the level, so no waiting node is named.
+    def load(node: str, step: int) -> dict[str, float]:
+        factor = 1.0 if node == "n1" or step < 5 else 0.6
+        return {m: v * factor for m, v in BUSY.items()} | {
+            "DCGM_FI_PROF_PCIE_TX_BYTES": 8e9 * factor, "DCGM_FI_PROF_PCIE_RX_BYTES": 7e9 * factor,
+        }  # fmt: skip
+
+    assert run(40, load, nodes=FOUR) == []
+    assert run(40, load, nodes=("n1", "n2", "n3")) == []
+    # two nodes: the one that waits cannot be told from a starved one, so neither is judged
+    assert run(40, low("n2", {"DCGM_FI_PROF_SM_ACTIVE": 0.3}), nodes=("n1", "n2")) == []
+
+
+def test_an_activity_straggler_clears_when_level_again() -> None:
+    def load(node: str, step: int) -> dict[str, float]:
+        return low("n2", {"DCGM_FI_PROF_SM_ACTIVE": 0.5})(node, step) if step < 30 else dict(BUSY)
+
+    assert seen(run(60, load, nodes=FOUR)) == [
+        (SM_ACTIVE, "n2", False, "watch"), (SM_ACTIVE, "n2", True, "none"),
+    ]  # fmt: skip

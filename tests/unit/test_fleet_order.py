@@ -1,0 +1,110 @@
+"""The fleet stage decides the same whatever order its cluster's records arrive in.
+
+On Kafka the fleet stage's input (one topic keyed by cluster) is written by the telemetry
+stage of every partition holding one of the cluster's nodes; with one worker or three, and
+after each rebalance, the nodes' records arrive interleaved differently (each node's own in
+order). The switch/link verdicts and job stragglers must not depend on it: the stream the
+embedded runtime gives the fleet stage is replayed with each node's records delayed by its own
+lag (under `node_down_s`, past which a silent node is taken for down), and the finding and
+action ids must be the same.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from functools import cache
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import load_settings
+from pipeline.model import Event, FabricSample, Finding, GpuSample, Inventory
+from pipeline.runtime import fleet, topology
+from pipeline.runtime.embedded import EmbeddedRuntime
+from pipeline.sim import Simulation, parse_forced
+
+BASE = load_settings(environ={})
+NODES = 12
+Signal = tuple[str, Event]
+
+
+class _Recording(EmbeddedRuntime):
+    """The embedded runtime, keeping what its telemetry stage sends the fleet stage."""
+
+    fleet_input: list[Signal]
+
+    def _route(self, outs: list[topology.Out], queue: deque, source: object = None) -> None:  # type: ignore[type-arg, override]
+        self.fleet_input.extend(
+            (out.key, out.event) for out in outs  # type: ignore[misc]
+            if out.topic == topology.FLEET_INPUT
+        )
+        super()._route(outs, queue, source)  # type: ignore[arg-type]
+
+
+@cache
+def _fleet_input() -> tuple[Signal, ...]:
+    """A 12-node cluster for 40 minutes: a leaf switch fails, a cable flaps, a node runs slow."""
+    sim_settings = msgspec.structs.replace(
+        BASE.sim, gpu_nodes=NODES, clusters=1, tpu_slices=0, duration_s=40 * 60,
+        random_faults=False, diurnal=False, seed=3,
+    )  # fmt: skip
+    faults = [parse_forced(s) for s in ("F1/tor@300", "F2@400", "S1@300", "F1/cable@900")]
+    runtime = _Recording(msgspec.structs.replace(BASE, sim=sim_settings))
+    runtime.fleet_input = []
+    runtime.feed_all(Simulation(sim_settings, faults).events())
+    return tuple(runtime.fleet_input)
+
+
+def _decisions(signals: list[Signal]) -> tuple[set[str], set[str]]:
+    states: dict[str, fleet.FleetState | None] = {}
+    findings: set[str] = set()
+    actions: set[str] = set()
+    for key, event in signals:
+        assert isinstance(event, Inventory | Finding | FabricSample | GpuSample)
+        states[key], found, acted = fleet.on_fleet(states.get(key), event, BASE)
+        findings |= {f.finding_id for f in found}
+        actions |= {a.action_id for a in acted}
+    return findings, actions
+
+
+def _node(event: Event) -> str:
+    if isinstance(event, Finding):
+        return event.entity.target.name
+    assert isinstance(event, Inventory | FabricSample | GpuSample)
+    return event.name if isinstance(event, Inventory) else event.node
+
+
+def _staggered(signals: tuple[Signal, ...], lag_s: dict[str, int]) -> list[Signal]:
+    """Each node's records delivered `lag_s[node]` later (an inventory record travels with the
+    sample after it), each node's own in their order."""
+    at: list[int] = [0] * len(signals)
+    due = 0
+    for i in range(len(signals) - 1, -1, -1):
+        event = signals[i][1]
+        if not isinstance(event, Inventory):
+            due = event.ts + 1000 * lag_s.get(_node(event), 0)  # type: ignore[attr-defined]
+        at[i] = due
+    order = sorted(range(len(signals)), key=lambda i: (at[i], i))
+    return [signals[i] for i in order]
+
+
+def test_the_recording_has_switch_link_and_straggler_verdicts() -> None:
+    states: dict[str, fleet.FleetState | None] = {}
+    found: set[tuple[str, str]] = set()
+    for key, event in _fleet_input():
+        assert isinstance(event, Inventory | Finding | FabricSample | GpuSample)
+        states[key], findings, _ = fleet.on_fleet(states.get(key), event, BASE)
+        found |= {(f.check, f.entity.target.kind) for f in findings if not f.healthy}
+    assert {("fabric.switch.down", "switch"), ("fabric.link.down", "link"),
+            ("job.straggler", "node")} <= found, found  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lags=st.lists(st.integers(0, BASE.detect.node_down_s - 10), min_size=NODES,
+                     max_size=NODES))  # fmt: skip
+def test_fleet_decisions_do_not_depend_on_arrival_order(lags: list[int]) -> None:
+    signals = _fleet_input()
+    nodes = sorted({_node(e) for _, e in signals})
+    expected = _decisions(list(signals))
+    assert _decisions(_staggered(signals, dict(zip(nodes, lags, strict=False)))) == expected
