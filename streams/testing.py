@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,3 +309,35 @@ def announced_port(log: Path, process: subprocess.Popen[bytes], timeout: float =
         assert process.poll() is None, log.read_text()[-3000:]
         time.sleep(0.2)
     raise AssertionError(f"the process never said where /readyz is:\n{log.read_text()[-3000:]}")
+
+
+def metric_sum(port: int, name: str, labels: str = "") -> float:
+    """Sum of the labelled samples of one /metrics family whose line matches the regex
+    `labels` (a topic, a reason, ...)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        lines = answer.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith(name + "{") and re.search(labels, line))
+
+
+def wait_worked_off(port: int, inputs: str, sent: int, *, timeout: float, quiet_s: float,
+                    outputs: Callable[[], int] | None = None, why: Callable[[], str] = str) -> None:
+    """Until the worker on `port` consumed `sent` records of the topics matching `inputs` (its
+    own counter) and then stayed quiet for `quiet_s`: no lag on any partition (internal topics
+    included) and, when given, `outputs()` no longer growing. `why()` goes with a timeout."""
+    deadline = time.monotonic() + timeout
+    quiet_since: float | None = None
+    seen = -1
+    while True:
+        now = time.monotonic()
+        assert now < deadline, f"{sent} inputs not worked off in {timeout:.0f} s\n{why()}"
+        consumed = metric_sum(port, "fleetpulse_worker_records_in_total", inputs)
+        lag = metric_sum(port, "fleetpulse_worker_consumer_lag", "partition=")
+        produced = outputs() if outputs is not None else 0
+        if consumed < sent or lag > 0 or produced != seen:
+            quiet_since, seen = None, produced
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since > quiet_s:
+            return
+        time.sleep(0.25)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ import msgspec
 from pipeline.config import Settings
 from pipeline.model import Action, Alert, Event, Finding, NodeState
 from pipeline.runtime.topics import topic_name
-from streams.testing import INPUT_SUFFIX, TopicReader, WorkerProcess, embedded_outputs
+from streams.testing import INPUT_SUFFIX, TopicReader, WorkerProcess, embedded_outputs, metric_sum
 
 OUTPUTS = ("actions", "findings", "node-state", "alerts")
 
@@ -157,20 +156,11 @@ class Seen:
         self.reader.close()
 
 
-def metric_sum(worker: WorkerProcess, name: str, label_filter: str = "") -> float:
-    """Sum of a /metrics family's samples whose line contains `label_filter`."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port()}/metrics",
-                                timeout=10) as answer:
-        lines = answer.read().decode().splitlines()
-    pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*\}})? ")
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-               if pattern.match(line) and label_filter in line)
-
-
 def inputs_consumed(worker: WorkerProcess) -> int:
     """Input records the worker consumed (replays included), from its /metrics."""
     suffixes = set(INPUT_SUFFIX.values())
-    return int(sum(metric_sum(worker, "fleetpulse_worker_records_in_total", f'.{s}"')
+    return int(sum(metric_sum(worker.metrics_port(), "fleetpulse_worker_records_in_total",
+                              re.escape(f'.{s}"'))
                    for s in suffixes))
 
 

@@ -29,9 +29,11 @@ from streams.testing import (
     TopicReader,
     WorkerProcess,
     create_topics,
+    metric_sum,
     produce_events,
     producer,
     scenario,
+    wait_worked_off,
     worker_env,
 )
 from tests.faults import reliability
@@ -47,7 +49,6 @@ from tests.faults.hostile import (
     simulate,
     skew_host,
 )
-from tests.integration.test_streams_pipeline import _metric_sum
 
 pytestmark = pytest.mark.kafka
 
@@ -118,7 +119,7 @@ def _load_inventory(
     kafka.flush()
     kafka.close()
     deadline = time.monotonic() + 120
-    while _metric_sum(port, "fleetpulse_worker_records_in_total", r"\.inventory") < len(
+    while metric_sum(port, "fleetpulse_worker_records_in_total", r"\.inventory") < len(
         inventory
     ):
         assert time.monotonic() < deadline, worker.tail()
@@ -149,26 +150,9 @@ def _produce_as_live(settings: Settings, events: list[Event], port: int, end_ms:
         for index in sorted(slices):
             produce_events(settings, slices[index], kafka)
             sent += _inputs(slices[index])
-            _wait_until_worked_off(port, inputs, sent)
+            wait_worked_off(port, inputs, sent, timeout=120, quiet_s=1.25 * LAG_INTERVAL_S)
     finally:
         kafka.close()
-
-
-def _wait_until_worked_off(port: int, inputs: str, sent: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    quiet_since: float | None = None
-    while True:
-        now = time.monotonic()
-        assert now < deadline, f"the worker did not work off {sent} inputs in {timeout:.0f} s"
-        consumed = _metric_sum(port, "fleetpulse_worker_records_in_total", inputs)
-        lag = _metric_sum(port, "fleetpulse_worker_consumer_lag", ".")
-        if consumed < sent or lag > 0:
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = now
-        elif now - quiet_since > 1.25 * LAG_INTERVAL_S:  # a lag measured since
-            return
-        time.sleep(0.25)
 
 
 def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
@@ -221,7 +205,7 @@ def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
             raise AssertionError(f"{exc}\n{_difference(expected, reader)}") from None
         time.sleep(3)
         reader.poll()
-        consumed = _metric_sum(port, "fleetpulse_worker_records_in_total", r"\.telemetry\.|\.events\.")
+        consumed = metric_sum(port, "fleetpulse_worker_records_in_total", r"\.telemetry\.|\.events\.")
     finally:
         reader.close()
         assert worker.stop() == 0, worker.tail()
@@ -288,7 +272,7 @@ def test_a_monitoring_outage_on_the_real_broker_removes_nothing_and_the_worker_r
         inputs = r"\.telemetry\.|\.events\."
         deadline = time.monotonic() + 120  # every record consumed: processed or a letter
         while (
-            consumed := _metric_sum(port, "fleetpulse_worker_records_in_total", inputs)
+            consumed := metric_sum(port, "fleetpulse_worker_records_in_total", inputs)
         ) < _inputs(events) and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(3)

@@ -48,6 +48,7 @@ from streams.testing import (
     WorkerProcess,
     create_topics,
     embedded_outputs,
+    metric_sum,
     producer,
     scenario,
     worker_env,
@@ -56,7 +57,7 @@ from tests import lake_fixture as fx
 from tests.faults import reliability
 from tests.integration.test_alertmanager_sink import Receiver, _alert
 from tests.integration.test_lake_sink import _assert_offsets_committed_to_the_end, _key
-from tests.integration.test_streams_pipeline import _metric_sum, _side_by_side
+from tests.integration.test_streams_pipeline import _side_by_side
 
 pytestmark = pytest.mark.kafka
 
@@ -219,9 +220,9 @@ def test_the_worker_dead_letters_every_poison_and_decides_as_without_them(
         # the topics only we write to (findings and actions are the worker's outputs too)
         ours = {topic_name(kafka, s) for s in (*INPUT_SUFFIX.values(), "inventory")}
         pattern = "|".join(re.escape(f'topic="{t}"') for t in ours)
-        consumed = _metric_sum(port, "fleetpulse_worker_records_in_total", pattern)
-        tombstones = _metric_sum(port, "fleetpulse_worker_tombstones_total", "inventory")
-        errors = _metric_sum(port, "fleetpulse_worker_errors_total", "agent=")
+        consumed = metric_sum(port, "fleetpulse_worker_records_in_total", pattern)
+        tombstones = metric_sum(port, "fleetpulse_worker_tombstones_total", "inventory")
+        errors = metric_sum(port, "fleetpulse_worker_errors_total", "agent=")
         elapsed = time.monotonic() - started
     finally:
         reader.close()

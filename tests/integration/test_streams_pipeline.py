@@ -30,9 +30,11 @@ from streams.testing import (
     WorkerProcess,
     create_topics,
     embedded_outputs,
+    metric_sum,
     produce_events,
     producer,
     scenario,
+    wait_worked_off,
     worker_env,
 )
 
@@ -90,12 +92,11 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         for suffix, (key, value, _) in POISON.items():
             meta = kafka_producer.send(topic_name(kafka, suffix), key=key, value=value).get(60)
             poison_at[suffix] = (meta.partition, meta.offset)
-        started = time.monotonic()
         produce_events(settings, events, kafka_producer)
         kafka_producer.close()
         result = Run(settings, sim, expected, reader, worker, poison_at)
         poisoned_inputs = sum(s.startswith(("telemetry.", "events.")) for s in POISON)
-        _wait_until_processed(result, len(events) + poisoned_inputs, started)
+        _wait_until_processed(result, len(events) + poisoned_inputs)
         yield result
     finally:
         reader.close()
@@ -104,42 +105,19 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         assert code == 0, f"worker did not stop cleanly on SIGTERM:\n{worker.tail()}"
 
 
-def _wait_until_processed(run: Run, inputs: int, started: float) -> None:
-    """All inputs consumed (the worker's own counter), then every expected action is out."""
-    port = run.worker.metrics_port()
-    deadline = time.monotonic() + 240
-    # the inputs' topics (the simulator also writes the fleet's inventory)
-    inputs_topics = r"\.telemetry\.|\.events\.|\.inventory\b"
-    while _metric_sum(port, "fleetpulse_worker_records_in_total", inputs_topics) < inputs:
-        assert time.monotonic() < deadline, f"inputs not consumed:\n{run.worker.tail()}"
-        time.sleep(0.5)
-    elapsed = time.monotonic() - started
-    print(f"worker consumed {inputs} inputs in {elapsed:.1f}s ({inputs / elapsed:.0f}/s)")
-    # then until nothing is left to read anywhere (internal topics included) and the outputs
-    # have stopped growing across two looks at the lag
-    quiet_since, seen = None, -1
-    while True:
-        assert time.monotonic() < deadline, f"the worker never went quiet:\n{run.worker.tail()}"
+def _wait_until_processed(run: Run, inputs: int) -> None:
+    """All inputs consumed (the worker's own counter), then every expected action is out:
+    nothing left to read anywhere (internal topics included) and the outputs no longer growing
+    across two looks at the lag."""
+
+    def outputs() -> int:
         run.reader.poll()
-        outputs = sum(len(records) for records in run.reader.records.values())
-        lag = _metric_sum(port, "fleetpulse_worker_consumer_lag", "partition=")
-        if lag or outputs != seen:
-            quiet_since, seen = None, outputs
-        elif quiet_since is None:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since > 2 * LAG_INTERVAL_S + 1:
-            break
-        time.sleep(0.3)
+        return sum(len(records) for records in run.reader.records.values())
 
-
-def _metric_sum(port: int, name: str, topic_pattern: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and re.search(topic_pattern, line):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    # the inputs' topics (the simulator also writes the fleet's inventory)
+    wait_worked_off(run.worker.metrics_port(), r"\.telemetry\.|\.events\.|\.inventory\b",
+                    inputs, timeout=240, quiet_s=2 * LAG_INTERVAL_S + 1, outputs=outputs,
+                    why=run.worker.tail)
 
 
 def _targets(faults: list[InjectedFault], klass: str) -> set[str]:
@@ -224,9 +202,9 @@ def test_metrics_count_what_went_through(run: Run) -> None:
     port = run.worker.metrics_port()
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    dead = _metric_sum(port, "fleetpulse_worker_dead_letters_total", "reason=")
+    dead = metric_sum(port, "fleetpulse_worker_dead_letters_total", "reason=")
     assert dead == len(POISON) + len(run.expected.get("dlq", []))
-    actions = _metric_sum(port, "fleetpulse_worker_actions_total", "kind=")
+    actions = metric_sum(port, "fleetpulse_worker_actions_total", "kind=")
     assert actions == len(run.expected["actions"])
     lags = re.findall(r"^fleetpulse_worker_consumer_lag\{.*\} (\S+)$", text, re.M)
     assert lags and all(float(lag) == 0 for lag in lags), "backlog left after processing"
