@@ -32,6 +32,16 @@ def replace_section(text: str, name: str, body: str) -> str:
     return f"{head}{start}\n{body}\n{end}{tail}"
 
 
+def read_section(path: Path, name: str) -> str:
+    """The text between the markers of `name` in the file at `path` ("" when they are missing:
+    nothing generated there yet)."""
+    start, end = markers(name)
+    text = path.read_text()
+    if start not in text or end not in text:
+        return ""
+    return text.partition(start)[2].partition(end)[0]
+
+
 def rewrite_section(path: Path, name: str, body: str) -> bool:
     """Put `body` between the markers of `name` in the file at `path`; True if it changed."""
     return rewrite_sections(path, {name: body})

@@ -5,7 +5,11 @@ per scenario under `out/reliability/` (or `$RELIABILITY_DIR`). After a test run,
 `python -m tests.faults.reliability` rewrites the README section between the markers from those
 files, so the table is never typed by hand. Suites: "input" (hostile or faulty records, the
 fail-safe issue), "poison" (undecodable records in every consumer), "lake" (corrupt Parquet
-files) and "infrastructure" (broker, process, network and disk faults).
+files) and "infrastructure" (broker, process, network and disk faults), the last split into
+families (FAMILIES), each table with the columns its scenarios measure.
+
+`--keep` keeps the README's rows of scenarios this run did not measure (a `make test` run
+refreshes the short scenarios and keeps the slow ones `make faults` measured last).
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ from pipeline import docs_markers
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "reliability"  # the README section between <!-- reliability:start/end -->
 SUITES = ("input", "poison", "lake", "infrastructure")
+# infrastructure scenarios by family (first match), so each table has its own columns
+FAMILIES = (
+    ("process crashes", r"^SIGKILL"),
+    ("broker outages", r"^broker"),
+    ("network faults", r"latency|connection|partitioned"),
+    ("full disk", r"^disk full"),
+    ("replays", r"reset|without its checkpoint"),
+    ("scaling", r"^scale"),
+    ("backpressure", r"^backpressure"),
+)
 
 
 def results_dir() -> Path:
@@ -45,26 +59,69 @@ def load(folder: Path) -> list[dict[str, object]]:
 
 
 def render(documents: list[dict[str, object]]) -> str:
-    """Markdown: one table per suite, columns the union of that suite's figure names."""
+    """Markdown: one table per suite (per family for infrastructure), columns the union of
+    its rows' figure names."""
     parts: list[str] = []
-    for suite in SUITES:
-        rows = [d for d in documents if d["suite"] == suite]
-        if not rows:
-            continue
+    for title, rows in _tables(documents):
+        shown = {str(r["scenario"]): _shown(r["figures"]) for r in rows}  # type: ignore[arg-type]
         columns: list[str] = []
-        for row in rows:
-            for name in row["figures"]:  # type: ignore[attr-defined]
-                if name not in columns:
-                    columns.append(name)
-        parts.append(f"**{suite.capitalize()} faults**\n")
-        parts.append("| scenario | " + " | ".join(c.replace("_", " ") for c in columns) + " |")
+        for figures in shown.values():
+            columns += [name for name in figures if name not in columns]
+        parts.append(f"**{title}**\n")
+        parts.append("| scenario | " + " | ".join(columns) + " |")
         parts.append("|---" * (len(columns) + 1) + "|")
-        for row in sorted(rows, key=lambda r: str(r["scenario"])):
-            figures = row["figures"]
-            cells = [_cell(figures.get(c, "")) for c in columns]  # type: ignore[attr-defined]
-            parts.append(f"| {row['scenario']} | " + " | ".join(cells) + " |")
+        for scenario, figures in sorted(shown.items()):
+            cells = [_cell(figures.get(c, "")) for c in columns]
+            parts.append(f"| {scenario} | " + " | ".join(cells) + " |")
         parts.append("")
     return "\n".join(parts)
+
+
+def _shown(figures: dict[str, object]) -> dict[str, object]:
+    """Figures by the name their column shows ("peak_lag" and "peak lag" are one column)."""
+    return {name.replace("_", " "): value for name, value in figures.items()}
+
+
+def _tables(documents: list[dict[str, object]]) -> list[tuple[str, list[dict[str, object]]]]:
+    """(title, rows) per suite in SUITES order; infrastructure per family in FAMILIES order."""
+    tables: list[tuple[str, list[dict[str, object]]]] = []
+    for suite in SUITES:
+        rows = [d for d in documents if d["suite"] == suite]
+        if suite != "infrastructure":
+            tables.append((f"{suite.capitalize()} faults", rows))
+            continue
+        for family in [*(f for f, _ in FAMILIES), "other"]:
+            mine = [r for r in rows if _family(str(r["scenario"])) == family]
+            tables.append((f"Infrastructure faults: {family}", mine))
+    return [(title, rows) for title, rows in tables if rows]
+
+
+def _family(scenario: str) -> str:
+    return next((f for f, pattern in FAMILIES if re.search(pattern, scenario)), "other")
+
+
+def parse(table: str) -> list[dict[str, object]]:
+    """The documents a rendered section shows (figures as their cells' text; an empty cell is
+    a figure the scenario did not measure): `render`'s inverse, for `--keep`."""
+    documents: list[dict[str, object]] = []
+    suite, columns = "", []
+    for line in table.splitlines():
+        title = re.fullmatch(r"\*\*(\w+) faults(?:: .*)?\*\*", line.strip())
+        if title:
+            suite, columns = title[1].lower(), []
+        elif line.startswith("| scenario |"):
+            columns = [c.strip() for c in line.strip().strip("|").split("|")[1:]]
+        elif line.startswith("| ") and suite and columns:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            figures = {c: v for c, v in zip(columns, cells[1:], strict=True) if v != ""}
+            documents.append({"suite": suite, "scenario": cells[0], "figures": figures})
+    return documents
+
+
+def merged(kept: list[dict[str, object]], fresh: list[dict[str, object]]) -> list[dict[str, object]]:
+    """`fresh` and every row of `kept` whose (suite, scenario) `fresh` has not measured."""
+    measured = {(d["suite"], d["scenario"]) for d in fresh}
+    return [*fresh, *(d for d in kept if (d["suite"], d["scenario"]) not in measured)]
 
 
 def _cell(value: object) -> str:
@@ -80,13 +137,18 @@ def rewrite_readme(readme: Path, table: str) -> None:
         raise SystemExit(str(exc)) from exc
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    keep = "--keep" in (sys.argv[1:] if argv is None else argv)
     documents = load(results_dir())
     if not documents:
         print(f"no scenario results under {results_dir()}; run the tests in tests/faults first")
         return 1
-    rewrite_readme(ROOT / "README.md", render(documents))
-    print(f"README.md: reliability table from {len(documents)} scenarios in {results_dir()}")
+    readme = ROOT / "README.md"
+    if keep:
+        documents = merged(parse(docs_markers.read_section(readme, MARKER)), documents)
+    rewrite_readme(readme, render(documents))
+    print(f"README.md: reliability tables from {len(documents)} scenarios in {results_dir()}"
+          + (" and the README's other rows" if keep else ""))
     return 0
 
 

@@ -105,3 +105,36 @@ def test_the_reliability_table_keeps_its_section_and_exit(tmp_path: Path) -> Non
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="reliability:start"):
         reliability.rewrite_readme(readme, table)
+
+
+def _doc(suite: str, scenario: str, **figures: object) -> dict[str, object]:
+    return {"suite": suite, "scenario": scenario, "figures": figures}
+
+
+def test_reliability_infrastructure_rows_are_split_by_family_with_their_own_columns() -> None:
+    table = reliability.render([
+        _doc("infrastructure", "SIGKILL of the worker, restarted", lost=0, kill_after_s=3),
+        _doc("infrastructure", "broker stopped 10 s mid-stream", lost=0, outage_s=10),
+        _doc("infrastructure", "something new", lost=0),
+        _doc("lake", "truncated", lost=0),
+    ])
+    titles = [line for line in table.splitlines() if line.startswith("**")]
+    assert titles == ["**Lake faults**", "**Infrastructure faults: process crashes**",
+                      "**Infrastructure faults: broker outages**", "**Infrastructure faults: other**"]
+    crashes = table.split("process crashes**")[1].split("**")[0]
+    assert "kill after s" in crashes and "outage s" not in crashes
+
+
+def test_reliability_keep_reads_the_readme_rows_back_and_fresh_rows_win() -> None:
+    old = [_doc("infrastructure", "broker stopped 60 s mid-stream", lost="0", outage_s="60.00"),
+           _doc("infrastructure", "SIGKILL of the worker, restarted", lost="0", kill_after_s="3"),
+           _doc("input", "host clock +1 day", cordons="0")]
+    shown = reliability.render(old)
+    assert reliability.render(reliability.parse(shown)) == shown
+    fresh = [_doc("infrastructure", "SIGKILL of the worker, restarted", lost=0, kill_after_s=5)]
+    rows = reliability.merged(reliability.parse(shown), fresh)
+    assert sorted(str(r["scenario"]) for r in rows) == sorted(str(r["scenario"]) for r in old)
+    table = reliability.render(rows)
+    assert "| SIGKILL of the worker, restarted | 0 | 5 |" in table
+    assert "| broker stopped 60 s mid-stream | 0 | 60.00 |" in table
+    assert table.count("kill after s") == 1
