@@ -147,6 +147,8 @@ def _backpressure(kafka_bootstrap: str, tmp_path: Path, name: str, duration_s: i
         watcher.join(10)
         consumed = inputs_consumed(worker)
         figures = seen.figures(want)
+        if not decisions:  # only findings are judged: actions and alerts are not counted as lost
+            figures = _findings_judged(figures, len(events) - consumed)
         wrong = seen.same_decisions(want)
         differences = seen.differences(want)
         assert worker.stop() == 0, worker.tail()
@@ -171,10 +173,21 @@ def _backpressure(kafka_bootstrap: str, tmp_path: Path, name: str, duration_s: i
     assert peaks.unsettled <= MAX_IN_FLIGHT + 2
     assert peaks.rss_mib < RSS_LIMIT_MIB
     assert figures["lost findings"] == 0
+    assert figures["lost"] == 0, repr(differences)
     if decisions:
-        assert figures["lost"] == 0, repr(differences)
         assert figures["unexpected"] == 0, repr(differences)
         assert not wrong, f"repeats that are not the same decision: {wrong}"
+
+
+def _findings_judged(figures: dict[str, int], unconsumed: int) -> dict[str, int]:
+    """The figures of a run whose decisions are not judged: what was lost is findings and
+    input; actions and alerts unlike the embedded run's are counted apart (over days of a
+    fleet the zone and fleet caps bind, and the policy admits across partitions in arrival
+    order: streams/README.md, known limits)."""
+    unlike = figures["lost"] - figures["lost findings"] + figures["unexpected"]
+    rest = {k: v for k, v in figures.items() if k not in ("lost", "unexpected")}
+    return {**rest, "lost": figures["lost findings"] + max(0, unconsumed),
+            "decisions unlike embedded (not judged)": unlike}
 
 
 @pytest.mark.timeout(600)
