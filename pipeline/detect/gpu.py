@@ -40,7 +40,9 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     clock_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
     clock_own: Baseline = msgspec.field(default_factory=Baseline)  # own SM clock, this job
     clock_job: str | None = None  # the job clock_own was learned on
-    slow_since: int = 0  # start of a run of clock drops without hardware evidence
+    slow_since: int = 0  # start of a stretch of clock drops without hardware evidence
+    slow_share: float = 0.0  # ... the stretch's share of slow samples (slow_window_s)
+    slow_ts: int = 0  # ... as of this time
     power_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
     raw: tuple[float | None, ...] = ()  # last counter and flag fields (gpu_metrics.RAW_FIELDS)
     at_rest: bool = False  # no counter check open or counting: unchanged fields need no work

@@ -9,6 +9,7 @@ down together has no slower peer; it is judged against its own history on the sa
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from pipeline.detect import gpu_metrics as gm
@@ -116,11 +117,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     slow_heat = signs.thermal and drop >= s.clock_drop_frac
     explained = slow_peer or signs.thermal or signs.slowdown
     plain = not explained and drop >= s.clock_own_frac
-    if plain:
-        dev.slow_since = dev.slow_since or ctx.ts
-    else:
-        dev.slow_since = 0
-    lasting = plain and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
+    lasting = _slow_for_long(ctx, dev, plain)
     bad = slow_peer or slow_heat or signs.slowdown or lasting
     transition = step(ctx, dev, CLOCK, bad)
     if transition:
@@ -154,6 +151,29 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
             f"{dev.clock_own.mean:.0f} MHz on this job, no hardware evidence yet",
         )
     return bad
+
+
+def _slow_for_long(ctx: Ctx, dev: GpuDevice, plain: bool) -> bool:
+    """Whether this GPU's plain slowness (`plain`: below its own clock, nothing to explain it)
+    has lasted `slow_escalate_s`. A stretch starts at a plain sample and lasts while its share
+    of plain samples, averaged over `slow_window_s`, stays at one half or more: a brake that
+    comes and goes around the threshold (fail-slow hardware near `clock_own_frac`) escalates
+    like a steady one, a short slowdown does not, and about three minutes without one ends
+    it. A steady slowdown escalates after exactly `slow_escalate_s`, as one unbroken run."""
+    s = ctx.settings
+    if not dev.slow_since:
+        if not plain:
+            return False
+        dev.slow_since, dev.slow_share, dev.slow_ts = ctx.ts, 1.0, ctx.ts
+        return False
+    elapsed = max(0, ctx.ts - dev.slow_ts)
+    weight = 1.0 - math.exp(-elapsed / (s.slow_window_s * 1000))
+    dev.slow_share += weight * ((1.0 if plain else 0.0) - dev.slow_share)
+    dev.slow_ts = ctx.ts
+    if dev.slow_share < 0.5:
+        dev.slow_since = 0
+        return False
+    return ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
 
 
 def _peer_gap(ctx: Ctx, dev: GpuDevice, peers: Peers | None, clock: float) -> tuple[float, bool]:
