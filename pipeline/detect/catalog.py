@@ -299,8 +299,8 @@ JOB_PEERS: tuple[CheckSpec, ...] = (
         name="job.straggler.persistent", detector="job_peers", entity="node",
         signal="median SM clock of the node's busy GPUs on a multi-node job",
         baseline="the job's other nodes' median", threshold="`clock_drop_frac` below it for "
-        "`slow_escalate_s`: fail-slow hardware",
-        settings=("clock_drop_frac", "job_peers_min", "slow_escalate_s"),
+        "`slow_escalate_s` (at least half of each `slow_window_s`): fail-slow hardware",
+        settings=("clock_drop_frac", "job_peers_min", "slow_escalate_s", "slow_window_s"),
         persistence=Persistence(open_after="slow_escalate_s", open_unit="seconds"),
         severity="warning", action="cordon", evidence="node clock, peers' median, deficit",
     ),

@@ -9,10 +9,10 @@ down together has no slower peer; it is judged against its own history on the sa
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from pipeline.detect import gpu_metrics as gm
+from pipeline.detect.episodes import duty_step
 from pipeline.detect.gpu_context import Ctx, Peers, View, edge, step, unjudged
 from pipeline.detect.gpu_counters import Signs
 from pipeline.detect.stats import MAD_TO_SIGMA, Baseline, cusum, learn, scale_of
@@ -94,7 +94,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     if clock is None or not view.busy:
         # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
         unjudged(ctx, dev, view.device, SLOW)
-        dev.slow_since = 0
+        dev.slow.since = 0
         if not signs.slowdown:
             unjudged(ctx, dev, view.device, CLOCK)
             return False
@@ -154,26 +154,12 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
 
 
 def _slow_for_long(ctx: Ctx, dev: GpuDevice, plain: bool) -> bool:
-    """Whether this GPU's plain slowness (`plain`: below its own clock, nothing to explain it)
-    has lasted `slow_escalate_s`. A stretch starts at a plain sample and lasts while its share
-    of plain samples, averaged over `slow_window_s`, stays at one half or more: a brake that
-    comes and goes around the threshold (fail-slow hardware near `clock_own_frac`) escalates
-    like a steady one, a short slowdown does not, and about three minutes without one ends
-    it. A steady slowdown escalates after exactly `slow_escalate_s`, as one unbroken run."""
+    """Whether this GPU's plain slowness (below its own clock, nothing to explain it) has
+    lasted `slow_escalate_s`, as a stretch slow at least half of each `slow_window_s`: a
+    brake that comes and goes around `clock_own_frac` escalates like a steady one."""
     s = ctx.settings
-    if not dev.slow_since:
-        if not plain:
-            return False
-        dev.slow_since, dev.slow_share, dev.slow_ts = ctx.ts, 1.0, ctx.ts
-        return False
-    elapsed = max(0, ctx.ts - dev.slow_ts)
-    weight = 1.0 - math.exp(-elapsed / (s.slow_window_s * 1000))
-    dev.slow_share += weight * ((1.0 if plain else 0.0) - dev.slow_share)
-    dev.slow_ts = ctx.ts
-    if dev.slow_share < 0.5:
-        dev.slow_since = 0
-        return False
-    return ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
+    since = duty_step(dev.slow, ctx.ts, plain, s.slow_window_s * 1000)
+    return since > 0 and ctx.ts - since >= s.slow_escalate_s * 1000
 
 
 def _peer_gap(ctx: Ctx, dev: GpuDevice, peers: Peers | None, clock: float) -> tuple[float, bool]:
@@ -207,7 +193,8 @@ def _own_drop(ctx: Ctx, dev: GpuDevice, view: View, clock: float, slow_peer: boo
     each job and says nothing until it has warmed up."""
     s = ctx.settings
     if view.job != dev.clock_job:
-        dev.clock_job, dev.clock_own, dev.slow_since = view.job, Baseline(), 0
+        dev.clock_job, dev.clock_own = view.job, Baseline()
+        dev.slow.since = 0
     own = dev.clock_own
     drop = (own.mean - clock) / own.mean if own.n >= s.warmup_samples and own.mean > 0 else 0.0
     slowing = slow_peer or drop >= s.clock_drop_frac
