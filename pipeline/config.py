@@ -382,9 +382,6 @@ class DetectSettings(Section, frozen=True):
     clock_alone_frac: Fraction = 0.15  # below peers by this, whatever its history
     clock_own_frac: Fraction = 0.10  # below its own same-job baseline, no hardware evidence:
     slow_escalate_s: PositiveInt = 1200  # watch first; cordon once it lasted this long
-    # a slow stretch survives fast samples while its share of slow time, averaged over this
-    # window, stays at one half or more: an intermittent brake escalates like a steady one
-    slow_window_s: PositiveInt = 300
     power_drop_frac: Fraction = 0.15  # power below same-job peers: straggler candidate
     violation_frac: Fraction = 0.05  # share of time throttled (thermal) that counts as evidence
     straggler_min_jobs: PositiveInt = 2  # uncorroborated slowness must follow the GPU across jobs

@@ -117,10 +117,9 @@ GPU: tuple[CheckSpec, ...] = (
         signal="SM clock while busy; throttle reasons", baseline="busy peers, or its own "
         "same-job history", threshold="`clock_alone_frac` below peers (or `clock_drop_frac` below "
         "its usual gap), below its history with heat evidence (`violation_frac`), hardware "
-        "slowdown reasons, or a plain slowdown lasting `slow_escalate_s` (slow for at least half "
-        "of each `slow_window_s`)",
+        "slowdown reasons, or a plain slowdown lasting `slow_escalate_s`",
         settings=("clock_drop_frac", "clock_alone_frac", "clock_own_frac", "slow_escalate_s",
-                  "slow_window_s", "violation_frac", "busy_util_pct", *PEER),
+                  "violation_frac", "busy_util_pct", *PEER),
         persistence=SAMPLES_GRAY, severity="warning", action="cordon",
         evidence="SM clock, the reference clock, the relative gap",
     ),
@@ -129,8 +128,7 @@ GPU: tuple[CheckSpec, ...] = (
         signal="SM clock while busy", baseline="its own same-job history",
         threshold="`clock_own_frac` below it with no hardware evidence (becomes "
         "gpu.clock.throttle after `slow_escalate_s`)",
-        settings=("clock_own_frac", "slow_escalate_s", "slow_window_s", "busy_util_pct",
-                  "warmup_samples"),
+        settings=("clock_own_frac", "slow_escalate_s", "busy_util_pct", "warmup_samples"),
         persistence=SAMPLES_GRAY, severity="warning", action="watch",
         evidence="SM clock, its usual clock, the relative drop",
     ),
@@ -299,8 +297,8 @@ JOB_PEERS: tuple[CheckSpec, ...] = (
         name="job.straggler.persistent", detector="job_peers", entity="node",
         signal="median SM clock of the node's busy GPUs on a multi-node job",
         baseline="the job's other nodes' median", threshold="`clock_drop_frac` below it for "
-        "`slow_escalate_s` (at least half of each `slow_window_s`): fail-slow hardware",
-        settings=("clock_drop_frac", "job_peers_min", "slow_escalate_s", "slow_window_s"),
+        "`slow_escalate_s`: fail-slow hardware",
+        settings=("clock_drop_frac", "job_peers_min", "slow_escalate_s"),
         persistence=Persistence(open_after="slow_escalate_s", open_unit="seconds"),
         severity="warning", action="cordon", evidence="node clock, peers' median, deficit",
     ),

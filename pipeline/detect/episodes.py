@@ -12,7 +12,6 @@ clear limit), so a healthy device costs one failed dict lookup per check.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import msgspec
@@ -86,33 +85,6 @@ def onset(runs: dict[str, Run], key: str) -> int:
     """When the current bad stretch began (0: not bad)."""
     run = runs.get(key)
     return run.bad_since if run is not None else 0
-
-
-class Duty(msgspec.Struct, kw_only=True, gc=False):
-    """A stretch in which a condition is bad most of the time: it starts at a bad sample and
-    lasts while the share of bad samples, averaged over a window of event time, stays at one
-    half or more. A condition that comes and goes around its threshold (fail-slow hardware)
-    then lasts like a steady one; a short one, or one bad less than half the time, does not."""
-
-    since: int = 0  # event time the stretch began (0: none)
-    share: float = 0.0  # its share of bad samples ...
-    ts: int = 0  # ... as of this time
-
-
-def duty_step(duty: Duty, ts: int, bad: bool, window_ms: int) -> int:
-    """Feed one verdict; the start of the mostly-bad stretch it is in (0: none). Without a
-    good sample the stretch is the unbroken run `step` would count; about 0.7 windows of
-    good samples end it."""
-    if not duty.since:
-        if bad:
-            duty.since, duty.share, duty.ts = ts, 1.0, ts
-        return duty.since
-    weight = 1.0 - math.exp(-max(0, ts - duty.ts) / window_ms)
-    duty.share += weight * ((1.0 if bad else 0.0) - duty.share)
-    duty.ts = ts
-    if duty.share < 0.5:
-        duty.since = 0
-    return duty.since
 
 
 # Rules by settings object: settings are frozen and few, and a rule is read per GPU per scrape.

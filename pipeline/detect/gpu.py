@@ -17,7 +17,7 @@ import msgspec
 
 from pipeline.config import DetectSettings
 from pipeline.detect.announce import announced
-from pipeline.detect.episodes import Duty, Run, clear_episode, open_episode, rule
+from pipeline.detect.episodes import Run, clear_episode, open_episode, rule
 from pipeline.detect.findings import Book, evidence, heartbeat, refresh
 from pipeline.detect.gpu_context import Ctx, Peers, View
 from pipeline.detect.gpu_counters import counter_rules
@@ -40,7 +40,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     clock_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
     clock_own: Baseline = msgspec.field(default_factory=Baseline)  # own SM clock, this job
     clock_job: str | None = None  # the job clock_own was learned on
-    slow: Duty = msgspec.field(default_factory=Duty)  # clock drops without hardware evidence
+    slow_since: int = 0  # start of a run of clock drops without hardware evidence
     power_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
     raw: tuple[float | None, ...] = ()  # last counter and flag fields (gpu_metrics.RAW_FIELDS)
     at_rest: bool = False  # no counter check open or counting: unchanged fields need no work

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.detect import gpu_metrics as gm
-from pipeline.detect.episodes import duty_step
 from pipeline.detect.gpu_context import Ctx, Peers, View, edge, step, unjudged
 from pipeline.detect.gpu_counters import Signs
 from pipeline.detect.stats import MAD_TO_SIGMA, Baseline, cusum, learn, scale_of
@@ -94,7 +93,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     if clock is None or not view.busy:
         # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
         unjudged(ctx, dev, view.device, SLOW)
-        dev.slow.since = 0
+        dev.slow_since = 0
         if not signs.slowdown:
             unjudged(ctx, dev, view.device, CLOCK)
             return False
@@ -117,7 +116,11 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     slow_heat = signs.thermal and drop >= s.clock_drop_frac
     explained = slow_peer or signs.thermal or signs.slowdown
     plain = not explained and drop >= s.clock_own_frac
-    lasting = _slow_for_long(ctx, dev, plain)
+    if plain:
+        dev.slow_since = dev.slow_since or ctx.ts
+    else:
+        dev.slow_since = 0
+    lasting = plain and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
     bad = slow_peer or slow_heat or signs.slowdown or lasting
     transition = step(ctx, dev, CLOCK, bad)
     if transition:
@@ -153,15 +156,6 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     return bad
 
 
-def _slow_for_long(ctx: Ctx, dev: GpuDevice, plain: bool) -> bool:
-    """Whether this GPU's plain slowness (below its own clock, nothing to explain it) has
-    lasted `slow_escalate_s`, as a stretch slow at least half of each `slow_window_s`: a
-    brake that comes and goes around `clock_own_frac` escalates like a steady one."""
-    s = ctx.settings
-    since = duty_step(dev.slow, ctx.ts, plain, s.slow_window_s * 1000)
-    return since > 0 and ctx.ts - since >= s.slow_escalate_s * 1000
-
-
 def _peer_gap(ctx: Ctx, dev: GpuDevice, peers: Peers | None, clock: float) -> tuple[float, bool]:
     """Relative SM-clock deficit to the busy peers, and whether it is beyond the GPU's usual."""
     s = ctx.settings
@@ -193,8 +187,7 @@ def _own_drop(ctx: Ctx, dev: GpuDevice, view: View, clock: float, slow_peer: boo
     each job and says nothing until it has warmed up."""
     s = ctx.settings
     if view.job != dev.clock_job:
-        dev.clock_job, dev.clock_own = view.job, Baseline()
-        dev.slow.since = 0
+        dev.clock_job, dev.clock_own, dev.slow_since = view.job, Baseline(), 0
     own = dev.clock_own
     drop = (own.mean - clock) / own.mean if own.n >= s.warmup_samples and own.mean > 0 else 0.0
     slowing = slow_peer or drop >= s.clock_drop_frac

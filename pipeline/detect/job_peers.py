@@ -41,10 +41,8 @@ from pipeline.config import DetectSettings
 from pipeline.detect.episodes import (
     CLEAR,
     OPEN,
-    Duty,
     Run,
     clear_episode,
-    duty_step,
     onset,
     open_episode,
     rule,
@@ -80,7 +78,6 @@ class NodeInJob(msgspec.Struct, kw_only=True, gc=False):
     clock: float
     levels: dict[str, float] = {}  # activity check -> the node's median over its busy GPUs
     runs: dict[str, Run] = {}  # its stretches below the peers, per check (episode engine)
-    behind: Duty = msgspec.field(default_factory=Duty)  # below its peers most of the time
 
 
 class JobPeersState(msgspec.Struct, kw_only=True):
@@ -208,10 +205,8 @@ def _judge(
     slow = deficit >= settings.clock_drop_frac
     proof = evidence("sm_clock_vs_job_peers", mine.clock, level, deficit, 0)
     out = []
-    # persistent: behind for most of each `slow_window_s`, not one unbroken stretch
-    behind = duty_step(mine.behind, ts, slow, settings.slow_window_s * 1000) > 0
-    for check, bad in ((STRAGGLER, slow), (PERSISTENT, behind)):
-        edge = step(mine.runs, check, ts, bad, rule(settings, check))
+    for check in (STRAGGLER, PERSISTENT):
+        edge = step(mine.runs, check, ts, slow, rule(settings, check))
         if edge == OPEN:  # named by when it fell behind, not when it was found
             out.append(_open(book, ts, check, onset(mine.runs, check), job, proof, deficit))
         elif edge == CLEAR:

@@ -22,7 +22,7 @@ from pipeline.detect import (
 from pipeline.detect import fabric as fabric_checks
 from pipeline.detect import xid as xid_checks
 from pipeline.detect.catalog import CATALOG, CHECKS, spec_of
-from pipeline.detect.episodes import CLEAR, OPEN, Duty, Rule, Run, duty_step, open_episode, step
+from pipeline.detect.episodes import CLEAR, OPEN, Rule, Run, open_episode, step
 from pipeline.detect.findings import Book
 from pipeline.detect.spec import CheckSpec
 from pipeline.errors import ConfigError
@@ -136,24 +136,3 @@ def test_the_engine_opens_and_clears_as_the_rule_says(
 def test_runs_survive_a_state_round_trip() -> None:
     runs = {"k": Run(bad_since=5, streak=2, open=True)}
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(runs), type=dict[str, Run]) == runs
-
-
-@given(
-    verdicts=st.lists(st.tuples(st.integers(1, 120_000), st.booleans()), min_size=1, max_size=80)
-)
-def test_a_duty_stretch_starts_at_a_bad_sample_and_an_unbroken_one_never_ends(
-    verdicts: list[tuple[int, bool]],
-) -> None:
-    duty, ts, window = Duty(), 1_000, 300_000
-    bad_times: set[int] = set()
-    unbroken_since = 0
-    for gap, bad in verdicts:
-        ts += gap
-        if bad:
-            bad_times.add(ts)
-        unbroken_since = (unbroken_since or ts) if bad else 0
-        since = duty_step(duty, ts, bad, window)
-        assert 0.0 <= duty.share <= 1.0
-        assert since == 0 or (since in bad_times and since <= ts)
-        if unbroken_since:  # what `step` would count as one run is inside a stretch
-            assert 0 < since <= unbroken_since

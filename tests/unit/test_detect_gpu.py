@@ -270,37 +270,6 @@ def test_whole_node_slower_without_evidence_is_watched_then_escalated() -> None:
     assert first[1].ts - first[0].ts >= (escalate - SETTINGS.gray_persist_samples) * STEP_MS
 
 
-def _slow_in(pattern: str, start: int) -> Change:
-    """The whole node plainly slow (no hardware evidence) at the steps whose place in the
-    repeating `pattern` is "s", at its usual clock at the "f" ones, from step `start` on."""
-    def clocks(gpu: int, step: int) -> dict[str, float]:
-        slow = step >= start and pattern[(step - start) % len(pattern)] == "s"
-        return {"DCGM_FI_DEV_SM_CLOCK": 1650.0} if slow else {}
-
-    return clocks
-
-
-def test_an_intermittent_slowdown_escalates_like_a_steady_one() -> None:
-    # fail-slow hardware near the threshold: slow for most samples, fast ones in between,
-    # never one unbroken stretch of `slow_escalate_s`
-    escalate = SETTINGS.slow_escalate_s * 1000 // STEP_MS
-    _, findings = run(_slow_in("sssfssfsfs", 30), steps=30 + 2 * escalate)
-    throttled = [f for f in unhealthy(findings)
-                 if f.check == "gpu.clock.throttle" and f.entity.device == "0"]
-    assert len(throttled) == 1
-    assert throttled[0].recommended_action == "cordon"
-    assert throttled[0].ts - (T0 + 30 * STEP_MS) >= SETTINGS.slow_escalate_s * 1000
-
-
-@pytest.mark.parametrize("pattern", ["sffsffffsf", "s" * 20 + "f" * 40])
-def test_a_slowdown_for_less_than_half_the_time_or_a_short_one_is_never_escalated(
-    pattern: str,
-) -> None:
-    escalate = SETTINGS.slow_escalate_s * 1000 // STEP_MS
-    _, findings = run(_slow_in(pattern, 30), steps=30 + 2 * escalate)
-    assert "gpu.clock.throttle" not in {f.check for f in unhealthy(findings)}
-
-
 def test_a_new_job_resets_the_clock_history() -> None:
     def new_job_lower_clocks(gpu: int, step: int) -> dict[str, float]:
         return {"DCGM_FI_DEV_SM_CLOCK": 1650.0} if step >= 30 else {}
