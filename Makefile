@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 KAFKA_PORT ?= 19092
 export KAFKA_PORT
 
-.PHONY: help demo test faults check bench kafka-up kafka-down kube-build kube-up kube-down services-up services-down clean
+.PHONY: help demo test faults fuzz check bench kafka-up kafka-down kube-build kube-up kube-down services-up services-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ test: $(STAMP) system-deps  ## run the whole suite against real Kafka (and the o
 faults: $(STAMP) system-deps  ## run the fault scenarios (tests/faults), slow ones included; README Reliability tables
 	@bash deploy/with-services.sh $(BIN)/python -m pytest -q -m "slow or not slow" tests/faults $(PYTEST_ARGS)
 	$(BIN)/python -m tests.faults.reliability
+
+fuzz: $(STAMP)  ## property tests with a fresh random seed (make test runs them derandomized); FUZZ_RUNS=N repeats
+	@for i in $$(seq 1 $${FUZZ_RUNS:-1}); do HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -x tests/unit $(PYTEST_ARGS) || exit 1; done
 
 check: $(STAMP)  ## ruff + mypy + docs/checks.md current with the check catalog
 	$(BIN)/ruff check pipeline streams tests bench

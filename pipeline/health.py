@@ -209,6 +209,8 @@ def transition(
 def _apply(st: HealthState, signal: Logged, settings: HealthSettings) -> list[Proposal]:
     ts = _ts(signal)
     if isinstance(signal, NodeEvent) and ts > st.clock + settings.event_ahead_s * _MS:
+        if _a_persons_say(signal):
+            return _persons_say_now(st, signal, settings)
         # Far ahead of this target's findings (a backlog's sparse topic, let through by the
         # aligner's grace): applied in event-time order, once the findings before it are in.
         st.ahead = sorted([*st.ahead, signal], key=lambda e: e.ts)
@@ -218,6 +220,25 @@ def _apply(st: HealthState, signal: Logged, settings: HealthSettings) -> list[Pr
         event, st.ahead = st.ahead[0], st.ahead[1:]
         proposals += _apply_one(st, event, settings)
     return proposals + _apply_one(st, signal, settings)
+
+
+def _a_persons_say(event: NodeEvent) -> bool:
+    return event.kind == "held" or (
+        event.action_id is None and event.kind in ("cordoned", "uncordoned")
+    )
+
+
+def _persons_say_now(st: HealthState, event: NodeEvent, settings: HealthSettings) -> list[Proposal]:
+    # A person's cordon, hold or uncordon does not wait for the findings before it: ahead of
+    # them may as well mean the node's metrics stopped (an outage) as a backlog. Waiting would
+    # let us cordon and drain a node a person has taken, or release one a person already put
+    # back (and took from us). A hold applied early can only stop us; an uncordon ends our
+    # claim and waives what was open, as it would on time. The clock stays, so the findings
+    # still to come are not made late.
+    st.target = _target_of(event)
+    _on_node_event(st, event)
+    _settle(st, settings)
+    return _propose(st, settings)
 
 
 def _apply_one(st: HealthState, signal: Logged, settings: HealthSettings) -> list[Proposal]:
@@ -351,8 +372,18 @@ def _on_node_event(st: HealthState, event: NodeEvent) -> None:
             _repaired(st, fresh_node=True)
         else:
             _reset(st)
-    elif event.kind == "deleted" and not (st.state == "repairing" and st.repair_kind in _RECREATE):
+    elif event.kind == "deleted" and not _our_recreate(st, event):
         _reset(st)
+
+
+def _our_recreate(st: HealthState, event: NodeEvent) -> bool:
+    # The first half of a replacement we ordered: the node is gone until "created", and out of
+    # service meanwhile, even where a person's cordon came in between (forgetting it here let
+    # the budget count the missing node as available).
+    if st.state == "repairing" and st.repair_kind in _RECREATE:
+        return True
+    kind, _, action_id = (st.last_action or "").partition(":")
+    return event.action_id is not None and action_id == event.action_id and kind in _RECREATE
 
 
 def _human_hold(st: HealthState) -> None:

@@ -6,11 +6,23 @@ waits past its deadline. Such a test runs once more when it fails, and only once
 summary line counts every rerun ("N rerun"), so a test that needed one is visible and is a
 bug to chase (its timing), not a pass to trust. A test that fails twice fails the suite.
 Unit, property and end-to-end tests without the marker are never rerun.
+
+Property tests run derandomized in `make test` (profile `ci`): the same examples on every
+run, so the suite passes or fails on the code, never on the draw. New examples are searched
+for by `make fuzz` (profile `fuzz`: a random seed each run, many more examples); a failure it
+finds is fixed and then pinned with `@example(...)` on the test so `make test` keeps it.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("fuzz", max_examples=2000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 KAFKA_RERUNS = 1
 

@@ -151,3 +151,17 @@ def test_a_node_event_far_ahead_of_the_findings_waits_for_them() -> None:
     early = [*signals[:2], repaired, *signals[2:]]
     assert _run(early, [0]) == _run(FAILS_AND_IS_REPAIRED, [0])
     assert _run(early, [3]) == _run(FAILS_AND_IS_REPAIRED, [0])
+
+
+def test_a_persons_hold_far_ahead_of_the_findings_applies_at_once() -> None:
+    # Ahead of the findings may mean the node's metrics stopped, not a backlog: a person's
+    # cordon is applied at once (it can only stop us), without moving the target's clock.
+    state, _ = health.transition(None, heartbeat(T, 0), SETTINGS)
+    state, proposals = health.transition(state, node_event(T, 500, "cordoned"), SETTINGS)
+    shown = health.to_node_state(state)
+    assert (shown.state, shown.human_hold, shown.ts) == ("cordoned", True, ms(0))
+    state, proposals = health.transition(state, finding(T, 60, fatal=True), SETTINGS)
+    assert proposals == []  # the fault behind the person's hold is theirs to handle
+    # an actuator's report that far ahead still waits for the findings before it
+    state, _ = health.transition(state, node_event(T, 900, "repaired", "act-1"), SETTINGS)
+    assert [e.kind for e in state.ahead] == ["repaired"]

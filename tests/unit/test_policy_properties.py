@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.codec import encode
@@ -114,8 +114,10 @@ class World:
         if isinstance(event, NodeEvent) and event.action_id is None:
             self._person(event)
         elif isinstance(event, NodeEvent) and event.kind == "created":
+            # a new Node object: nobody's cordon survives a replacement, a person's included
             self.ours.discard(_key(event))
             self.maintenance.discard(_key(event))
+            self.people.discard(_key(event))
         elif isinstance(event, NodeState):
             self.seen.add(target_key(event.target))
             pending = self.unreported.get(target_key(event.target))
@@ -230,8 +232,69 @@ def _run(run: list[tuple[int, tuple[Any, ...]]], policy: PolicySettings) -> list
     return loop.log
 
 
+# Found in CI: a person cordons a node whose findings are >event_ahead_s behind (its metrics
+# stopped); the hold waited for them while scheduled maintenance cordoned and drained the node.
+PERSON_HOLDS_A_SILENT_NODE = [
+    (50, ("person", 0, "cordoned")),
+    (122, ("open", 0, "ecc", False, "replace")),
+    (81, ("close", 0, "ecc")),
+    (22, ("maintenance", 1, 301, 452)),
+    (98, ("person", 1, "cordoned")),
+    (149, ("open", 0, "xid", False, "cordon")),
+    (15, ("close", 1, "ecc")),
+    (141, ("capacity", "STOCKOUT", "z2")),
+    (150, ("tick",)),
+    (149, ("tick",)),
+]
+
+# Found by a seed sweep: a person uncordons a node we cordoned for maintenance, >event_ahead_s
+# ahead of its findings; the uncordon waited and the policy "released" a node no longer ours.
+PERSON_RELEASES_A_SILENT_NODE = [
+    (1, ("maintenance", 1, 0, 60)),
+    (0, ("tick",)),
+    (0, ("tick",)),
+    (0, ("actuator", 1)),
+    (46, ("open", 0, "ecc", False, "cordon")),
+    (0, ("close", 0, "ecc")),
+    (105, ("close", 0, "xid")),
+    (150, ("person", 1, "uncordoned")),
+    (128, ("open", 0, "xid", True, "cordon")),
+]
+# Found by a seed sweep: a person takes a node back and cordons it while our replacement is
+# under way. The replacement's "deleted" reset the node to healthy, and the budget counted the
+# missing node as available and cordoned a second one (a bug); and once "created", the new
+# Node carries nobody's cordon (the model here had kept the person's).
+_REPLACE_THEN_PERSON = [
+    *[(0, ("open", 0, "ecc", False, "watch"))] * 6,
+    (0, ("open", 0, "ecc", False, "replace")),
+    (0, ("open", 0, "ecc", True, "watch")),
+    (30, ("tick",)),
+    (150, ("open", 0, "ecc", False, "watch")),
+    (0, ("person", 0, "uncordoned")),
+    (0, ("person", 0, "cordoned")),
+]
+PERSON_CORDONS_DURING_A_REPLACEMENT = [
+    *_REPLACE_THEN_PERSON,
+    (0, ("open", 1, "ecc", False, "cordon")),
+    (60, ("tick",)),
+    (0, ("tick",)),
+    *[(0, ("open", 0, "ecc", False, "watch"))] * 3,
+    (0, ("actuator", 0)),
+]
+REPLACED_NODE_LOSES_THE_PERSONS_CORDON = [
+    *_REPLACE_THEN_PERSON,
+    (0, ("tick",)),
+    (0, ("actuator", 0)),
+    (0, ("open", 0, "ecc", True, "drain")),
+]
+
+
 @settings(max_examples=150, deadline=None)
 @given(runs, variants)
+@example(PERSON_HOLDS_A_SILENT_NODE, POLICY)
+@example(PERSON_RELEASES_A_SILENT_NODE, POLICY)
+@example(PERSON_CORDONS_DURING_A_REPLACEMENT, POLICY)
+@example(REPLACED_NODE_LOSES_THE_PERSONS_CORDON, POLICY)
 def test_safety_rules_hold_in_the_closed_loop(
     run: list[tuple[int, tuple[Any, ...]]], policy: PolicySettings
 ) -> None:
