@@ -74,6 +74,7 @@ _UNIX = re.compile(r"^(?P<unix>\d{9,11}\.\d+) ")
 # indentation).
 _NVRM = re.compile(r"NVRM:")
 _MENTIONS_XID = re.compile(r"\bXid\b")
+_MENTIONS_FALLEN = re.compile(r"fallen off the bus", re.IGNORECASE)
 # The bus id in every form drivers printed: PCI:0000:3b:00, PCI:0000:3b:00.0, PCI:3b:00,
 # 0000:3b:00 (old drivers, no `PCI:`), 00000000:3b:00.0; codec.normalize_pci checks it.
 _BUS = r"(?:PCI:)?(?P<pci>[0-9a-fA-F]{0,8}:?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
@@ -126,8 +127,9 @@ def parse_line(
     """One kernel-log line → an XidEvent, an inferred Xid 79, a (pci, uuid) announcement, or
     None (not ours).
 
-    Raises DecodeError (or ValueError) for a line that mentions `NVRM` and `Xid` but is not a
-    well-formed XID line: the caller dead-letters it with the line.
+    Raises DecodeError (or ValueError) for a line that mentions `NVRM` and `Xid` (or a GPU
+    fallen off the bus) but is not a well-formed line of its kind: the caller dead-letters it
+    with the line.
     """
     line = line.rstrip("\r\n")
     found = _NVRM.search(line)
@@ -144,6 +146,13 @@ def parse_line(
         note = message[: _MAX_MESSAGE - len(INFERRED_NOTE)] + INFERRED_NOTE
         return Inferred(_event(identity, pci, gpus, ts, FALLEN_OFF_BUS_XID, None, None, note))
     if not _MENTIONS_XID.search(message):
+        if _MENTIONS_FALLEN.search(message):
+            # a GPU lost from the bus whose line we cannot read is still a lost GPU: say so
+            raise DecodeError(
+                field="line",
+                expected="NVRM: GPU <bus id>: GPU has fallen off the bus",
+                got=repr(line[:200]),
+            )
         return None
     match = _XID.match(message)
     if match is None:

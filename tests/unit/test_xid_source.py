@@ -503,6 +503,8 @@ def test_nvlink5_sub_codes_stay_in_the_message() -> None:
         "kern  :err   : 2024-06-03T10:22:01,123456+00:00 NVRM: Xid (PCI:0000:3b:00): ??",
         "[ 1234.567890] NVRM: Xid: something the driver never printed",
         "    NVRM:  Xid (PCI:0000:3b): 79",
+        "[ 1234.567890] NVRM: GPU has fallen off the bus.",  # no bus id: still a lost GPU
+        "kernel: NVRM: GPU 0000:3b:00.0: the GPU has Fallen Off The Bus",
     ],
 )
 def test_a_garbled_nvrm_xid_line_is_dead_lettered_with_the_line(line: str) -> None:
