@@ -179,8 +179,10 @@ class Actuator:
             return {"spec": {"unschedulable": True, "taints": taints},
                     "metadata": {"annotations": meta}}  # fmt: skip
 
-        self._patch(node, change)
+        # the condition first: the patch below records the action as applied, and a failure
+        # between the two would make the redelivered action a replay with no condition set
         self._condition(node.metadata.name, True, action, check)
+        self._patch(node, change)
         return Result("cordoned", f"unschedulable, tainted {nodes.TAINT_KEY}={check}:NoSchedule")
 
     def _uncordon(self, node: Any, action: Action, held: str | None) -> Result:
@@ -199,8 +201,8 @@ class Actuator:
                                                  nodes.CORDON_REASON: None,
                                                  nodes.ACTIONS: done}}}  # fmt: skip
 
+        self._condition(name, False, action, "released")  # first, as for a cordon
         self._patch(node, change)
-        self._condition(name, False, action, "released")
         return Result("uncordoned", "schedulable again; taint and condition cleared")
 
     def _condition(self, name: str, unhealthy: bool, action: Action, reason: str) -> None:

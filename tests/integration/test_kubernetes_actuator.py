@@ -9,8 +9,10 @@ import uuid
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from pipeline.config import KubernetesSettings
+from pipeline.errors import SinkError
 from pipeline.kube import nodes
 from pipeline.kube.actuator import Actuator
 from pipeline.model import Action, NodeEvent, Reason, Target
@@ -137,6 +139,38 @@ def test_a_replayed_action_changes_nothing(kube: Kube) -> None:
     assert runner.stats.replayed == 1
     recorded = json.loads(kube.core.read_node(name).metadata.annotations[nodes.ACTIONS])
     assert recorded == {act.action_id: "cordoned"}
+
+
+class _StatusRefusedOnce:
+    """The real client, except that the first status patch fails as a server error would."""
+
+    def __init__(self, core: Any) -> None:
+        self._core, self.refused = core, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)
+
+    def patch_node_status(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.refused:
+            self.refused = True
+            raise ApiException(status=500, reason="etcd timeout")
+        return self._core.patch_node_status(*args, **kwargs)
+
+
+def test_a_cordon_whose_condition_failed_is_finished_when_redelivered(kube: Kube) -> None:
+    name = kube.node()
+    core = _StatusRefusedOnce(kube.core)
+    runner = Actuator(core, SETTINGS, CLUSTER)
+    act = action(name, "cordon")
+    with pytest.raises(SinkError, match="HTTP 500"):
+        runner.handle(act)  # not committed: the edge delivers it again
+    assert core.refused
+    echo = runner.handle(act)
+    assert echo is not None and echo.kind == "cordoned"
+    node = kube.core.read_node(name)
+    condition = {c.type: c for c in node.status.conditions}[nodes.CONDITION]
+    assert condition.status == "True" and act.action_id in condition.message
+    assert node.spec.unschedulable is True
 
 
 def test_dry_run_changes_nothing_and_echoes_nothing(kube: Kube) -> None:
