@@ -169,19 +169,25 @@ class WorkerProcess:
         """SIGTERM and wait; SIGKILL if it does not stop in time. Returns the exit code."""
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
+        code = stop_process(self.proc, timeout)
         if self._out is not None:
             self._out.close()
-        return self.proc.returncode
+        return code
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.output().splitlines()[-lines:])
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    """SIGTERM, wait; SIGKILL when it does not stop in time. The exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+    return int(proc.returncode)
 
 
 def topic_of(settings: Settings, event: Event) -> str:

@@ -33,6 +33,7 @@ import pytest
 from pipeline.model import XidEvent
 from pipeline.sim.endpoints.kernel_log import KernelLogWriter
 from pipeline.sinks.lake import visible_files
+from streams.testing import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "kafka" / "kafka.sh"
@@ -163,14 +164,7 @@ class Proc:
         """SIGTERM, wait; SIGKILL when it does not stop. The exit code."""
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        return int(self.proc.returncode)
+        return stop_process(self.proc, timeout)
 
     def wait(self, timeout: float) -> int:
         assert self.proc is not None
