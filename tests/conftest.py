@@ -11,8 +11,8 @@ Unit, property and end-to-end tests without the marker are never rerun.
 Property tests run derandomized in `make test` (profile `ci`): the same examples on every
 run, so the suite passes or fails on the code, never on the draw. New examples are searched
 for by `make fuzz` (profile `fuzz`: a random seed each run; a test without its own
-`max_examples` draws 2,000); a failure it
-finds is fixed and then pinned with `@example(...)` on the test so `make test` keeps it.
+`max_examples` draws 2,000); a failure it finds is fixed and then pinned with `@example(...)`
+on the test so `make test` keeps it.
 """
 
 from __future__ import annotations
