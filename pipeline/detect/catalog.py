@@ -198,11 +198,13 @@ XID: tuple[CheckSpec, ...] = (
     CheckSpec(
         name="xid.app_recurrence", detector="xid", entity="gpu",
         signal="application XIDs (13, 31, 43, 45 ...) on one GPU", baseline="the jobs hitting it",
-        threshold="`app_xid_min_jobs` distinct jobs within `app_xid_window_s`, each on this GPU "
-        "only", settings=("app_xid_min_jobs", "app_xid_window_s"),
-        persistence=Persistence(window="opens at the recurrence; clears when fewer jobs remain "
-                                "in the window"),
-        severity="warning", action="reset_gpu", evidence="distinct jobs, the limit",
+        threshold="`app_xid_min_jobs` distinct jobs, or `app_xid_min_strikes` strikes (hits "
+        "more than `xid_dedupe_s` apart) by any jobs, within `app_xid_window_s`, each job on "
+        "this GPU only",
+        settings=("app_xid_min_jobs", "app_xid_min_strikes", "xid_dedupe_s", "app_xid_window_s"),
+        persistence=Persistence(window="opens at the recurrence; clears when fewer jobs and "
+                                "strikes remain in the window"),
+        severity="warning", action="reset_gpu", evidence="strikes, the strike limit",
     ),
 )
 

@@ -7,9 +7,13 @@
   unless the line itself says the error was non-fatal (NVLink "non-fatal error detected"):
   then `xid.<code>.nonfatal`, warning, watch.
 - Application XIDs (13, 31, 43, 45 ...) never open a finding by themselves: only when one GPU
-  is hit in `app_xid_min_jobs` distinct jobs within `app_xid_window_s`
-  (`xid.app_recurrence`, reset_gpu). A job that hits several GPUs of the node with the same
-  XID is its own bug (it moves with the job) and does not count against any of them.
+  is hit in `app_xid_min_jobs` distinct jobs, or struck `app_xid_min_strikes` separate times
+  by whatever jobs, within `app_xid_window_s` (`xid.app_recurrence`, reset_gpu). A strike is
+  a run of hits no more than `xid_dedupe_s` apart (13, 43, 45 of one crash are one strike).
+  The same job restarted on the same GPU is what a bad GPU under a long training job looks
+  like; a bug tied to a rank can follow it there too, so one job's repeats need one strike
+  more than distinct jobs do. A job that hits several GPUs of the node is its own bug (it
+  moves with the job) and does not count against any of them.
 - XID 154 opens a fatal finding with the action the driver asks for (its new recovery
   action: reset, reboot, drain); a change back to 0 clears it.
 - Other catalogued XIDs open a finding with the catalog's severity and action when the
@@ -22,6 +26,7 @@
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 import msgspec
 
@@ -130,7 +135,7 @@ def expire_xid(
         state.app_hits = [hit for hit in state.app_hits if now_ms - hit.ts <= window_ms]
         for opened in [e for e in state.book.open.values() if e.check == APP_RECURRENCE]:
             device = opened.device or ""
-            if len(_blamed_jobs(state.app_hits, device)) < settings.app_xid_min_jobs:
+            if not _recurs(state.app_hits, device, settings):
                 finding = clear_episode(
                     state.book,
                     APP_RECURRENCE,
@@ -199,9 +204,10 @@ def _application(
     if event.job is None:
         return None  # without the job we cannot tell a buggy job from a bad GPU
     state.app_hits.append(AppHit(event.job, device, event.xid, event.ts))
-    jobs = _blamed_jobs(state.app_hits, device)
-    if len(jobs) < settings.app_xid_min_jobs:
+    if not _recurs(state.app_hits, device, settings):
         return None
+    jobs = _blamed_jobs(state.app_hits, device)
+    strikes = _strikes(state.app_hits, device, jobs, settings.xid_dedupe_s * 1000)
     codes = sorted({hit.code for hit in state.app_hits if hit.device == device})
     return open_episode(
         state.book,
@@ -209,11 +215,27 @@ def _application(
         event.ts,
         device=device,
         evidence=evidence(
-            "distinct_jobs", len(jobs), settings.app_xid_min_jobs, None, settings.app_xid_window_s
+            "strikes", strikes, settings.app_xid_min_strikes, None, settings.app_xid_window_s
         ),
-        message=f"GPU {device}: application XIDs {codes} in {len(jobs)} different jobs "
-        f"({', '.join(sorted(jobs))}): the GPU, not the code",
+        message=f"GPU {device}: application XIDs {codes} struck {strikes} times in "
+        f"{len(jobs)} job(s) ({', '.join(sorted(jobs))}), no other GPU of the node: "
+        "the GPU, not the code",
     )
+
+
+def _recurs(hits: list[AppHit], device: str, settings: DetectSettings) -> bool:
+    jobs = _blamed_jobs(hits, device)
+    if len(jobs) >= settings.app_xid_min_jobs:
+        return True
+    strikes = _strikes(hits, device, jobs, settings.xid_dedupe_s * 1000)
+    return strikes >= settings.app_xid_min_strikes
+
+
+def _strikes(hits: list[AppHit], device: str, jobs: set[str], gap_ms: int) -> int:
+    """Separate strikes on `device` by the blamed jobs: hits more than `gap_ms` apart."""
+    times = sorted(hit.ts for hit in hits if hit.device == device and hit.job in jobs)
+    gaps = (later - earlier for earlier, later in pairwise(times))
+    return (1 if times else 0) + sum(1 for gap in gaps if gap > gap_ms)
 
 
 def _blamed_jobs(hits: list[AppHit], device: str) -> set[str]:

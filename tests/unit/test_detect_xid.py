@@ -99,9 +99,30 @@ def test_xid_154_back_to_none_clears() -> None:
     assert checks(found) == [("xid.154", "0", False), ("xid.154", "0", True)]
 
 
+def crash(seconds: float, *, gpu: int = 0, job: str = "job-a") -> list[XidEvent]:
+    """One strike: the illegal access and the channel cleanup that follows it."""
+    return [xid(13, seconds, gpu=gpu, job=job), xid(43, seconds + 1, gpu=gpu, job=job),
+            xid(45, seconds + 2, gpu=gpu, job=job)]
+
+
 def test_application_xid_never_acts_on_its_own() -> None:
-    events = [xid(code, 10 + i * 600) for i, code in enumerate([13, 31, 43, 45, 13, 31])]
-    assert unhealthy(feed(events)[1]) == []  # six episodes, one job
+    events = [xid(code, 10 + i * 60) for i, code in enumerate([13, 31, 43, 45, 13, 31])]
+    assert unhealthy(feed(events)[1]) == []  # six episodes of one crash, one job
+
+
+def test_one_job_struck_three_times_on_one_gpu_is_not_yet_blamed() -> None:
+    # A bug tied to a rank can follow the rank to the same GPU after a restart.
+    events = crash(10) + crash(1800) + crash(3600)
+    assert unhealthy(feed(events)[1]) == []
+
+
+def test_the_same_job_struck_again_and_again_on_one_gpu_blames_the_gpu() -> None:
+    # A long training job restarted on the node whose GPU is bad: one job, four strikes.
+    events = crash(10, gpu=3) + crash(1800, gpu=3) + crash(3600, gpu=3) + crash(5400, gpu=3)
+    (finding,) = unhealthy(feed(events)[1])
+    assert (finding.check, finding.entity.device) == ("xid.app_recurrence", "3")
+    assert finding.evidence is not None and finding.evidence.value == 4
+    assert finding.ts == T0 + 5_400_000
 
 
 def test_application_xid_recurring_on_one_gpu_across_three_jobs_blames_the_gpu() -> None:
@@ -124,6 +145,9 @@ def test_a_job_hitting_several_gpus_is_its_own_bug() -> None:
         xid(13, 4000, gpu=5, job="c"),
     ]
     assert unhealthy(feed(events)[1]) == []
+    events += crash(6000, job="a") + crash(8000, job="a") + crash(10_000, job="a")
+    events += crash(12_000, job="a")
+    assert unhealthy(feed(events)[1]) == []  # four strikes on GPU 0, but job a is everywhere
 
 
 def test_application_xid_without_a_job_cannot_be_attributed() -> None:
