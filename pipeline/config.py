@@ -406,6 +406,8 @@ class DetectSettings(Section, frozen=True):
     node_down_s: Annotated[int, Meta(ge=0)] = 120
     stale_intervals: Annotated[float, Meta(ge=1)] = 2.5  # ... or this many of its intervals
     missing_samples: PositiveInt = 2  # scrapes without a known GPU/chip before it is missing
+    device_flap_window_s: PositiveInt = 3600  # a GPU/chip back within this is a flap ...
+    device_flap_persist: Annotated[int, Meta(ge=2)] = 3  # ... and persistent from this many
     # XIDs
     xid_dedupe_s: PositiveInt = 180  # same XID on the same GPU within this is one episode
     xid_clear_s: PositiveInt = 600  # an XID episode clears after this long without a repeat

@@ -7,7 +7,8 @@ and persistence are read from the spec by the episode engine, never written at a
 
 from __future__ import annotations
 
-from pipeline.detect.spec import CheckSpec, Persistence
+from pipeline.detect.spec import CheckSpec, Detector, Persistence
+from pipeline.model import EntityKind, RecommendedAction
 
 SAMPLES_GRAY = Persistence(open_after="gray_persist_samples")
 SAMPLES_COUNTER = Persistence(open_after="counter_persist_samples")
@@ -23,6 +24,33 @@ MISSING = Persistence(
 )  # fmt: skip
 PEER = ("peer_min", "peer_mad_k", "warmup_samples", "half_life_samples", "anomaly_adapt")
 STALE = ("node_stale_s", "stale_intervals")
+FLAP_SETTINGS = ("device_flap_window_s", "device_flap_persist")
+FLAP_WINDOW = Persistence(window="opens at the return; clears after `device_flap_window_s` "
+                          "without a return")
+
+
+def _flap_checks(
+    prefix: str, detector: Detector, entity: EntityKind, what: str, action: RecommendedAction
+) -> tuple[CheckSpec, CheckSpec]:
+    """A device leaving its host's scrape and coming back (device_flap.py)."""
+    return (
+        CheckSpec(
+            name=f"{prefix}.flap", detector=detector, entity=entity,
+            signal=f"a known {what} back in its host's scrape", baseline="present",
+            threshold="back after an absence of at most `device_flap_window_s`: the first "
+            "up/down episode", settings=FLAP_SETTINGS, persistence=FLAP_WINDOW,
+            severity="warning", action="watch", evidence="seconds away",
+        ),
+        CheckSpec(
+            name=f"{prefix}.flap.persistent", detector=detector, entity=entity,
+            signal=f"returns of one {what}", baseline="`device_flap_persist`",
+            threshold="`device_flap_persist` returns within `device_flap_window_s`",
+            settings=FLAP_SETTINGS, persistence=FLAP_WINDOW,
+            severity="critical", action=action, evidence="returns, the limit",
+        ),
+    )
+
+
 XID_WINDOW = "one episode per burst (`xid_dedupe_s`); clears after `xid_clear_s` without a repeat"
 
 GPU: tuple[CheckSpec, ...] = (
@@ -148,6 +176,7 @@ GPU: tuple[CheckSpec, ...] = (
         severity="critical", action="reboot", fatal=True,
         evidence="GPUs reporting, GPUs known",
     ),
+    *_flap_checks("gpu", "gpu", "gpu", "GPU", "reboot"),
     CheckSpec(
         name="node.stale", detector="gpu", entity="node",
         signal="seconds since the node's last scrape", baseline="its scrape interval",
@@ -353,6 +382,7 @@ TPU: tuple[CheckSpec, ...] = (
         persistence=MISSING,
         severity="critical", action="repair_slice", evidence="chips reporting, chips known",
     ),
+    *_flap_checks("tpu.chip", "tpu", "tpu_chip", "chip", "repair_slice"),
     CheckSpec(
         name="tpu.host.stale", detector="tpu", entity="node",
         signal="seconds since a host's last scrape", baseline="the slice's other hosts",

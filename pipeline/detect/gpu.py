@@ -6,6 +6,7 @@ Checks (severity, action, persistence and settings: catalog.py, docs/checks.md):
                               gpu.nvlink.crc_rate, gpu.ecc.sbe_rate (noise: watch only)
   gauges (gpu_gauges.py)      gpu.temp.peer, gpu.clock.throttle, gpu.clock.slow (watched; becomes
                               gpu.clock.throttle if it lasts), gpu.power.peer, gpu.pcie.traffic
+  device_flap.py              gpu.flap, gpu.flap.persistent (a GPU that drops out and returns)
   here                        gpu.missing (a known GPU absent from the scrape), node.stale (the
                               node stopped reporting), node.down (... and stayed silent
                               `node_down_s`; announced absences: node.stale watch only)
@@ -17,6 +18,7 @@ import msgspec
 
 from pipeline.config import DetectSettings
 from pipeline.detect.announce import announced
+from pipeline.detect.device_flap import came_back, settled
 from pipeline.detect.episodes import Run, clear_episode, open_episode, rule
 from pipeline.detect.findings import Book, evidence, heartbeat, refresh
 from pipeline.detect.gpu_context import Ctx, Peers, View
@@ -36,6 +38,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     uuid: str = ""
     last_ts: int = 0
     absent: int = 0  # consecutive scrapes of the node without this GPU
+    returns: list[int] = []  # ts of recent returns after an absence (device_flap.py)
     temp_offset: Baseline = msgspec.field(default_factory=Baseline)  # temp - peer median
     clock_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
     clock_own: Baseline = msgspec.field(default_factory=Baseline)  # own SM clock, this job
@@ -102,6 +105,11 @@ def detect_gpu(
             continue
         seen.add(view.device)
         dev = _device(state, view, ctx)
+        if dev.returns:
+            dev.returns, done = settled(
+                book, dev.returns, ctx.ts, prefix="gpu", device=view.device, settings=settings
+            )
+            ctx.out += done
         dt_ms = sample.ts - dev.last_ts if dev.last_ts else 0
         dev.last_ts = sample.ts
         signs = counter_rules(ctx, dev, view, dt_ms)
@@ -183,6 +191,12 @@ def _device(state: GpuNodeState, view: View, ctx: Ctx) -> GpuDevice:
                         f"GPU {view.device} reporting again",
                     )
                 )
+            dev.returns, flaps = came_back(
+                ctx.book, dev.returns, ctx.ts, ctx.ts - dev.last_ts,
+                scrapes_away=dev.absent, interval_ms=ctx.interval_s * 1000,
+                prefix="gpu", device=view.device, settings=ctx.settings,
+            )
+            ctx.out += flaps
             dev.absent = 0
         return dev
     if dev is not None:  # another GPU in that slot: the old one's findings no longer apply

@@ -6,6 +6,7 @@ catalog.py, docs/checks.md):
   tpu.chip.duty_cycle      chip idle while its peers work (dead or hung chip)
   tpu.chip.tensorcore_util chip slower than its peers (fail-slow), watched
   tpu.chip.missing         a known chip absent from its host's scrape
+  tpu.chip.flap(.persistent) a chip that drops out and returns (device_flap.py)
   tpu.host.stale (node)    a host went silent, the rest of the slice not
   tpu.host.down (node)     ... for `node_down_s`, fatal
   tpu.slice.stale (slice)  every host silent: taken down or maintained, watched
@@ -20,6 +21,7 @@ import msgspec
 
 from pipeline.config import DetectSettings
 from pipeline.detect.announce import announced
+from pipeline.detect.device_flap import came_back, settled
 from pipeline.detect.episodes import CLEAR, OPEN, Run, clear_episode, open_episode, rule, step
 from pipeline.detect.findings import Book, evidence, heartbeat, refresh
 from pipeline.detect.stats import median
@@ -46,6 +48,7 @@ class TpuChip(msgspec.Struct, kw_only=True, gc=False):
     duty: float | None = None
     util: float | None = None
     absent: int = 0  # consecutive scrapes of its host without it
+    returns: list[int] = []  # ts of recent returns after an absence (device_flap.py)
     runs: dict[str, Run] = {}
 
 
@@ -208,6 +211,7 @@ def _update_chip(
     chip = state.chips.get(reading.chip_id)
     if chip is None:
         chip = state.chips[reading.chip_id] = TpuChip(host=sample.node)
+    away_ms = sample.ts - chip.last_ts
     chip.host, chip.last_ts, chip.job = sample.node, sample.ts, reading.job
     chip.duty = reading.metrics.get(DUTY_METRIC)
     chip.util = reading.metrics.get(UTIL_METRIC)
@@ -223,7 +227,19 @@ def _update_chip(
                     f"chip {reading.chip_id} reporting again",
                 ),
             )
+        chip.returns, flaps = came_back(
+            state.book, chip.returns, sample.ts, away_ms,
+            scrapes_away=chip.absent, interval_ms=state.hosts[sample.node].interval_ms,
+            prefix="tpu.chip", device=str(reading.chip_id), settings=settings,
+        )
+        out += flaps
         chip.absent = 0
+    elif chip.returns:
+        chip.returns, done = settled(
+            state.book, chip.returns, sample.ts,
+            prefix="tpu.chip", device=str(reading.chip_id), settings=settings,
+        )
+        out += done
 
 
 def _absent_chips(

@@ -48,6 +48,7 @@ from pipeline.sim.workload import RUN, Workload
 Signature = Callable[[Injector, Placement], int]
 SIGNATURES: dict[str, Signature] = {
     "G1/lost": gpu_sig.g1_lost,
+    "G1/flap": gpu_sig.g1_flap,
     "G2/fatal": gpu_sig.g2_nvlink_fatal,
     "G2/burst": gpu_sig.g2_nvlink_burst,
     "G3/pcie": gpu_sig.g3_pcie,

@@ -176,6 +176,9 @@ FAULT_TYPES: tuple[FaultType, ...] = (
     # --- capacity (not in the fault model; labelled so detectors are not scored on it) -------
     _t("C1", "preempt", "planned", "spot_node", 0.1 / DAY, "software", "none", True,
        "spot preemption of a serving node: PREEMPTION, node deleted, recreated later"),
+    # No fleet rate in the fault model: forced only (scenarios), so random runs are unchanged.
+    _t("G1", "flap", "flapping", "gpu", 0.0, "hardware", "cordon", False,
+       "GPU drops off the bus for seconds and comes back, again and again (riser, retimer)"),
 )
 # fmt: on
 # T5 (fleet-level calibration targets) is not injected: pipeline/sim/calibration.py measures a

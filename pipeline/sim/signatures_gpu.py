@@ -46,6 +46,25 @@ def g1_lost(ctx: Injector, p: Placement) -> int:
     return back
 
 
+def g1_flap(ctx: Injector, p: Placement) -> int:
+    # A loose riser or failing retimer: the GPU leaves the bus for seconds, the driver finds it
+    # again, and the job on it dies each time; until someone reseats it.
+    end = p.onset_ms + ctx.repair_ms(p, 8.0)
+    node = ctx.fleet.gpu_nodes[p.node]
+    first_job = ctx.workload.job_at(p.node, p.onset_ms)
+    t = p.onset_ms
+    while t < min(end, ctx.end_ms):
+        gone = int(ctx.rng.uniform(8, 25) * SECOND)
+        ctx.effect(Effect("missing", t, t + gone, p.node, p.device))
+        job = ctx.workload.job_at(p.node, t)
+        if job >= 0 and ctx.workload.jobs[job].kind == "train":
+            ctx.workload.interrupt(job, t, 0, int(ctx.rng.uniform(3, 10) * MINUTE))
+        t += int(ctx.rng.uniform(2, 15) * MINUTE)
+    back = ctx.reboot(p.node, end, REBOOT_MS, "G1 repaired: GPU reseated")
+    ctx.record(p, node.target(), end, device=str(p.device), job=ctx.job_name(first_job))
+    return back
+
+
 def g2_nvlink_fatal(ctx: Injector, p: Placement) -> int:
     crc = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
     ctx.change(

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pipeline.config import DetectSettings, load_settings
 from pipeline.detect import (
     check_docs,
+    device_flap,
     episodes,
     fabric_localise,
     gpu,
@@ -47,6 +48,7 @@ def test_every_check_the_detectors_name_is_in_the_catalog() -> None:
         fabric_checks.PORT_FLAP_PERSISTENT, fabric_checks.PORT_ERRORS,
         fabric_localise.SWITCH_DOWN, *fabric_localise.LINK_CHECKS.values(),
         job_peers.STRAGGLER, job_peers.PERSISTENT, *job_peers.ACTIVITY, xid_checks.APP_RECURRENCE, "xid.154",
+        *(c for prefix in device_flap.PREFIXES for c in device_flap.flap_checks(prefix)),
     ]  # fmt: skip
     assert sorted(named) == sorted(n for n in CHECKS if "<code>" not in n)
     assert spec_of("xid.79").name == "xid.<code>"

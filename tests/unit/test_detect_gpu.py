@@ -133,7 +133,11 @@ def test_missing_gpu_opens_after_two_scrapes_and_clears_when_back() -> None:
         findings += out
     state, out = detect_gpu(state, gpu_sample(30), SETTINGS)
     findings += out
-    assert checks(findings) == [("gpu.missing", "3", False), ("gpu.missing", "3", True)]
+    assert checks(findings) == [
+        ("gpu.missing", "3", False),
+        ("gpu.missing", "3", True),
+        ("gpu.flap", "3", False),  # back by itself, the node reporting all along: watched
+    ]
     missing = unhealthy(findings)[0]
     assert missing.ts == T0 + 21 * STEP_MS
     assert missing.fatal and missing.severity == "critical"

@@ -64,7 +64,7 @@ def _gap(spec: str, why: str) -> object:
 ACTED_ON = [
     ("G1@300", 30, 0), ("G2/fatal@300", 30, 0), ("G5@300", 30, 0), ("G6@300", 30, 0),
     ("G7@300", 30, 0), ("G3@300", 40, 0), ("G4@300", 60, 0), ("G8@300", 60, 0), ("S1@300", 40, 0), ("N2@300", 30, 0), ("T1@300", 30, 2), ("T2@300", 30, 2),
-    ("N1@300", 30, 0),
+    ("N1@300", 30, 0), ("G1/flap@300", 45, 0),
 ]  # fmt: skip
 
 
@@ -118,6 +118,15 @@ def test_flapping_is_flagged_on_its_first_episode_before_it_is_acted_on() -> Non
     first = min(ts for c, ts in checks if c == "fabric.port.flap")
     (repair,) = [a for a in outcome.actions if a.kind == "repair_link"]
     assert fault.onset_ms <= first < repair.ts
+
+
+def test_a_flapping_gpu_is_flagged_on_its_first_return() -> None:
+    outcome = _run("G1/flap@300", 45, 0)
+    (fault,) = outcome.truth
+    ours = [f for f in outcome.findings if f.entity.target.name == fault.target.name]
+    first = min(f.ts for f in ours if f.check == "gpu.flap")
+    assert fault.onset_ms < first < fault.onset_ms + 2 * 60_000
+    assert {f.entity.device for f in ours if f.check.startswith("gpu.")} == {fault.device}
 
 
 FLAGGED = [("S3@300", 30, 0), ("T3@300", 30, 4), ("G2/burst@300", 30, 0)]

@@ -7,6 +7,7 @@ the fault model's description of what the type looks like (reference/fault-model
 from __future__ import annotations
 
 import functools
+import itertools
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,6 +139,16 @@ def check_g1(r: Run) -> None:
     assert present and max(present) < r.onset  # gone from the scrape from the onset on
     others = [s for s in r.scrapes(node) if s.ts >= r.onset]
     assert others and all(len(s.gpus) == 7 for s in others)
+
+
+def check_g1_flap(r: Run) -> None:
+    # Out of the scrape for seconds at a time, back in between, no XID; again and again.
+    node, gpu = r.fault.target.name, int(r.fault.device or 0)
+    assert r.xids(node) == []
+    with_it = [any(g.index == gpu for g in s.gpus) for s in r.scrapes(node) if s.ts >= r.onset]
+    returns = sum(1 for was, now in itertools.pairwise(with_it) if now and not was)
+    assert returns >= 2
+    assert sum(with_it) > len(with_it) // 2  # mostly there: a flapper, not a lost GPU
 
 
 def check_g2_fatal(r: Run) -> None:
@@ -510,6 +521,7 @@ def check_n3_slice(r: Run) -> None:
 Check = Callable[[Run], None]
 CASES: dict[str, tuple[Check, dict[str, object]]] = {
     "G1/lost": (check_g1, {}),
+    "G1/flap": (check_g1_flap, {"span_s": 1800}),
     "G2/fatal": (check_g2_fatal, {}),
     "G2/burst": (check_g2_burst, {}),
     "G3/pcie": (check_g3, {"at_s": 60, "span_s": 1500}),
