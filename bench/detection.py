@@ -49,6 +49,7 @@ INTERVAL_S = 30
 NAB_BUDGET = 1.3  # false alarms per series-week the goal allows
 PROBATION = 0.15  # NAB: the first 15 % of a series is for learning, not scored by a threshold
 DETECTORS = ("fleetpulse", "baseline")
+FABRIC_TYPES = ("F1", "F3", "N1")  # the fabric goal
 
 
 def runs(quick: bool) -> tuple[list[int], int]:
@@ -134,12 +135,19 @@ def headline(s: Score) -> dict[str, Any]:
         part = s.by_class.get(klass)
         return None if part is None or part.recall is None else round(part.recall, 4)
 
+    fabric = [s.by_type[t] for t in FABRIC_TYPES if t in s.by_type]
+    fabric_faults = sum(p.faults for p in fabric)
     upper = 1000 * max(s.false_cordons, 3) / s.node_days if s.node_days else None
     rate = s.false_cordons_per_1k_node_days
     return {
         "recall_hard": recall("hard"),
         "recall_gray": recall("gray"),
         "recall_flapping": recall("flapping"),
+        # the fabric goal: found, and the finding names the switch / link / node that failed
+        "recall_fabric": round(sum(p.found for p in fabric) / fabric_faults, 4)
+        if fabric_faults else None,
+        "named_fabric": round(sum(p.named for p in fabric) / fabric_faults, 4)
+        if fabric_faults else None,
         "precision": None if s.precision is None else round(s.precision, 4),
         "confounder_cordons": s.confounder_cordons,
         "false_cordons": s.false_cordons,
@@ -174,7 +182,7 @@ def bench_fleet(quick: bool) -> dict[str, Any]:
 
 
 COLUMNS = ("faults", "found", "acted", "withheld", "missed", "found, not acted",
-           "detect p50 / p95")
+           "element named", "detect p50 / p95")
 
 
 def _row(name: str, part: dict[str, Any]) -> list[str]:
@@ -184,8 +192,10 @@ def _row(name: str, part: dict[str, Any]) -> list[str]:
     rules = ", ".join(f"{k} {v}" for k, v in part["withheld_rules"].items())
     withheld = f"{part['withheld']}" + (f" ({rules})" if rules else "")
     actions = f"{part['acted']}/{part['action_faults']}" if part["action_faults"] else "-"
+    elements = part.get("element_faults", 0)
+    named = f"{part['named']}/{elements}" if elements else "-"
     return [name, str(part["faults"]), str(part["found"]), actions, withheld,
-            str(part["missed"]), str(part["found_not_acted"]),
+            str(part["missed"]), str(part["found_not_acted"]), named,
             f"{s(part['median_delay_s'])} / {s(part['p95_delay_s'])}"]
 
 

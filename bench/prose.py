@@ -241,9 +241,10 @@ def goals_paragraph(fig: Mapping[str, Any]) -> str:
     faults = sum(p["faults"] for p in fabric)
     if faults:
         found = sum(p["found"] for p in fabric)
-        text = (f"fabric {'/'.join(FABRIC_GOAL_TYPES)} {found}/{faults} (goal ≥ "
-                f"{FABRIC_GOAL:g})")
-        (met if found >= FABRIC_GOAL * faults else missed).append(text)
+        named = sum(p.get("named", 0) for p in fabric)  # the element that failed, named
+        text = (f"fabric {'/'.join(FABRIC_GOAL_TYPES)} found {found}/{faults}, the failed "
+                f"switch, link or NIC named {named}/{faults} (goal ≥ {FABRIC_GOAL:g} named)")
+        (met if named >= FABRIC_GOAL * faults else missed).append(text)
     if h.get("precision") is not None:
         text = f"precision {h['precision']:.3f} (goal ≥ {PRECISION_GOAL:g})"
         (met if h["precision"] >= PRECISION_GOAL else missed).append(text)

@@ -15,6 +15,9 @@ target (node or slice), three ways:
   for something (`busy`, `awaiting_cordon`) are not withholding.
 - *missed*: not found. A found action-fault neither acted on nor withheld is counted apart
   (`found_not_acted`): acted + withheld + found_not_acted + missed = faults expecting a removal.
+- *named*: for a fault whose truth names the element that failed (`element`: the leaf switch
+  or the link of a fabric fault, the node of a NIC), an unhealthy finding on that element in
+  the window: the finding points the repair at the right thing, not only at a node behind it.
 
 Every removal episode (the first removal action on a target after a quiet spell) is then either
 explained by a fault that wanted it (true), caused by a confounder (confounder cordon) or by
@@ -80,6 +83,8 @@ class Fault(Protocol):
     def expected(self) -> str: ...
     @property
     def must_not_cordon(self) -> bool: ...
+    @property
+    def element(self) -> Target | None: ...
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,8 @@ class ClassScore:
     acted: int = 0
     withheld: int = 0
     found_not_acted: int = 0  # action faults found but neither acted on nor withheld
+    element_faults: int = 0  # faults whose truth names the element that failed
+    named: int = 0  # ... with an unhealthy finding on that element
     delays_ms: list[int] = field(default_factory=list)  # onset -> found
     withheld_rules: dict[str, int] = field(default_factory=dict)
 
@@ -162,6 +169,8 @@ class ClassScore:
         self.acted += other.acted
         self.withheld += other.withheld
         self.found_not_acted += other.found_not_acted
+        self.element_faults += other.element_faults
+        self.named += other.named
         self.delays_ms += other.delays_ms
         for rule, n in other.withheld_rules.items():
             self.withheld_rules[rule] = self.withheld_rules.get(rule, 0) + n
@@ -212,6 +221,8 @@ def _class_summary(score: ClassScore) -> dict[str, object]:
         "withheld": score.withheld,
         "withheld_rules": dict(sorted(score.withheld_rules.items())),
         "found_not_acted": score.found_not_acted,
+        "element_faults": score.element_faults,
+        "named": score.named,
         "missed": score.missed,
         "recall": score.recall,
         "median_delay_s": _seconds(score.delay_quantile(0.5)),
@@ -285,6 +296,10 @@ def fault_score(
         out.withheld_rules[hold.rule] = 1
     elif wants_action and seen:
         out.found_not_acted = 1
+    if fault.element is not None:
+        out.element_faults = 1
+        on_element = flagged.get(_key(fault.element), [])
+        out.named = int(_first_in(on_element, fault, settings) is not None)
     return out
 
 

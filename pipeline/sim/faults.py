@@ -213,6 +213,9 @@ class InjectedFault(msgspec.Struct, frozen=True, kw_only=True):
     klass: Klass
     target: Target
     device: str | None = None
+    # What failed, when a finding should name something other than the target: the leaf
+    # switch or the link (cable) of a fabric fault, the node of a NIC fault.
+    element: Target | None = None
     onset_ms: int
     end_ms: int
     expected: Expected

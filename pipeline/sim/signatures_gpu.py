@@ -13,11 +13,13 @@ the element: the port ("mlx5_2:1"), the leaf switch, or the NIC.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
-from pipeline.model import MaintenanceWindow
+from pipeline.model import MaintenanceWindow, Target
 from pipeline.sim.effects import Change, Effect
 from pipeline.sim.fabric import PORTS, leaf_switch
+from pipeline.sim.fleet import GpuNode
 from pipeline.sim.gpu import HW_POWER_BRAKE
 from pipeline.sim.inject import HOUR, MINUTE, Injector, Placement
 
@@ -334,11 +336,9 @@ def n1_nic(ctx: Injector, p: Placement) -> int:
     ctx.effect(Effect("fab_missing", p.onset_ms, end + REBOOT_MS, p.node, first // 2))
     job = ctx.take_out(p.node, p.onset_ms, end + REBOOT_MS, ctx.collective_timeout_ms())
     back = ctx.reboot(p.node, end, REBOOT_MS, "N1 repaired: NIC replaced")
+    node = ctx.fleet.gpu_nodes[p.node]
     ctx.record(
-        p,
-        ctx.fleet.gpu_nodes[p.node].target(),
-        end,
-        device=f"mlx5_{first // 2}",
+        p, node.target(), end, device=f"mlx5_{first // 2}", element=node.target(),
         job=ctx.job_name(job),
     )
     return back
@@ -418,7 +418,7 @@ def n3_cloud(ctx: Injector, p: Placement) -> int:
 def f1_cable(ctx: Injector, p: Placement) -> int:
     end = p.onset_ms + ctx.repair_ms(p, 6.0)
     port = int(ctx.rng.integers(0, PORTS)) if p.device < 0 else p.device % PORTS
-    _lose_network(ctx, p, p.node, end, port, f"mlx5_{port}:1")
+    _lose_network(ctx, p, p.node, end, port, _link(ctx.fleet.gpu_nodes[p.node], port))
     return end
 
 
@@ -426,20 +426,30 @@ def f1_tor(ctx: Injector, p: Placement) -> int:
     end = p.onset_ms + ctx.repair_ms(p, 4.0)
     for node in ctx.fleet.gpu_nodes:
         if node.rack == p.unit.a:
-            _lose_network(ctx, p, node.index, end, -1, leaf_switch(node))
+            switch = msgspec.structs.replace(node.target(), kind="switch", name=leaf_switch(node))
+            _lose_network(ctx, p, node.index, end, -1, switch)
             ctx.busy_node[node.index] = max(ctx.busy_node.get(node.index, 0), end)
     return end
 
 
+def _link(node: GpuNode, port: int) -> Target:
+    """A node's fabric port as the link target the localiser names (`node:device:port`)."""
+    return msgspec.structs.replace(node.target(), kind="link", name=f"{node.name}:mlx5_{port}:1")
+
+
 def _lose_network(
-    ctx: Injector, p: Placement, node: int, end: int, port: int, element: str
+    ctx: Injector, p: Placement, node: int, end: int, port: int, element: Target
 ) -> None:
     ctx.effect(Effect("pcie_bw", p.onset_ms, end, node, -1, 0.01))
     ctx.effect(Effect("fab_down", p.onset_ms, end, node, port))
     _toggle(ctx, p.onset_ms, node, port, carrier=1.0)  # down: link_downed +1, one carrier edge
     ctx.change(Change(end, "fabric_add", node, port, CARRIER, 1.0))  # back up: the other edge
     job = ctx.take_out(node, p.onset_ms, end, ctx.collective_timeout_ms())
-    ctx.record(p, ctx.fleet.gpu_nodes[node].target(), end, device=element, job=ctx.job_name(job))
+    device = element.name.split(":", 1)[1] if element.kind == "link" else element.name
+    ctx.record(
+        p, ctx.fleet.gpu_nodes[node].target(), end, device=device, element=element,
+        job=ctx.job_name(job),
+    )
 
 
 def _toggle(ctx: Injector, ts: int, node: int, port: int, carrier: float = 2.0) -> None:
@@ -463,8 +473,10 @@ def f2_flap(ctx: Injector, p: Placement) -> int:
         if job >= 0:  # every rank of the job stalls with it
             ctx.effect(Effect("job_speed", t, t + stall, job, -1, 0.6))
         t += down + int(ctx.rng.uniform(5, 30) * SECOND)
+    node = ctx.fleet.gpu_nodes[p.node]
     ctx.record(
-        p, ctx.fleet.gpu_nodes[p.node].target(), t, device=f"mlx5_{port}:1", job=ctx.job_name(job)
+        p, node.target(), t, device=f"mlx5_{port}:1", element=_link(node, port),
+        job=ctx.job_name(job),
     )
     return t
 
@@ -483,6 +495,7 @@ def f3_gray(ctx: Injector, p: Placement) -> int:
         ctx.fleet.gpu_nodes[p.node].target(),
         end,
         device=f"mlx5_{port}:1",
+        element=_link(ctx.fleet.gpu_nodes[p.node], port),
         job=ctx.job_name(ctx.workload.job_at(p.node, p.onset_ms)),
     )
     return end

@@ -15,11 +15,12 @@ MACHINE = {"date": "2031-01-02", "commit": "abc1234"}
 
 
 def part(found: int, faults: int, acted: int = 0, withheld: int = 0, *, action: int = 0,
-         missed: int | None = None, idle: int = 0, rules: dict[str, int] | None = None
-         ) -> dict[str, Any]:
+         missed: int | None = None, idle: int = 0, rules: dict[str, int] | None = None,
+         named: int | None = None) -> dict[str, Any]:
     return {"found": found, "faults": faults, "acted": acted, "withheld": withheld,
             "action_faults": action, "missed": faults - found if missed is None else missed,
-            "found_not_acted": idle, "withheld_rules": rules or {}}
+            "found_not_acted": idle, "withheld_rules": rules or {},
+            "named": found if named is None else named}
 
 
 def fleet_run(intensity: float, hard: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +137,8 @@ def test_the_detection_text_carries_counts_and_judges_the_goals() -> None:
         "NIC failures (N1) 3/3 (1 acted, 2 withheld: fleet_cap 2) against 1/3",
         "(3 acted, 17 withheld: budget 14, fleet_cap 3) against 14/26",
         "Not met: hard recall 0.951 (194/204, goal ≥ 0.99)",
-        "fabric F1/F3/N1 23/25 (goal ≥ 0.9)",  # 23/25 = 0.92: met
+        "fabric F1/F3/N1 found 23/25, the failed switch, link or NIC named 23/25 (goal ≥ 0.9 "
+        "named)",  # 23/25 = 0.92: met
         "Misses by type: hard: G4 9, F1 2, T2 1; gray: S1 2.",  # most first, by class
         "neither acted on nor withheld (not escalated within the run): S1 4",
         "3 series, 8 windows, 15 series-weeks",
@@ -166,8 +168,15 @@ def test_goals_change_sides_with_the_figures() -> None:
     text = prose.detection_text(results(detection=fig))
     met, _, not_met = text.partition("Not met:")
     assert "hard recall 0.995" in met
-    assert "fabric F1/F3/N1 16/25" in not_met.split(".")[0]
+    assert "fabric F1/F3/N1 found 16/25" in not_met.split(".")[0]
     assert "is met." in text
+
+
+def test_fabric_faults_found_but_not_named_miss_the_fabric_goal() -> None:
+    fig = detection()
+    fig["fleet"]["fleetpulse"]["by_type"]["F1"] = part(19, 19, named=10)  # the node, not the link
+    met, _, not_met = prose.detection_text(results(detection=fig)).partition("Not met:")
+    assert "named 16/25" in not_met.split(". Misses")[0] and "fabric" not in met
 
 
 @pytest.mark.parametrize("missing", ["throughput", "profile", "latency", "latency-take"])

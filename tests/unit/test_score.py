@@ -29,6 +29,7 @@ class F:
     end_ms: int
     expected: str
     must_not_cordon: bool = False
+    element: Target | None = None
 
 
 def _action(name: str, ts: int, kind: str = "cordon", check: str = "x") -> Action:
@@ -51,6 +52,23 @@ def test_hard_fault_detected_with_its_delay_and_precision_one() -> None:
     assert result.by_class["hard"].recall == 1.0
     assert result.by_class["hard"].delays_ms == [5_000]
     assert (result.episodes, result.true_episodes, result.precision) == (1, 1, 1.0)
+
+
+def test_a_fabric_fault_is_named_only_by_a_finding_on_its_element() -> None:
+    link = Target(cluster="c", kind="link", name="n1:mlx5_0:1", pool="p", zone="z")
+    faults = [
+        F("f1", "F1", "hard", _target("n1"), T0, T0 + 60 * MIN, "finding", element=link),
+        F("f2", "F1", "hard", _target("n2"), T0, T0 + 60 * MIN, "finding",
+          element=Target(cluster="c", kind="link", name="n2:mlx5_3:1", pool="p", zone="z")),
+    ]
+    on_link = Finding(
+        finding_id="fnd-link", ts=T0 + 30_000, entity=Entity(kind="link", target=link),
+        check="fabric.link.down", severity="critical", healthy=False,
+        recommended_action="repair_link",
+    )
+    findings = [on_link, _finding("n1", T0 + 10_000), _finding("n2", T0 + 10_000)]
+    part = score(faults, [], findings, 1.0).by_type["F1"]
+    assert (part.found, part.element_faults, part.named) == (2, 2, 1)  # n2's port: unnamed
 
 
 def test_action_before_onset_or_after_grace_does_not_count() -> None:
