@@ -365,6 +365,33 @@ class FabricSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="fa
     ]
 
 
+class JobLevels(Event, frozen=True, kw_only=True):
+    """One job's share of a node in one scrape: medians over the node's busy GPUs of that job."""
+
+    clock: Annotated[
+        float | None, Meta(description="Median SM clock, MHz (null: fewer than two busy GPUs).")
+    ] = None
+    levels: Annotated[
+        dict[str, float],
+        Meta(description="Activity check (job.straggler.*) -> median over the busy GPUs."),
+    ] = {}
+
+
+class PeerSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="peer_sample/1"):
+    """What the job-peer comparison needs of one GPU scrape (the worker's internal fleet-input
+    topic, key = cluster): per job, the node's median clock and activity levels. The telemetry
+    stage computes it from the gpu_sample, so the fleet stage does not read whole scrapes."""
+
+    ts: EventTs
+    cluster: Cluster
+    node: NodeName
+    pool: Pool
+    zone: Zone
+    jobs: Annotated[
+        dict[str, JobLevels], Meta(description="Job -> the node's levels on it (may be empty).")
+    ]
+
+
 class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_event/1"):
     """One NVRM Xid kernel-log line (fleet.events.xid, key = node)."""
 
@@ -922,6 +949,7 @@ TOPIC_VALUES: dict[str, type[Event]] = {
     "tpu_sample": TpuSample,
     "ici_sample": IciSample,
     "fabric_sample": FabricSample,
+    "peer_sample": PeerSample,
     "xid_event": XidEvent,
     "node_event": NodeEvent,
     "capacity_event": CapacityEvent,

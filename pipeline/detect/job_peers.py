@@ -50,7 +50,7 @@ from pipeline.detect.episodes import (
 )
 from pipeline.detect.findings import Book, evidence
 from pipeline.detect.stats import median
-from pipeline.model import Evidence, Finding, GpuSample
+from pipeline.model import Evidence, Finding, GpuSample, JobLevels, PeerSample
 
 STRAGGLER = "job.straggler"
 PERSISTENT = "job.straggler.persistent"
@@ -86,10 +86,30 @@ class JobPeersState(msgspec.Struct, kw_only=True):
     interval_ms: dict[str, int] = {}  # cluster/node -> last scrape gap
 
 
+def peer_sample(sample: GpuSample, settings: DetectSettings) -> PeerSample:
+    """What the comparison needs of one scrape: per job, the node's median clock (two busy
+    GPUs at least) and activity levels. Computed where the scrape is (the telemetry stage), so
+    only this small record travels to the fleet stage."""
+    clocks = _busy_clocks(sample, settings)
+    levels = _busy_levels(sample, settings)
+    running = {gpu.job for gpu in sample.gpus if gpu.job is not None}  # busy or not
+    jobs = {
+        job: JobLevels(clock=clocks.get(job), levels=levels.get(job, {}))
+        for job in sorted(running)
+    }
+    return PeerSample(
+        ts=sample.ts, cluster=sample.cluster, node=sample.node, pool=sample.pool,
+        zone=sample.zone, jobs=jobs,
+    )  # fmt: skip
+
+
 def detect_job_peers(
-    state: JobPeersState | None, sample: GpuSample, settings: DetectSettings
+    state: JobPeersState | None, sample: PeerSample | GpuSample, settings: DetectSettings
 ) -> tuple[JobPeersState, list[Finding]]:
-    """Feed one node's scrape; returns findings on that node against its jobs' peers."""
+    """Feed one node's scrape (or its peer sample); returns findings on that node against its
+    jobs' peers."""
+    if isinstance(sample, GpuSample):
+        sample = peer_sample(sample, settings)
     state = state or JobPeersState()
     key = f"{sample.cluster}/{sample.node}"
     book = state.books.get(key)
@@ -99,8 +119,10 @@ def detect_job_peers(
             zone=sample.zone,
         )  # fmt: skip
     out: list[Finding] = []
-    levels = _busy_levels(sample, settings)
-    for job, clock in _busy_clocks(sample, settings).items():
+    for job, mine_now in sample.jobs.items():
+        clock = mine_now.clock
+        if clock is None:
+            continue
         nodes = state.jobs.setdefault(job, {})
         mine = nodes.get(key)
         if mine is not None and sample.ts <= mine.ts:
@@ -110,7 +132,7 @@ def detect_job_peers(
             state.interval_ms[key] = gap
         if mine is None:
             mine = nodes[key] = NodeInJob(ts=sample.ts, clock=clock)
-        mine.ts, mine.clock, mine.levels = sample.ts, clock, levels.get(job, {})
+        mine.ts, mine.clock, mine.levels = sample.ts, clock, dict(mine_now.levels)
         fresh = _fresh(state, nodes, key, sample.ts)
         out += _judge(book, job, mine, [n.clock for n in fresh], sample.ts, settings)
         out += _judge_activity(book, job, mine, fresh, sample.ts, settings)
@@ -238,9 +260,9 @@ def _open(
     )
 
 
-def _forget(state: JobPeersState, key: str, sample: GpuSample) -> None:
+def _forget(state: JobPeersState, key: str, sample: PeerSample) -> None:
     """A node that left a job is no longer its peer."""
-    running = {gpu.job for gpu in sample.gpus if gpu.job is not None}
+    running = sample.jobs.keys()
     for job, nodes in list(state.jobs.items()):
         if key in nodes and job not in running:
             del nodes[key]

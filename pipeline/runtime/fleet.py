@@ -24,10 +24,10 @@ import msgspec
 
 from pipeline.config import Settings
 from pipeline.detect import fabric_localise, job_peers
-from pipeline.model import Action, FabricSample, Finding, GpuSample, Inventory
+from pipeline.model import Action, FabricSample, Finding, Inventory, PeerSample
 from pipeline.runtime.topics import record_key, scoped
 
-FleetSignal = Inventory | Finding | FabricSample | GpuSample
+FleetSignal = Inventory | Finding | FabricSample | PeerSample
 
 
 class Held(msgspec.Struct, kw_only=True, gc=False):
@@ -36,7 +36,7 @@ class Held(msgspec.Struct, kw_only=True, gc=False):
     ts: int
     node: str  # cluster/node
     seq: int  # the node's own arrival order (its records keep their order on any runtime)
-    signal: Finding | FabricSample | GpuSample
+    signal: Finding | FabricSample | PeerSample
 
 
 class FleetState(msgspec.Struct, kw_only=True):
@@ -65,7 +65,7 @@ def on_fleet(
         )
         return state, [], []
     node = _node(signal)
-    source = f"{node}|{'gpu' if isinstance(signal, GpuSample) else 'fabric'}"
+    source = f"{node}|{'gpu' if isinstance(signal, PeerSample) else 'fabric'}"
     if signal.ts <= state.heard.get(source, -1):
         return state, [], []  # a repeat (the sample that came with it moved `heard` past it)
     state.seq[node] = seq = state.seq.get(node, 0) + 1
@@ -76,7 +76,7 @@ def on_fleet(
     return _release(state, settings)
 
 
-def _node(signal: Finding | FabricSample | GpuSample) -> str:
+def _node(signal: Finding | FabricSample | PeerSample) -> str:
     if isinstance(signal, Finding):
         target = signal.entity.target
         return scoped(target.cluster, target.name)
@@ -112,7 +112,7 @@ def _release(
     return state, findings, actions
 
 
-_RANK = {GpuSample: 0, Finding: 1, FabricSample: 2}  # a fabric sample's findings precede it
+_RANK = {PeerSample: 0, Finding: 1, FabricSample: 2}  # a fabric sample's findings precede it
 
 
 def _order(held: Held) -> tuple[int, str, int, int]:

@@ -14,6 +14,7 @@ import msgspec
 
 from pipeline import aggregate, detect, guard, health, policy
 from pipeline.config import Settings
+from pipeline.detect import job_peers
 from pipeline.ids import stable_id
 from pipeline.model import (
     Action,
@@ -119,12 +120,12 @@ def on_telemetry(
 
 
 def fleet_inputs(
-    state: TelemetryState, admitted: Telemetry, findings: list[Finding]
+    state: TelemetryState, admitted: Telemetry, findings: list[Finding], settings: Settings
 ) -> list[FleetSignal]:
     """What the telemetry stage passes on to the fleet stage for one admitted record: a fabric
     sample's port findings, after its node's inventory (placement) the first time, and the
     sample itself (the event time that turns troubles no switch explains into link verdicts);
-    a GPU sample of a node that runs, or ran until now, a job (job peers)."""
+    for a GPU sample of a node that runs, or ran until now, a job: its peer sample."""
     if isinstance(admitted, FabricSample):
         placed: list[FleetSignal] = []
         if state.inventory is not None and not state.placed:
@@ -133,7 +134,10 @@ def fleet_inputs(
     if isinstance(admitted, GpuSample):
         in_job = any(gpu.job is not None for gpu in admitted.gpus)
         was_in_job, state.in_job = state.in_job, in_job
-        return [admitted] if in_job or was_in_job else []
+        if not (in_job or was_in_job):
+            return []
+        # the few numbers job peers compare, not the whole scrape (a tenth of its bytes)
+        return [job_peers.peer_sample(admitted, settings.detect)]
     return []
 
 

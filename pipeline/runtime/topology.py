@@ -50,10 +50,10 @@ from pipeline.model import (
     Event,
     FabricSample,
     Finding,
-    GpuSample,
     Inventory,
     NodeEvent,
     NodeState,
+    PeerSample,
     PolicyRelease,
     Proposal,
     Utilization,
@@ -219,7 +219,7 @@ def on_telemetry(part: Part, event: Event | None, key: str) -> list[Out]:
     elif isinstance(admitted, FabricSample):
         part.observe("fabric", key, admitted.ts)  # its door clock only: it ticks nothing
     state, findings, rows = route.on_telemetry(state, admitted, part.settings)
-    fleet = route.fleet_inputs(state, admitted, findings)
+    fleet = route.fleet_inputs(state, admitted, findings, part.settings)
     part.put(key, state)
     part.note_key(key, family)
     outs += [_finding(finding) for finding in findings] + [_row(row) for row in rows]
@@ -323,7 +323,7 @@ def _network_element(signal: route.HealthSignal) -> bool:
 
 # --- fleet: fabric localisation, job peers ------------------------------------------------
 
-_FLEET_INPUTS = (Inventory, Finding, FabricSample, GpuSample)
+_FLEET_INPUTS = (Inventory, Finding, FabricSample, PeerSample)
 
 
 def fleet_key(signal: Event, got: str | None) -> str:
@@ -332,7 +332,7 @@ def fleet_key(signal: Event, got: str | None) -> str:
     if not isinstance(signal, _FLEET_INPUTS):
         raise DecodeError(
             field="$.schema",
-            expected="'inventory/1', 'finding/2', 'fabric_sample/1' or 'gpu_sample/2'",
+            expected="'inventory/1', 'finding/2', 'fabric_sample/1' or 'peer_sample/1'",
             got=_tag(signal),
         )
     target = signal.entity.target if isinstance(signal, Finding) else signal

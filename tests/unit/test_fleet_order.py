@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import load_settings
-from pipeline.model import Event, FabricSample, Finding, GpuSample, Inventory
+from pipeline.model import Event, FabricSample, Finding, Inventory, PeerSample
 from pipeline.runtime import fleet, topology
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.sim import Simulation, parse_forced
@@ -61,7 +61,7 @@ def _decisions(signals: list[Signal]) -> tuple[set[str], set[str]]:
     findings: set[str] = set()
     actions: set[str] = set()
     for key, event in signals:
-        assert isinstance(event, Inventory | Finding | FabricSample | GpuSample)
+        assert isinstance(event, Inventory | Finding | FabricSample | PeerSample)
         states[key], found, acted = fleet.on_fleet(states.get(key), event, BASE)
         findings |= {f.finding_id for f in found}
         actions |= {a.action_id for a in acted}
@@ -71,7 +71,7 @@ def _decisions(signals: list[Signal]) -> tuple[set[str], set[str]]:
 def _node(event: Event) -> str:
     if isinstance(event, Finding):
         return event.entity.target.name
-    assert isinstance(event, Inventory | FabricSample | GpuSample)
+    assert isinstance(event, Inventory | FabricSample | PeerSample)
     return event.name if isinstance(event, Inventory) else event.node
 
 
@@ -93,7 +93,7 @@ def test_the_recording_has_switch_link_and_straggler_verdicts() -> None:
     states: dict[str, fleet.FleetState | None] = {}
     found: set[tuple[str, str]] = set()
     for key, event in _fleet_input():
-        assert isinstance(event, Inventory | Finding | FabricSample | GpuSample)
+        assert isinstance(event, Inventory | Finding | FabricSample | PeerSample)
         states[key], findings, _ = fleet.on_fleet(states.get(key), event, BASE)
         found |= {(f.check, f.entity.target.kind) for f in findings if not f.healthy}
     assert {("fabric.switch.down", "switch"), ("fabric.link.down", "link"),
