@@ -79,6 +79,11 @@ class GuardState(msgspec.Struct, kw_only=True):
     out: dict[str, dict[str, str]] = {}  # pool -> {target key: zone} out for faults
     raised: dict[str, dict[str, Mark]] = {}  # cause check -> target key -> mark
     causes: dict[str, Cause] = {}  # "check|scope|name" -> a cause seen now
+    # Members per "scope|name", kept as members and seen change (every policy input asks for
+    # the sizes): the inventory's, and all targets' (a target's seen pool over its inventory's)
+    sized_inventory: dict[str, int] = {}
+    sized_all: dict[str, int] = {}
+    sized: bool = False  # the two are kept (a state from before them: counted once)
 
 
 def cause_check(check: str) -> str:
@@ -103,7 +108,7 @@ def observe(
     st.clock = max(st.clock, signal.ts)
     if isinstance(signal, Inventory):
         key = f"{signal.cluster}/{signal.kind}/{signal.name}"
-        st.members[key] = Member(pool=f"{signal.cluster}/{signal.pool}", zone=signal.zone)
+        _set_member(st, st.members, key, f"{signal.cluster}/{signal.pool}", signal.zone)
     elif isinstance(signal, NodeState):
         _note_open_checks(st, signal)
     elif isinstance(signal, Proposal):
@@ -118,9 +123,45 @@ def _own(state: GuardState | None) -> GuardState:
     return GuardState() if state is None else state
 
 
+def _set_member(st: GuardState, where: dict[str, Member], key: str, pool: str, zone: str) -> None:
+    known = where.get(key)
+    if known is not None and known.pool == pool and known.zone == zone:
+        return
+    _count_all(st)
+    before = st.seen.get(key) or st.members.get(key)
+    where[key] = member = Member(pool=pool, zone=zone)
+    if where is st.members:
+        _count(st.sized_inventory, known, -1)
+        _count(st.sized_inventory, member, 1)
+    _count(st.sized_all, before, -1)
+    _count(st.sized_all, st.seen.get(key) or member, 1)
+
+
+def _count(counts: dict[str, int], member: Member | None, step: int) -> None:
+    if member is None:
+        return
+    for scope in SCOPES:
+        name = f"{scope}|{_scope_name(scope, member)}"
+        counts[name] = counts.get(name, 0) + step
+        if not counts[name]:
+            del counts[name]
+
+
+def _count_all(st: GuardState) -> None:
+    """Count a state's members once (kept as they change from then on)."""
+    if st.sized:
+        return
+    st.sized_inventory, st.sized_all = {}, {}
+    for member in st.members.values():
+        _count(st.sized_inventory, member, 1)
+    for member in {**st.members, **st.seen}.values():
+        _count(st.sized_all, member, 1)
+    st.sized = True
+
+
 def _note_open_checks(st: GuardState, ns: NodeState) -> None:
     key = target_key(ns.target)
-    st.seen[key] = Member(pool=pool_of(ns.target), zone=ns.target.zone)
+    _set_member(st, st.seen, key, pool_of(ns.target), ns.target.zone)
     open_now = {cause_check(check) for check in ns.open_checks}
     for check in open_now:
         marks = st.raised.setdefault(check, {})
@@ -136,7 +177,8 @@ def _note_open_checks(st: GuardState, ns: NodeState) -> None:
 def _note_proposal(st: GuardState, proposal: Proposal) -> None:
     # A fatal fault proposes at once, before its node state says the check is open.
     key = target_key(proposal.target)
-    st.seen.setdefault(key, Member(pool=pool_of(proposal.target), zone=proposal.target.zone))
+    if key not in st.seen:
+        _set_member(st, st.seen, key, pool_of(proposal.target), proposal.target.zone)
     if proposal.kind != "cordon":
         return
     for check in {cause_check(check) for check in proposal.reason.checks}:
@@ -164,13 +206,14 @@ def _scope_name(scope: str, member: Member | Mark) -> str:
 
 def sizes(st: GuardState, settings: Settings) -> dict[tuple[str, str], int]:
     """Members per (scope, name): the inventory's when enforced, else the targets seen."""
-    members = st.members if settings.inventory.enforce else {**st.members, **st.seen}
-    counted: dict[tuple[str, str], int] = {}
-    for member in members.values():
-        for scope in SCOPES:
-            name = (scope, _scope_name(scope, member))
-            counted[name] = counted.get(name, 0) + 1
-    return counted
+    _count_all(st)
+    counts = st.sized_inventory if settings.inventory.enforce else st.sized_all
+    return {_scope_and_name(key): n for key, n in counts.items()}
+
+
+def _scope_and_name(key: str) -> tuple[str, str]:
+    scope, _, name = key.partition("|")
+    return scope, name
 
 
 def _cap(size: int, pct: float, absolute: int, floor: int) -> int:

@@ -20,6 +20,8 @@ already heard from its node and source.
 
 from __future__ import annotations
 
+import heapq
+
 import msgspec
 
 from pipeline.config import Settings
@@ -30,11 +32,16 @@ from pipeline.runtime.topics import record_key, scoped
 FleetSignal = Inventory | Finding | FabricSample | PeerSample
 
 
-class Held(msgspec.Struct, kw_only=True, gc=False):
-    """A signal waiting for the watermark: ordered by (ts, node, seq)."""
+class Held(msgspec.Struct, kw_only=True, gc=False, order=True):
+    """A signal waiting for the watermark, ordered by (ts, node, rank, seq): `held` is a heap
+    of them, so the next to release is always first. (node, seq) is unique: the signal itself
+    is never compared."""
 
     ts: int
     node: str  # cluster/node
+    # a node's GPU and fabric records of one time may be read in either order (two topics):
+    # peer sample, then the fabric findings, then the fabric sample (_RANK)
+    rank: int = 0
     seq: int  # the node's own arrival order (its records keep their order on any runtime)
     signal: Finding | FabricSample | PeerSample
 
@@ -42,14 +49,23 @@ class Held(msgspec.Struct, kw_only=True, gc=False):
 class FleetState(msgspec.Struct, kw_only=True):
     """What the fleet stage keeps for one cluster: fabric localisation (ports of many nodes
     behind one leaf switch or rail), job peers (a job's nodes against each other), and the
-    signals held until the watermark passes them."""
+    signals held until the watermark passes them.
+
+    The watermark is kept incrementally (a cluster has thousands of nodes and every signal
+    asks for it): `newest` per node, `top` the newest of all, and `marks`, a heap of
+    (ts, node) whose stale entries (a node heard again since, or silent beyond the horizon)
+    are dropped when they come to the top."""
 
     fabric: fabric_localise.FabricFleetState | None = None
     peers: job_peers.JobPeersState | None = None
     placing: dict[str, fabric_localise.Placement] = {}  # node -> its inventory's placement
     heard: dict[str, int] = {}  # "cluster/node|source" -> newest event time received
     seq: dict[str, int] = {}  # node -> signals received from it
-    held: list[Held] = []
+    held: list[Held] = []  # a heap
+    newest: dict[str, int] = {}  # node -> newest event time heard from either source
+    top: int = 0
+    marks: list[tuple[int, str]] = []  # a heap
+    indexed: bool = False  # held, newest and marks kept as above (a state from before: rebuilt)
 
 
 def on_fleet(
@@ -64,15 +80,23 @@ def on_fleet(
             leaf=signal.leaf_switch, rail=signal.rail
         )
         return state, [], []
+    if not state.indexed:
+        _index(state)
     node = _node(signal)
     source = f"{node}|{'gpu' if isinstance(signal, PeerSample) else 'fabric'}"
     if signal.ts <= state.heard.get(source, -1):
         return state, [], []  # a repeat (the sample that came with it moved `heard` past it)
     state.seq[node] = seq = state.seq.get(node, 0) + 1
-    state.held.append(Held(ts=signal.ts, node=node, seq=seq, signal=signal))
+    heapq.heappush(
+        state.held, Held(ts=signal.ts, node=node, rank=_RANK[type(signal)], seq=seq, signal=signal)
+    )
     if isinstance(signal, Finding):
         return state, [], []  # its sample follows at the same time, and may move the watermark
     state.heard[source] = signal.ts
+    if signal.ts > state.newest.get(node, -1):
+        state.newest[node] = signal.ts
+        state.top = max(state.top, signal.ts)
+        heapq.heappush(state.marks, (signal.ts, node))
     return _release(state, settings)
 
 
@@ -84,40 +108,48 @@ def _node(signal: Finding | FabricSample | PeerSample) -> str:
 
 
 def watermark(state: FleetState, horizon_ms: int) -> int | None:
-    """The time every live node of the cluster has reported up to (None: none heard)."""
-    newest: dict[str, int] = {}
-    for source, ts in state.heard.items():
-        node = source.rpartition("|")[0]
-        newest[node] = max(ts, newest.get(node, ts))
-    if not newest:
-        return None
-    top = max(newest.values())
-    return min(ts for ts in newest.values() if top - ts <= horizon_ms)
+    """The time every live node of the cluster has reported up to (None: none heard): the
+    oldest newest time among the nodes heard within `horizon_ms` of the newest of all."""
+    marks = state.marks
+    while marks:
+        ts, node = marks[0]
+        if state.newest.get(node) == ts and state.top - ts <= horizon_ms:
+            return ts
+        heapq.heappop(marks)  # heard again since, or silent past the horizon: not live
+    return None
 
 
 def _release(
     state: FleetState, settings: Settings
 ) -> tuple[FleetState, list[Finding], list[Action]]:
     mark = watermark(state, settings.detect.node_down_s * 1000)
-    if mark is None or not any(h.ts <= mark for h in state.held):
-        return state, [], []
-    ready = sorted((h for h in state.held if h.ts <= mark), key=_order)
-    state.held = [h for h in state.held if h.ts > mark]
     findings: list[Finding] = []
     actions: list[Action] = []
-    for held in ready:
-        found, acted = _detect(state, held, settings)
+    while mark is not None and state.held and state.held[0].ts <= mark:
+        found, acted = _detect(state, heapq.heappop(state.held), settings)
         findings += found
         actions += acted
     return state, findings, actions
 
 
+def _index(state: FleetState) -> None:
+    """Build the heaps of a state kept before they existed (the same signals, in order)."""
+    state.held = [
+        Held(ts=h.ts, node=h.node, rank=_RANK[type(h.signal)], seq=h.seq, signal=h.signal)
+        for h in state.held
+    ]
+    heapq.heapify(state.held)
+    state.newest = {}
+    for source, ts in state.heard.items():
+        node = source.rpartition("|")[0]
+        state.newest[node] = max(ts, state.newest.get(node, ts))
+    state.top = max(state.newest.values(), default=0)
+    state.marks = [(ts, node) for node, ts in state.newest.items()]
+    heapq.heapify(state.marks)
+    state.indexed = True
+
+
 _RANK = {PeerSample: 0, Finding: 1, FabricSample: 2}  # a fabric sample's findings precede it
-
-
-def _order(held: Held) -> tuple[int, str, int, int]:
-    # a node's GPU and fabric records of one time may be read in either order (two topics)
-    return held.ts, held.node, _RANK[type(held.signal)], held.seq
 
 
 def _detect(

@@ -108,3 +108,25 @@ def test_fleet_decisions_do_not_depend_on_arrival_order(lags: list[int]) -> None
     nodes = sorted({_node(e) for _, e in signals})
     expected = _decisions(list(signals))
     assert _decisions(_staggered(signals, dict(zip(nodes, lags, strict=False)))) == expected
+
+
+def _peer(node: str, ts: int) -> PeerSample:
+    return PeerSample(ts=ts, cluster="c1", node=node, pool="p", zone="z", jobs={})
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 3_000)), max_size=60))
+@settings(max_examples=200)
+def test_the_kept_watermark_is_the_oldest_newest_time_of_the_live_nodes(
+    arrivals: list[tuple[str, int]]
+) -> None:
+    horizon_ms = BASE.detect.node_down_s * 1000
+    state: fleet.FleetState | None = None
+    newest: dict[str, int] = {}
+    for node, seconds in arrivals:
+        ts = seconds * 1000
+        state, _, _ = fleet.on_fleet(state, _peer(node, ts), BASE)
+        newest[node] = max(ts, newest.get(node, ts))
+        top = max(newest.values())
+        live = [t for t in newest.values() if top - t <= horizon_ms]
+        assert fleet.watermark(state, horizon_ms) == min(live)
+        assert all(h.ts > min(live) for h in state.held)  # everything it passed went out
