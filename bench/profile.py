@@ -41,6 +41,10 @@ STAGES = {
     "detect_tpu": ("detect_tpu",),
     "detect_ici": ("detect_ici",),
     "detect_xid": ("detect_xid",),
+    "detect_fabric": ("detect_fabric",),
+    # the fleet stage's detectors (peer_sample runs in the telemetry stage, for them)
+    "job_peers": ("detect_job_peers", "peer_sample"),
+    "fabric_localise": ("localise",),
     "staleness": ("on_time",),
     "aggregate": ("aggregate", "flush_windows"),
     "health": ("on_health",),
