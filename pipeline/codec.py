@@ -23,7 +23,15 @@ import msgspec
 import msgspec.inspect as mi
 
 from pipeline.errors import DecodeError
-from pipeline.model import TOPIC_VALUES, Event, FabricSample, GpuSample, IciSample, TpuSample
+from pipeline.model import (
+    TOPIC_VALUES,
+    Event,
+    FabricSample,
+    GpuSample,
+    IciSample,
+    PeerSample,
+    TpuSample,
+)
 
 E = TypeVar("E", bound=Event)
 CONTENT_TYPE = "content-type"  # the record header naming the value's format
@@ -31,7 +39,7 @@ JSON = "application/json"
 MSGPACK = "application/msgpack"
 Format = Literal["msgpack", "json"]
 # the values FleetPulse's producers may write as msgpack (KafkaSettings.telemetry_format)
-FAST = (GpuSample, TpuSample, IciSample, FabricSample)
+FAST = (GpuSample, TpuSample, IciSample, FabricSample, PeerSample)
 
 _ENCODER = msgspec.json.Encoder()
 _GENERIC = msgspec.json.Decoder()
