@@ -135,7 +135,7 @@ def expire_xid(
         state.app_hits = [hit for hit in state.app_hits if now_ms - hit.ts <= window_ms]
         for opened in [e for e in state.book.open.values() if e.check == APP_RECURRENCE]:
             device = opened.device or ""
-            if not _recurs(state.app_hits, device, settings):
+            if not _recurs(*_recurrence(state.app_hits, device, settings), settings):
                 finding = clear_episode(
                     state.book,
                     APP_RECURRENCE,
@@ -204,10 +204,9 @@ def _application(
     if event.job is None:
         return None  # without the job we cannot tell a buggy job from a bad GPU
     state.app_hits.append(AppHit(event.job, device, event.xid, event.ts))
-    if not _recurs(state.app_hits, device, settings):
+    jobs, strikes = _recurrence(state.app_hits, device, settings)
+    if not _recurs(jobs, strikes, settings):
         return None
-    jobs = _blamed_jobs(state.app_hits, device)
-    strikes = _strikes(state.app_hits, device, jobs, settings.xid_dedupe_s * 1000)
     codes = sorted({hit.code for hit in state.app_hits if hit.device == device})
     return open_episode(
         state.book,
@@ -223,12 +222,14 @@ def _application(
     )
 
 
-def _recurs(hits: list[AppHit], device: str, settings: DetectSettings) -> bool:
+def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tuple[set[str], int]:
+    """The jobs blamed on `device` and their separate strikes on it."""
     jobs = _blamed_jobs(hits, device)
-    if len(jobs) >= settings.app_xid_min_jobs:
-        return True
-    strikes = _strikes(hits, device, jobs, settings.xid_dedupe_s * 1000)
-    return strikes >= settings.app_xid_min_strikes
+    return jobs, _strikes(hits, device, jobs, settings.xid_dedupe_s * 1000)
+
+
+def _recurs(jobs: set[str], strikes: int, settings: DetectSettings) -> bool:
+    return len(jobs) >= settings.app_xid_min_jobs or strikes >= settings.app_xid_min_strikes
 
 
 def _strikes(hits: list[AppHit], device: str, jobs: set[str], gap_ms: int) -> int:
