@@ -611,7 +611,10 @@ class WorkerSettings(Section, frozen=True):
     datadir: str = ".cache/worker"  # faust's data directory (one folder per app id)
     standby_replicas: Annotated[int, Meta(ge=0)] = 0  # warm table copies: rocksdb only
     ack_batch: PositiveInt = 500  # records whose outputs are awaited together before acking
-    ack_interval_ms: PositiveInt = 50  # ... or this often, whichever comes first
+    # ... or this often, whichever comes first. Outputs are sent at once whatever this is; it
+    # sets how often changed states are written (a cluster's fleet state is ~400 kB): at 50 ms
+    # the 10k-GPU load kept the worker too busy to meet the latency goal (bench/latency.py)
+    ack_interval_ms: PositiveInt = 250
     # records an agent takes from faust at once (Stream.noack_take, waiting at most
     # ack_interval_ms for a batch to fill); 0 = one event at a time (Stream.events)
     take: Annotated[int, Meta(ge=0)] = 0

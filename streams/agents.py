@@ -2,8 +2,9 @@
 
 One agent per stage, reading the stage's input topics. A record is decoded, its key checked
 (`stage.key`), and the stage's pure `on_item` runs over a `KafkaPart`: the key states of the
-record's partition in the stage's table (context.py keeps them, and the snapshot to roll back
-to), the partition's robust clocks, the settings. Its outputs are queued to their topics.
+record's partition in the stage's table (context.py keeps them, and what a roll-back needs:
+a snapshot, or the records to replay), the partition's robust clocks, the settings. Its
+outputs are queued to their topics.
 
 A record handler is synchronous: it computes everything, writes the state, then queues the
 sends, so nothing else runs between reading a key's state and writing it back. Any record it
@@ -88,7 +89,7 @@ class KafkaPart:
     def failed(self, key: str, now_ms: int, exc: Exception) -> None:
         log.error("staleness check of %r at %d failed", key, now_ms, exc_info=exc)
         self.ctx.metrics.errors.labels(f"{self.table}-tick").inc()
-        self.ctx.drop_cache()  # back to the key's last good state
+        self.ctx.roll_back(self.table, key.encode())  # back to the key's last good state
 
 
 def send_all(ctx: Context, outs: list[Out], record: Record | None) -> Futures:
@@ -113,13 +114,26 @@ def send_all(ctx: Context, outs: list[Out], record: Record | None) -> Futures:
 def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) -> Futures:
     """The `family` clock of a quiet `partition` crossed `boundaries` (app.py's lag timer)."""
     part = KafkaPart(ctx, "telemetry", partition)
-    return send_all(ctx, topology.tick(part, family, boundaries), None)
+    try:
+        outs = topology.tick(part, family, boundaries)
+    except Exception:  # beyond a key's own check (those roll that key back, `failed`)
+        log.exception("staleness checks of partition %d at %s failed", partition, boundaries)
+        ctx.metrics.errors.labels("telemetry-tick").inc()
+        ctx.roll_back("telemetry")
+        return []
+    ctx.commit()
+    return send_all(ctx, outs, None)
 
 
 def handle(ctx: Context, stage: topology.Stage, record: Record, event: Event | None) -> Futures:
     key = stage.key(event, key_text(record))
     part = KafkaPart(ctx, stage.table, record.partition)
-    return send_all(ctx, stage.on_item(part, event, key), record)
+    outs = stage.on_item(part, event, key)
+    if stage.replayable:
+        ctx.handled(stage.table, functools.partial(stage.on_item, part, event, key))
+    else:
+        ctx.commit()
+    return send_all(ctx, outs, record)
 
 
 # --- the loop -----------------------------------------------------------------------------
@@ -138,15 +152,14 @@ def handle_record(ctx: Context, stage: topology.Stage, record: Record) -> Future
             limit = ctx.settings.kafka.max_value_bytes
             value = decode_value(record, ctx.value_types[record.topic], limit)
         return handle(ctx, stage, record, value)
-    except DecodeError as exc:
-        ctx.drop_cache()  # only raised before any state is touched, but cheap to be sure
+    except DecodeError as exc:  # raised by decoding or the key check: no state was touched
         return [ctx.send_dead_letter(record, str(exc), exc.reason)]
     except Exception as exc:
         log.exception(
             "%s: record %s[%d]@%d", stage.name, record.topic, record.partition, record.offset
         )
         ctx.metrics.errors.labels(stage.name).inc()
-        ctx.drop_cache()
+        ctx.roll_back(stage.table)
         return [ctx.send_dead_letter(record, unexpected_error(stage.name, exc), "error")]
     finally:
         ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
@@ -234,6 +247,8 @@ def register(ctx: Context) -> None:
             aligned = [ctx.name(topic) for topic in stage.aligned]
             aligner = Aligner(aligned, _grace(ctx, aligned), ALIGN_MAX_HELD)
         agent = Agent(ctx, stage, aligner)
+        if stage.replayable:
+            ctx.replayable(stage.table)
         ctx.stages.append(agent)
         channel = ctx.app.topic(
             *names,

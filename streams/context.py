@@ -5,13 +5,23 @@ byte-for-byte what was written: `route.encode_state` (msgpack) compressed with z
 A node's detector state is ~10 kB of msgpack, rewritten with every scrape; compressed it is
 ~1-2 kB for ~0.1 ms of CPU, and the changelog stops being most of what the worker writes.
 
-State is read through `load` and written through `store`, which keeps the decoded state (the
-next record of the key needs no decoding) and its msgpack bytes (a snapshot: a record that
-fails half-way cannot leave a half-changed state behind). Before the Settler closes a batch
-it calls `flush`, which writes each changed key once — its table entry and a changelog record
-in the source record's partition — so a node scraped eight times in a batch costs one write,
-and a record is acked only after the states it changed are in the changelog. This also works
-outside a stream iteration (the staleness timer), which faust's `table[key] = value` does not.
+State is read through `load` and written through `store`; the decoded state is kept (the next
+record of the key needs no decoding). Before the Settler closes a batch it calls `flush`, which
+writes each changed key once — its table entry and a changelog record in the source record's
+partition — so a node scraped eight times in a batch costs one write, and a record is acked
+only after the states it changed are in the changelog. This also works outside a stream
+iteration (the staleness timer), which faust's `table[key] = value` does not.
+
+A record that makes a stage raise must not leave a half-changed state behind; `roll_back` puts
+the stage's table back as it was after the last good record, in one of two ways:
+- telemetry (`Stage.replayable` false: it reads clocks that have moved on since): once a record
+  went through, the states it changed are snapshot as msgpack (`commit`), and a roll-back
+  decodes them again;
+- every other stage: the snapshot is what the last `flush` wrote, and the stage's records since
+  then are kept (`journal`) and replayed, outputs discarded. These states are large (a
+  cluster's fleet state is ~400 kB at 1,250 nodes) and their records many; encoding one per
+  record was half of the worker's CPU under the 10k-GPU load, and replays happen only when a
+  stage has a bug.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import zlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,6 +55,7 @@ from streams.records import Record
 log = logging.getLogger("fleetpulse.worker")
 S = TypeVar("S")
 Futures = list[Awaitable[Any]]
+Replay = Callable[[], object]
 
 # Internal topics (created by faust, named after the app like its changelogs; declared with
 # the stages that write and read them in pipeline/runtime/topology.py).
@@ -64,10 +75,15 @@ class Context:
     tables: dict[str, Any] = field(default_factory=dict)  # faust Tables
     value_types: dict[str, type[Event]] = field(default_factory=dict)  # by full topic name
     next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
-    # decoded states of the keys in use; states changed since the last flush, as msgpack; and
-    # the generation (tables.py) and digest of what the table holds for each key
+    # decoded states of the keys in use; states changed since the last flush, with their
+    # partition and (telemetry only) msgpack snapshot, taken once the record that changed them
+    # went through (`commit`); the records of the replayable stages
+    # since the last flush, by table; and the generation (tables.py) and digest of what the
+    # table holds for each key
     cache: dict[tuple[str, bytes], Any] = field(default_factory=dict)
-    dirty: dict[tuple[str, bytes], tuple[int, bytes]] = field(default_factory=dict)
+    dirty: dict[tuple[str, bytes], tuple[int, bytes | None]] = field(default_factory=dict)
+    touched: dict[tuple[str, bytes], int] = field(default_factory=dict)  # by the record in hand
+    journal: dict[str, list[Replay]] = field(default_factory=dict)
     written: dict[tuple[str, bytes], tuple[int, bytes]] = field(default_factory=dict)
     # values decoded on arrival (for their timestamps) and held by an Aligner, by coordinates
     decoded: dict[tuple[str, int, int], Event] = field(default_factory=dict)
@@ -92,7 +108,7 @@ class Context:
             return state
         pending = self.dirty.get((table, key))
         try:
-            if pending is not None:
+            if pending is not None and pending[1] is not None:
                 packed = pending[1]
             else:
                 raw = self.tables[table].data.get(key)
@@ -113,8 +129,53 @@ class Context:
     def store(self, table: str, partition: int, key: bytes, state: Any) -> Futures:
         """Keep `state` as the key's state; `flush` writes it to the table and its changelog."""
         self.cache[(table, key)] = state
-        self.dirty[(table, key)] = (partition, route.encode_state(state))
+        if table in self.journal:
+            self.dirty[(table, key)] = (partition, None)
+        else:
+            self.touched[(table, key)] = partition
         return []
+
+    def commit(self) -> None:
+        """A record or a staleness check went through: snapshot the states it changed."""
+        for table_key, partition in self.touched.items():
+            self.dirty[table_key] = (partition, route.encode_state(self.cache[table_key]))
+        self.touched.clear()
+
+    def replayable(self, table: str) -> None:
+        """`table`'s stage can be replayed: snapshot it per flush, not per record."""
+        self.journal.setdefault(table, [])
+
+    def handled(self, table: str, replay: Replay) -> None:
+        """A record of a replayable stage went through: `replay` redoes it (outputs dropped)."""
+        self.journal[table].append(replay)
+
+    def roll_back(self, table: str, key: bytes | None = None) -> None:
+        """A stage raised half-way: back to `table`'s states after the last good record (for
+        a staleness check, which changes each key on its own: `key`'s state only)."""
+        self.metrics.roll_backs.labels(table).inc()
+        if table not in self.journal:  # decoded again from their last snapshots
+            for table_key in [k for k in self.touched if k[0] == table and key in (None, k[1])]:
+                del self.touched[table_key]
+            self._drop(table, key)
+            return
+        for table_key in [k for k in self.dirty if k[0] == table]:
+            del self.dirty[table_key]  # back to what the last flush wrote
+        self._drop(table, None)
+        replays, self.journal[table] = self.journal[table], []
+        for replay in replays:
+            try:
+                replay()
+            except Exception:  # it went through from these very states once: a stage bug
+                log.exception("table %s: replay after a roll-back failed; skipped", table)
+                self.roll_back(table)  # what the replays so far did, without this one
+                continue
+            self.journal[table].append(replay)
+
+    def _drop(self, table: str, key: bytes | None) -> None:
+        # every key of the table, not only those stored: a stage may change a state it read
+        # and raise before it stores it
+        for table_key in [k for k in self.cache if k[0] == table and key in (None, k[1])]:
+            del self.cache[table_key]
 
     def flush(self) -> Futures:
         """Write each state changed since the last flush, once, unless it is what the table
@@ -125,7 +186,8 @@ class Context:
         # from an older generation is written again, once, so that this owner's claim is in
         # the changelog and a fenced worker's late write of the key cannot win a replay
         current = self.app.consumer_generation_id
-        for (table, key), (partition, packed) in self.dirty.items():
+        for (table, key), (partition, snapshot) in self.dirty.items():
+            packed = snapshot or route.encode_state(self.cache[(table, key)])
             t = self.tables[table]
             generation, digest = t.generation_for(key, current), _digest(packed)
             if self.written.get((table, key)) == (generation, digest):
@@ -133,12 +195,9 @@ class Context:
             futures.append(t.write(partition, key, zlib.compress(packed, 1), generation))
             self.written[(table, key)] = (generation, digest)
         self.dirty.clear()
+        for replays in self.journal.values():
+            replays.clear()
         return futures
-
-    def drop_cache(self) -> None:
-        """After a failure mid-record (the pure stages may have mutated the state they were
-        given) and at every rebalance, states are decoded again from their last good bytes."""
-        self.cache.clear()
 
     def forget_unsettled(self) -> None:
         """Partitions were revoked: states changed by records not yet settled are dropped, not
@@ -147,12 +206,16 @@ class Context:
         past its session, say) would overwrite the new owner's in the changelog and fork the
         key's state when the partition comes back."""
         self.dirty.clear()
-        self.decoded.clear()
+        self.touched.clear()
         self.cache.clear()
+        self.decoded.clear()
+        for replays in self.journal.values():
+            replays.clear()
 
     def forget_written(self) -> None:
-        """Tables are recovered from changelogs at a rebalance: what they hold is news."""
-        self.cache.clear()
+        """Tables are recovered from changelogs at a rebalance: what they hold is news (and
+        nothing computed before the rebalance is written after it: see forget_unsettled)."""
+        self.forget_unsettled()
         self.written.clear()
 
     # --- outputs ----------------------------------------------------------------------------

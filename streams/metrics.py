@@ -71,6 +71,12 @@ class WorkerMetrics:
             ["status", "alertname"],
             registry=r,
         )
+        self.roll_backs = Counter(
+            "fleetpulse_worker_roll_backs",
+            "Stage states put back after a record or staleness check raised half-way",
+            ["table"],
+            registry=r,
+        )
         self.state_resets = Counter(
             "fleetpulse_worker_state_resets",
             "Table values that could not be decoded and were started afresh",

@@ -160,6 +160,10 @@ class Stage:
     outputs: tuple[str, ...]
     on_time: OnTime | None = None
     on_eof: OnEof | None = None
+    # on_item depends only on the states it reads, the record and the settings: a driver may
+    # replay it to rebuild a state (streams/context.py). The telemetry stage is not: it reads
+    # the partition's clocks and the wall clock, which a replay would find moved on.
+    replayable: bool = True
 
 
 def expect_key(got: str | None, expected: str, what: str) -> str:
@@ -430,6 +434,7 @@ STAGES: tuple[Stage, ...] = (
         on_time=tick,
         on_eof=flush,
         outputs=("findings", "utilization", POLICY_INPUT, FLEET_INPUT, DEAD_LETTERS),
+        replayable=False,
     ),
     Stage(
         name="fleet",

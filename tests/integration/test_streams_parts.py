@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from pipeline.config import load_settings
 from pipeline.errors import DecodeError
 from pipeline.model import CapacityEvent, DeadLetter, NodeState, Target
-from pipeline.runtime import zones
+from pipeline.runtime import route, zones
 from pipeline.runtime.align import Aligner
 from pipeline.runtime.group_topics import TABLES, group_topics
 from streams import tables
@@ -302,3 +304,96 @@ def test_a_partition_that_comes_back_is_judged_by_its_replay_alone(tmp_path: Pat
     replayed = tables.pack(3, b"the changelog's newest")
     table.apply_changelog_batch([_Event(_Message(K, replayed, 1))])
     assert table.data[K] == replayed
+
+
+# --- a stage that raises half-way leaves no half-changed state (streams/context.py) -------
+
+
+class _Tally(msgspec.Struct):
+    seen: list[int] = msgspec.field(default_factory=list)
+
+
+@dataclass
+class _Numbered:
+    n: int
+
+
+@dataclass
+class _Rec:
+    offset: int
+    topic: str = "in"
+    partition: int = 0
+    timestamp: float = 1_767_225_600.0
+    key: bytes | None = b"k"
+    value: bytes | None = b"{}"
+
+
+def _tally(part: Any, event: _Numbered, key: str) -> list[Any]:
+    # mutates the state it was given, then (for a record ending in 3) raises: a bug half-way
+    state = part.get(key, _Tally) or _Tally()
+    state.seen.append(event.n)
+    part.put(key, state)
+    part.put(f"{key}-twin", _Tally(seen=list(state.seen)))  # a second key, as policy writes
+    if event.n % 10 == 3:
+        raise RuntimeError(f"bug at {event.n}")
+    return []
+
+
+def _run_tally(ctx: Any, table: str, numbers: list[int]) -> int:
+    from pipeline.runtime import topology
+    from streams import agents
+
+    stage = topology.Stage(
+        name="tally", inputs=(), aligned=(), table=table, key=lambda event, got: got or "",
+        on_item=_tally, outputs=(), replayable=table != "telemetry",
+    )
+    failed = 0
+    ctx.send_dead_letter = lambda record, error, reason: error
+    for offset, n in enumerate(numbers):
+        ctx.decoded[(_Rec.topic, 0, offset)] = _Numbered(n)
+        out = agents.handle_record(ctx, stage, _Rec(offset))
+        failed += sum("bug at" in str(letter) for letter in out)
+    return failed
+
+
+@pytest.mark.parametrize("table", ["fleet", "telemetry"])
+def test_a_stage_that_raises_half_way_leaves_the_states_of_its_good_records(
+    tmp_path: Path, table: str
+) -> None:
+    # fleet: snapshot at flush, records since replayed; telemetry: snapshot per record
+    settings = load_settings(environ={"FLEETPULSE_WORKER__DATADIR": str(tmp_path)})
+    ctx = create_app(settings)
+    assert ("fleet" in ctx.journal) and ("telemetry" not in ctx.journal)
+    written: list[tuple[bytes, bytes]] = []
+    ctx.tables[table].write = lambda p, key, compressed, gen: written.append((key, compressed))
+
+    assert _run_tally(ctx, table, [1, 2, 3, 4]) == 1
+    assert ctx.load(table, b"k", _Tally) == _Tally([1, 2, 4])
+    assert ctx.load(table, b"k-twin", _Tally) == _Tally([1, 2, 4])
+    ctx.flush()  # what reaches the changelog is the same
+    got = {key: route.decode_state(zlib.decompress(c), _Tally) for key, c in written}
+    assert got == {b"k": _Tally([1, 2, 4]), b"k-twin": _Tally([1, 2, 4])}
+    # after a flush, only the records since it are replayed (the flushed state is kept)
+    ctx.tables[table].data[b"k"] = tables.pack(0, zlib.compress(route.encode_state(got[b"k"])))
+    ctx.tables[table].data[b"k-twin"] = ctx.tables[table].data[b"k"]
+    assert _run_tally(ctx, table, [5, 13, 6, 23, 7]) == 2
+    assert ctx.load(table, b"k", _Tally) == _Tally([1, 2, 4, 5, 6, 7])
+    assert ctx.metrics.roll_backs.labels(table)._value.get() == 3
+
+
+def test_a_staleness_check_that_raises_rolls_back_only_the_key_it_checked(tmp_path: Path) -> None:
+    from streams import agents
+
+    ctx = create_app(load_settings(environ={"FLEETPULSE_WORKER__DATADIR": str(tmp_path)}))
+    part = agents.KafkaPart(ctx, "telemetry", 0)
+    for key in ("a", "b"):
+        part.put(key, _Tally([1]))
+    ctx.commit()
+    for key in ("a", "b"):  # one tick: both checked, the check of b raises half-way
+        state = part.get(key, _Tally)
+        assert state is not None
+        state.seen.append(2)
+        part.put(key, state)
+    part.failed("b", T0, RuntimeError("bug"))
+    ctx.commit()
+    assert part.get("a", _Tally) == _Tally([1, 2]) and part.get("b", _Tally) == _Tally([1])
