@@ -205,8 +205,8 @@ class Edge:
                     client.close()
             return self.stats
         self._producer, self._consumer = producer, consumer
-        self._await_partitions()
         self._consumer.subscribe(sorted(self.topics), listener=_rebalance_listener(self))
+        self._await_partitions()  # subscribed first: see there
         try:
             self._loop()
             self.commit()  # a last flush and commit on the way out
@@ -221,8 +221,15 @@ class Edge:
     def _await_partitions(self) -> None:
         """Join the group only once the broker names every topic's partitions (or after
         METADATA_WAIT_S): a member that joins while a topic just created has none yet is
-        assigned nothing until its next metadata refresh, minutes later."""
+        assigned nothing until its next metadata refresh, minutes later.
+
+        Called once subscribed and before the first poll (which joins): the refresh here gives
+        kafka-python the subscription's partitions to join with. Joined without it, the leader
+        assigned from an empty snapshot, the first refresh after the join differed from it, and
+        the member rebalanced at once (seen as a revoke within a second of the first assignment).
+        """
         deadline = time.monotonic() + METADATA_WAIT_S
+        self._consumer.topics()  # a fresh metadata request, with the subscription in place
         missing = [t for t in self.topics if not self._consumer.partitions_for_topic(t)]
         while missing and time.monotonic() < deadline and not self.stop.wait(0.2):
             self._consumer.topics()  # a fresh metadata request (partitions_for_topic caches)

@@ -202,3 +202,24 @@ def test_partitions_given_away_are_flushed_and_committed_first(settings: Setting
     assert sorted(first_sink.durable) == sorted(values)  # flushed on revoke
     assert second_sink.durable == []  # nothing was read twice
     assert _committed(settings, topic, group) == 60
+
+
+def test_a_member_alone_joins_once_without_rebalancing_itself(settings: Settings) -> None:
+    # kafka-python compares the partitions it assigned from with its newest metadata: joined
+    # before a refresh that knew the subscription, it assigned from nothing, and its first
+    # metadata refresh after the join rebalanced the group at once (pipeline/edge.py)
+    _topic(settings)
+    topics = [topic_name(settings.kafka, s) for s in ("alerts", "actions", "findings", "dlq")]
+    _produce(settings, topics[0], [b"one"])
+
+    class Counting(ListSink):
+        assignments = 0
+
+        def assigned(self) -> None:
+            Counting.assignments += 1
+
+    edge = Edge(settings, name="edge-test", topics=topics, group_id=f"edge-{uuid.uuid4().hex[:8]}",
+                sink=Counting(), stop=threading.Event(), options=EdgeOptions(idle_exit_s=6.0))
+    edge.run()
+    assert edge.sink.durable == [b"one"]  # type: ignore[attr-defined]
+    assert Counting.assignments == 1
