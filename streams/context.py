@@ -77,9 +77,8 @@ class Context:
     next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
     # decoded states of the keys in use; states changed since the last flush, with their
     # partition and (telemetry only) msgpack snapshot, taken once the record that changed them
-    # went through (`commit`); the records of the replayable stages
-    # since the last flush, by table; and the generation (tables.py) and digest of what the
-    # table holds for each key
+    # went through (`commit`); the records of the replayable stages since the last flush, by
+    # table; and the generation (tables.py) and digest of what the table holds for each key
     cache: dict[tuple[str, bytes], Any] = field(default_factory=dict)
     dirty: dict[tuple[str, bytes], tuple[int, bytes | None]] = field(default_factory=dict)
     touched: dict[tuple[str, bytes], int] = field(default_factory=dict)  # by the record in hand
