@@ -129,10 +129,7 @@ def handle(ctx: Context, stage: topology.Stage, record: Record, event: Event | N
     key = stage.key(event, key_text(record))
     part = KafkaPart(ctx, stage.table, record.partition)
     outs = stage.on_item(part, event, key)
-    if stage.replayable:
-        ctx.handled(stage.table, functools.partial(stage.on_item, part, event, key))
-    else:
-        ctx.commit()
+    ctx.handled(stage.table, functools.partial(stage.on_item, part, event, key))
     return send_all(ctx, outs, record)
 
 

@@ -145,8 +145,12 @@ class Context:
         self.journal.setdefault(table, [])
 
     def handled(self, table: str, replay: Replay) -> None:
-        """A record of a replayable stage went through: `replay` redoes it (outputs dropped)."""
-        self.journal[table].append(replay)
+        """A record of `table`'s stage went through: kept to replay (`replay` redoes it,
+        outputs dropped) if the stage is replayable, else the states it changed snapshot."""
+        if table in self.journal:
+            self.journal[table].append(replay)
+        else:
+            self.commit()
 
     def roll_back(self, table: str, key: bytes | None = None) -> None:
         """A stage raised half-way: back to `table`'s states after the last good record (for
