@@ -28,6 +28,7 @@ from pipeline.model import (
     Event,
     FabricSample,
     GpuSample,
+    GpuSampleV2,
     IciSample,
     PeerSample,
     TpuSample,
@@ -40,6 +41,8 @@ MSGPACK = "application/msgpack"
 Format = Literal["msgpack", "json"]
 # the values FleetPulse's producers may write as msgpack (KafkaSettings.telemetry_format)
 FAST = (GpuSample, TpuSample, IciSample, FabricSample, PeerSample)
+# earlier versions still read, each upgraded to the current value on decode (`upgraded`)
+OLDER = (GpuSampleV2,)
 
 _ENCODER = msgspec.json.Encoder()
 _GENERIC = msgspec.json.Decoder()
@@ -54,7 +57,7 @@ def _union() -> Any:
     # One decoder over the tagged union of every topic value: the `schema` tag is then
     # required, and a value sent to the wrong topic is named by what it really is.
     union = TOPIC_VALUES["gpu_sample"]
-    for cls in list(TOPIC_VALUES.values())[1:]:
+    for cls in [*list(TOPIC_VALUES.values())[1:], *OLDER]:
         union = union | cls  # type: ignore[assignment]
     return union
 
@@ -165,6 +168,8 @@ def _as_json(raw: bytes) -> bytes:
 
 
 def _expect(event: Event, expected: type[E]) -> E:
+    if isinstance(event, GpuSampleV2):
+        event = event.upgraded()
     if not isinstance(event, expected):
         raise DecodeError(
             field="$.schema",

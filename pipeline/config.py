@@ -222,6 +222,10 @@ class SourcesSettings(Section, frozen=True):
     # Also read node_exporter's InfiniBand / netdev port series (node_infiniband_*,
     # node_network_*) through the same Prometheus, as fabric_sample/1 (telemetry.fabric).
     prometheus_fabric: bool = True
+    # The gauge a training job publishes per rank: seconds its last step computed (waits in
+    # collectives left out), labels node and gpu (sources/prometheus_step.py); joined into
+    # gpu_sample readings as step_compute_s for the job-peer check. "" = not read.
+    prometheus_step_metric: str = "job_step_compute_seconds"
     cloudmon_endpoint: str = ""  # "" = the real API; "host:port" = a plaintext stand-in
     cloudmon_project: str = "fleetpulse-sim"
     cloudmon_inventory: str = ""  # JSON: tpu_worker -> node/slice/pool (see sources/cloudmon.py)
@@ -243,6 +247,11 @@ class SourcesSettings(Section, frozen=True):
                 f"prometheus_selector {self.prometheus_selector!r}: expected label matchers "
                 "like '{shard=\"a\"}' or 'zone=~\"us-.*\",pool!=\"spare\"'"
             )
+        if self.prometheus_step_metric and not _METRIC.fullmatch(self.prometheus_step_metric):
+            raise ValueError(
+                f"prometheus_step_metric {self.prometheus_step_metric!r}: expected a metric "
+                'name like "job_step_compute_seconds" (or "" to read none)'
+            )
         headers = {name.lower() for name in self.prometheus_headers}
         if "authorization" in headers and _has_auth(self.prometheus_http):
             raise ValueError("set prometheus_http auth or an Authorization header, not both")
@@ -251,6 +260,7 @@ class SourcesSettings(Section, frozen=True):
 # One PromQL label matcher: name, operator, double-quoted value (escapes allowed).
 _MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _MATCHERS = re.compile(rf"(?:{_MATCHER}(?:,{_MATCHER})*)?")
+_METRIC = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 
 
 def selector_matchers(selector: str) -> str:
@@ -440,6 +450,11 @@ class DetectSettings(Section, frozen=True):
     # against the job's median node, from this many peers, this far below it (watched)
     job_activity_peers_min: Annotated[int, Meta(ge=2)] = 2
     job_activity_drop_frac: Fraction = 0.25
+    # step compute time (where the job publishes it) this far above the job's other nodes'
+    # median: watched; cordoned after slow_escalate_s while its SM clock is also this far
+    # below theirs (job_peers.py: why both)
+    job_step_rise_frac: Annotated[float, Meta(gt=0)] = 0.04
+    job_step_clock_frac: Fraction = 0.025
     # single-series detector (fleetpulse backtest on timestamp,value series)
     # the one sensitivity: robust sds at which an episode opens (lower: more found, more false
     # alarms); pipeline/detect/series.py says what is scored

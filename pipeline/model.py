@@ -192,6 +192,14 @@ class GpuReading(Event, frozen=True, kw_only=True):
         ShortText | None,
         Meta(description='MIG profile of the instance (GPU_I_PROFILE, e.g. "3g.40gb").'),
     ] = None
+    step_compute_s: Annotated[
+        Annotated[float, Meta(ge=0, le=86_400)] | None,
+        Meta(
+            description="Seconds the job's rank on this GPU spent computing its latest step, "
+            "waits in collectives left out, as the job publishes it (job_step_compute_seconds); "
+            "null when the job publishes none.",
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         DCGM_NAMES.validate(self._where, self.metrics)
@@ -207,11 +215,12 @@ class GpuReading(Event, frozen=True, kw_only=True):
         return f"{self.index}/mig{self.mig_instance}"
 
 
-class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_sample/2"):
+class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_sample/3"):
     """One node's dcgm-exporter scrape (fleet.telemetry.gpu, key = node).
 
     v2: `pci_bus_id` may be null (older exporters); MIG instances are their own readings
-    (`mig_instance`, `mig_profile`)."""
+    (`mig_instance`, `mig_profile`). v3: a reading may carry its job's per-rank step compute
+    time (`step_compute_s`). A gpu_sample/2 value is still read, as a v3 without it."""
 
     ts: EventTs
     cluster: Cluster
@@ -223,6 +232,17 @@ class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_s
         list[GpuReading],
         Meta(description="One reading per GPU of the node (per GPU instance under MIG)."),
     ]
+
+
+class GpuSampleV2(GpuSample, frozen=True, kw_only=True, tag="gpu_sample/2"):
+    """A gpu_sample/2 value as it arrives from a producer not yet upgraded: the codec reads it
+    and hands on the same fields as a GpuSample (`upgraded`). Not a topic value of its own."""
+
+    def upgraded(self) -> GpuSample:
+        return GpuSample(
+            ts=self.ts, cluster=self.cluster, node=self.node, pool=self.pool, zone=self.zone,
+            driver=self.driver, gpus=self.gpus,
+        )  # fmt: skip
 
 
 class TpuChipReading(Event, frozen=True, kw_only=True):

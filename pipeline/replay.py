@@ -25,15 +25,22 @@ from typing import Any
 
 import msgspec
 
-from pipeline.codec import decode
+from pipeline.codec import OLDER, decode
 from pipeline.config import Settings
 from pipeline.errors import DecodeError, FleetPulseError
 from pipeline.model import INPUT_TYPES, Action, DeadLetter, Event, Finding, Inventory
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.runtime.topics import TOPICS
 
+
+def _tags(value: type[Event]) -> list[object]:
+    """The value's schema tag and those of its older versions (codec.OLDER), which go where
+    the value goes."""
+    return [v.__struct_config__.tag for v in (value, *OLDER) if issubclass(v, value)]
+
+
 _SUFFIX_BY_TAG = {
-    spec.value.__struct_config__.tag: spec.suffix for spec in TOPICS if spec.value in INPUT_TYPES
+    tag: spec.suffix for spec in TOPICS if spec.value in INPUT_TYPES for tag in _tags(spec.value)
 }
 _TELEMETRY_SUFFIXES = frozenset({"telemetry.gpu", "telemetry.tpu", "telemetry.ici", "events.xid"})
 # outputs after which the policy state (and so what it withholds) may have changed

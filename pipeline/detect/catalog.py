@@ -358,6 +358,27 @@ JOB_PEERS: tuple[CheckSpec, ...] = (
         persistence=SAMPLES_GRAY, severity="warning", action="watch",
         evidence="node PCIe bytes/s, the job's median, deficit",
     ),
+    CheckSpec(
+        name="job.straggler.step", detector="job_peers", entity="node",
+        signal="median step compute time of the node's ranks (step_compute_s, where the job "
+        "publishes it) on a multi-node job",
+        baseline="the job's other nodes' median (at least `job_peers_min`)",
+        threshold="`job_step_rise_frac` above it", settings=("job_step_rise_frac",
+                                                              "job_peers_min"),
+        persistence=SAMPLES_GRAY, severity="warning", action="watch",
+        evidence="node step compute s, peers' median, relative rise",
+    ),
+    CheckSpec(
+        name="job.straggler.step.persistent", detector="job_peers", entity="node",
+        signal="median step compute time of the node's ranks and their SM clock",
+        baseline="the job's other nodes' medians",
+        threshold="`job_step_rise_frac` above it (once watched, half of it) with the clock "
+        "`job_step_clock_frac` below theirs, for `slow_escalate_s`: fail-slow hardware",
+        settings=("job_step_rise_frac", "job_step_clock_frac", "slow_escalate_s"),
+        persistence=Persistence(open_after="slow_escalate_s", open_unit="seconds"),
+        severity="warning", action="cordon",
+        evidence="node step compute s, peers' median, relative rise",
+    ),
 )
 
 TPU: tuple[CheckSpec, ...] = (

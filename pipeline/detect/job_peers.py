@@ -26,8 +26,22 @@ The same comparison on what a node does rather than how fast it clocks (issue 12
 starved node and a workload imbalance look alike here). Unlike the clock these also fall on
 the nodes that wait for a slow one, so one peer cannot tell which of two is the slow one: they
 need `job_activity_peers_min` peers and compare with the median of the whole job (the node
-itself counted), so that the nodes that wait, being the majority, set the level. Step time is
-not judged: no event carries it yet.
+itself counted), so that the nodes that wait, being the majority, set the level.
+
+And on step time, where the job publishes its ranks' step compute time (`step_compute_s`,
+waits in collectives left out: sources/prometheus_step.py). Only the slow rank computes longer,
+so, like the clock, one peer tells which of two is slow:
+
+  job.straggler.step       the node's median compute time `job_step_rise_frac` above the
+                           median of the job's other nodes: watch (more work on its pipeline
+                           stage, S4, computes longer too)
+  job.straggler.step.persistent  still so after `slow_escalate_s` while its SM clock is
+                           `job_step_clock_frac` below the peers' too: fail-slow hardware that
+                           costs the job time, cordon. The two together are surer than either:
+                           a clock a little low that slows nothing, or a long step at full
+                           clocks (more work), is not broken hardware. Once watched, half the
+                           rise keeps it going, so a slowdown near the line is not restarted
+                           by every noisy sample below it; a transient one that ends is.
 
 Pure: no I/O, no clock. One state for the fleet (jobs span nodes, so it cannot live in a
 node's telemetry state); nodes are named by cluster/node.
@@ -59,6 +73,8 @@ UTIL = "DCGM_FI_DEV_GPU_UTIL"
 SM_ACTIVE = "job.straggler.sm_active"
 NVLINK = "job.straggler.nvlink"
 PCIE = "job.straggler.pcie"
+STEP = "job.straggler.step"
+STEP_PERSISTENT = "job.straggler.step.persistent"
 # check -> (the metrics summed per GPU, the evidence's metric name)
 ACTIVITY: dict[str, tuple[tuple[str, ...], str]] = {
     SM_ACTIVE: (("DCGM_FI_PROF_SM_ACTIVE",), "sm_active_vs_job_peers"),
@@ -92,9 +108,10 @@ def peer_sample(sample: GpuSample, settings: DetectSettings) -> PeerSample:
     only this small record travels to the fleet stage."""
     clocks = _busy_clocks(sample, settings)
     levels = _busy_levels(sample, settings)
+    steps = _step_times(sample)
     running = {gpu.job for gpu in sample.gpus if gpu.job is not None}  # busy or not
     jobs = {
-        job: JobLevels(clock=clocks.get(job), levels=levels.get(job, {}))
+        job: JobLevels(clock=clocks.get(job), levels=levels.get(job, {}) | steps.get(job, {}))
         for job in sorted(running)
     }
     return PeerSample(
@@ -136,6 +153,7 @@ def detect_job_peers(
         fresh = _fresh(state, nodes, key, sample.ts)
         out += _judge(book, job, mine, [n.clock for n in fresh], sample.ts, settings)
         out += _judge_activity(book, job, mine, fresh, sample.ts, settings)
+        out += _judge_step(book, job, mine, fresh, sample.ts, settings)
     _forget(state, key, sample)
     return state, out
 
@@ -170,6 +188,15 @@ def _busy_levels(sample: GpuSample, settings: DetectSettings) -> dict[str, dict[
         job: {check: median(vs) for check, vs in checks.items() if len(vs) >= 2}
         for job, checks in by_job.items()
     }
+
+
+def _step_times(sample: GpuSample) -> dict[str, dict[str, float]]:
+    """Per job: {STEP: median step compute time of the node's ranks}, where published."""
+    by_job: dict[str, list[float]] = {}
+    for gpu in sample.gpus:
+        if gpu.job is not None and gpu.step_compute_s is not None and gpu.mig_instance is None:
+            by_job.setdefault(gpu.job, []).append(gpu.step_compute_s)
+    return {job: {STEP: median(times)} for job, times in by_job.items()}
 
 
 def _fresh(
@@ -210,6 +237,51 @@ def _judge_activity(
             cleared = clear_episode(book, check, ts, None, message)
             out += [cleared] if cleared is not None else []
     return out
+
+
+def _judge_step(
+    book: Book,
+    job: str,
+    mine: NodeInJob,
+    fresh: list[NodeInJob],
+    ts: int,
+    settings: DetectSettings,
+) -> list[Finding]:
+    value = mine.levels.get(STEP)
+    peers = [n for n in fresh if STEP in n.levels]
+    if value is None or len(peers) < settings.job_peers_min:
+        return []  # not published, or no peer to compare with
+    level = median([n.levels[STEP] for n in peers])
+    rise = value / level - 1.0 if level > 0 else 0.0
+    clock_level = median([n.clock for n in peers])
+    clock_deficit = 1.0 - mine.clock / clock_level if clock_level > 0 else 0.0
+    longer = rise >= settings.job_step_rise_frac
+    # once watched, half the rise holds it: noise around the line restarts nothing
+    watched = (run := mine.runs.get(STEP)) is not None and run.open
+    held = (longer or watched) and rise >= settings.job_step_rise_frac / 2
+    slow_hardware = held and clock_deficit >= settings.job_step_clock_frac
+    proof = evidence("step_compute_s_vs_job_peers", value, level, rise, 0)
+    out: list[Finding | None] = []
+    for check, judged in ((STEP, longer), (STEP_PERSISTENT, slow_hardware)):
+        edge = step(mine.runs, check, ts, judged, rule(settings, check))
+        if edge == OPEN:
+            since = onset(mine.runs, check)
+            message = _step_message(book, job, rise, clock_deficit, check == STEP_PERSISTENT)
+            found = open_episode(
+                book, check, ts, device=None, evidence=proof, message=message, start_ts=since
+            )
+            out.append(found)
+        elif edge == CLEAR:
+            message = f"{book.name} computes its steps level with its job's peers again"
+            out.append(clear_episode(book, check, ts, None, message))
+    return [f for f in out if f is not None]
+
+
+def _step_message(book: Book, job: str, rise: float, clock_deficit: float, hard: bool) -> str:
+    said = f"node {book.name} computes job {job}'s steps {100 * rise:.0f} % longer than its peers"
+    if hard:
+        return f"{said} at {100 * clock_deficit:.0f} % lower clocks, for too long: fail-slow"
+    return f"{said} (watched)"
 
 
 def _judge(

@@ -95,6 +95,8 @@ BACKGROUND_RATES = {
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 5e-6,
 }
 KIND_CODE = {"train": 0, "serve": 1, "idle": 2}
+STEP = "step_compute_s"  # not a DCGM field: the job's own per-rank figure (GpuReading)
+STEP_PUBLISHING_SHARE = 0.6  # of training jobs: the others publish no step time
 THERMAL_TAU_S = 45.0
 INLET_C = 27.0
 
@@ -128,6 +130,7 @@ class GpuTelemetry:
         self.interval_s = interval_s
         self.diurnal = diurnal
         self.rng = np.random.default_rng([seed, 10])
+        self.seed = seed
         self._effects = sorted(effects, key=lambda e: (e.start_ms, e.node, e.device))
         self._next_effect = 0
         self._active: list[Effect] = []
@@ -178,6 +181,13 @@ class GpuTelemetry:
         self.job_fb = np.append(self.rng.uniform(0.85, 0.97, len(jobs)), 0.0)
         self.job_scale = np.append(self.rng.uniform(0.6, 1.2, len(jobs)), 0.0)
         self.job_names = [j.name for j in jobs]
+        # Some training jobs publish each rank's step compute time (job_step_compute_seconds).
+        # Its own generator, so the DCGM series are the same with or without it.
+        step_rng = np.random.default_rng([self.seed, 11])
+        self.step_rng = step_rng
+        self.job_step_s = np.append(step_rng.uniform(0.3, 2.0, len(jobs)), 1.0)
+        publishes = step_rng.random(len(jobs)) < STEP_PUBLISHING_SHARE
+        self.job_publishes = np.append(publishes, False) & (self.job_kind == KIND_CODE["train"])
         self.static_reading = [
             [(g, x.uuids[g], x.pci_bus_ids[g], x.model.name) for g in range(GPUS_PER_NODE)]
             for x in nodes
@@ -314,6 +324,7 @@ class GpuTelemetry:
         out.update(self._framebuffer(view))
         out.update(self._power_and_heat(out, clock, mods, dip, dt, noise))
         out.update(self._traffic(view, busy, load, mods, noise))
+        out[STEP] = self._step_compute(view, mods, clock)
         out["DCGM_FI_DEV_PCIE_LINK_GEN"] = mods["link_gen"]
         out["DCGM_FI_DEV_PCIE_LINK_WIDTH"] = mods["link_width"]
         out.update(self.counters)
@@ -353,6 +364,18 @@ class GpuTelemetry:
         pace = job_pace[view["job"]].reshape(n, 1) * (1 - dip)
         busy: Array = np.clip(pace / capacity, 0.0, 1.0)
         return busy
+
+    def _step_compute(self, view: dict[str, Array], mods: dict[str, Array], clock: Array) -> Array:
+        """Seconds each rank of a publishing training job computed its last step: the job's
+        step over the GPU's own capacity (slow clocks, a slow GPU, extra work on its stage all
+        lengthen it; waiting for a slower rank does not), ±1.5 %. NaN: nothing published."""
+        n = len(self.fleet.gpu_nodes)
+        capacity = mods["speed"] * clock / mods["work"].reshape(n, 1)
+        noise = 1 + 0.015 * self.step_rng.standard_normal((n, GPUS_PER_NODE))
+        compute = self.job_step_s[view["job"]].reshape(n, 1) / capacity * noise
+        publishing = view["train"] & self.job_publishes[view["job"]].reshape(n, 1)
+        step: Array = np.where(publishing, compute, np.nan)
+        return step
 
     def _serving_load(self, t_ms: int, view: dict[str, Array]) -> Array:
         serving = np.asarray([serving_load(t_ms, h) for h in self.hour_offset])
@@ -496,6 +519,7 @@ class GpuTelemetry:
         offline_list = offline.tolist()
         missing_list = missing.tolist()
         node_job = self.node_job.tolist()
+        steps = np.round(metrics[STEP], 4).tolist()
         for i, node in enumerate(self.fleet.gpu_nodes):
             if offline_list[i]:
                 continue
@@ -511,6 +535,7 @@ class GpuTelemetry:
                     model=model,
                     job=job,
                     metrics=dict(zip(names, rows[g], strict=True)),
+                    step_compute_s=None if math.isnan(steps[i][g]) else steps[i][g],
                 )
                 for g, uuid, bus, model in statics
                 if not gone[g]

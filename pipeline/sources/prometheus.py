@@ -1,6 +1,7 @@
 """DCGM metrics from a Prometheus server → GpuSample, one per node per scrape timestamp (and,
 with `sources.prometheus_fabric`, node_exporter's network ports → FabricSample: see
-prometheus_fabric.py).
+prometheus_fabric.py; with `sources.prometheus_step_metric`, the jobs' per-rank step compute
+time joined into the readings: prometheus_step.py).
 
 The query is an instant query of a range selector, `{__name__=~"(?i)dcgm_fi_.+"}[<window>]`,
 which returns the raw samples with their own timestamps (a range *query* would resample them
@@ -280,7 +281,7 @@ def _job(labels: Mapping[str, Any]) -> str | None:
 
 def _invalid(node: str, exc: Exception) -> DecodeError:
     return DecodeError(
-        field=f"node {node!r}", expected="values valid for gpu_sample/2", got=str(exc)
+        field=f"node {node!r}", expected="values valid for gpu_sample/3", got=str(exc)
     )
 
 
@@ -405,6 +406,15 @@ class PrometheusSource:
             return Batch([], [], PrometheusPosition(start_ms))
         results = self._query(self._series, start_ms, end_ms)
         parsed = parse_series(results, self._identity, after_ms=start_ms)
+        if self._settings.prometheus_step_metric and parsed.events:
+            # the jobs' own per-rank step compute time (prometheus_step.py), a little further
+            # back: their scrapes are not the DCGM scrapes
+            from pipeline.sources.prometheus_step import STEP_MAX_AGE_MS, joined, step_selector
+
+            metric = self._settings.prometheus_step_metric
+            series = step_selector(metric, self._settings.prometheus_selector)
+            steps = self._query(series, start_ms - STEP_MAX_AGE_MS, end_ms)
+            parsed = joined(parsed, steps, self._identity)
         if self._settings.prometheus_fabric:
             # node_exporter's ports of the same nodes, same window (prometheus_fabric.py)
             from pipeline.sources.prometheus_fabric import fabric_selector, parse_fabric_series

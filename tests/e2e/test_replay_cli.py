@@ -14,7 +14,7 @@ from pipeline.sim import read_truth
 
 SMALL = ["--duration", "600", "--gpu-nodes", "8", "--tpu-slices", "1", "--seed", "5",
          "--no-random-faults", "--quiet"]
-GARBAGE = [b"not json at all", b'{"schema": "gpu_sample/2", "ts": 5}', b"", b'{"schema": "nope/1"}',
+GARBAGE = [b"not json at all", b'{"schema": "gpu_sample/3", "ts": 5}', b"", b'{"schema": "nope/1"}',
            b'{"schema": "finding/2", "ts": 1767225700000}']
 
 
@@ -109,11 +109,30 @@ def test_files_split_by_topic_merge_back_by_event_time(
 ) -> None:
     gpu, rest = tmp_path / "gpu.jsonl", tmp_path / "rest.jsonl"
     lines = (recording / "events.jsonl").read_bytes().splitlines()
-    gpu.write_bytes(b"".join(line + b"\n" for line in lines if b'"gpu_sample/2"' in line))
-    rest.write_bytes(b"".join(line + b"\n" for line in lines if b'"gpu_sample/2"' not in line))
+    gpu.write_bytes(b"".join(line + b"\n" for line in lines if b'"gpu_sample/3"' in line))
+    rest.write_bytes(b"".join(line + b"\n" for line in lines if b'"gpu_sample/3"' not in line))
     document = _replay_json(str(gpu), str(rest), "--inventory", str(recording / "inventory.jsonl"))
     assert document["counts"]["lines"] == len(lines)
     assert document["actions"] == clean["actions"]
+
+
+def test_a_recording_of_the_previous_gpu_sample_version_replays_the_same_actions(
+    recording: Path, clean: dict[str, Any], tmp_path: Path
+) -> None:
+    # written by producers not yet upgraded: gpu_sample/2, no step compute time
+    old = tmp_path / "v2.jsonl"
+    with old.open("w") as out:
+        for line in (recording / "events.jsonl").read_text().splitlines():
+            value = json.loads(line)
+            if value["schema"] == "gpu_sample/3":
+                value["schema"] = "gpu_sample/2"
+                for gpu in value["gpus"]:
+                    gpu.pop("step_compute_s", None)
+            out.write(json.dumps(value) + "\n")
+    assert '"gpu_sample/2"' in old.read_text() and "step_compute_s" not in old.read_text()
+    document = _replay_json(str(old), "--inventory", str(recording / "inventory.jsonl"))
+    assert document["counts"]["dead_letters"] == 0
+    assert document["actions"] == clean["actions"] and clean["actions"]
 
 
 def test_removals_beyond_the_caps_are_reported_with_their_rule(tmp_path: Path) -> None:

@@ -145,6 +145,11 @@ def test_scraped_samples_come_back_as_served(
     assert sorted(got) == sorted(want), "every served sample read back exactly once"
     mismatched = [key for key in want if not _close(got[key], want[key])]
     assert mismatched == [], f"read back differently: {got[mismatched[0]]} != {want[mismatched[0]]}"
+    # the jobs' own per-rank step compute time (sources.prometheus_step_metric), a series of
+    # its own joined into the readings (compared above): one node's job publishes it, one not
+    stepped = [key for key, s in want.items() if any(g.step_compute_s for g in s.gpus)]
+    assert 0 < len(stepped) < len(want)
+    assert all(g.step_compute_s for key in stepped for g in got[key].gpus)
     # node_exporter's ports of the same nodes (sources.prometheus_fabric): IB ports by HCA and
     # the IPoIB netdevs as ports of their own, every value as served
     fabric = {(e.node, e.ts): e for e in batch.events if isinstance(e, FabricSample)}
@@ -267,7 +272,7 @@ def test_auth_headers_arrive_and_the_selector_reads_one_shard(
     finally:
         server.shutdown()
         server.server_close()
-    assert len(handler.seen) == 2  # the DCGM series, then node_exporter's ports
+    assert len(handler.seen) == 3  # the DCGM series, the jobs' step times, node_exporter's ports
     for headers in handler.seen:
         assert headers["Authorization"] == "Bearer prom-reader-token-5e1f"
         assert headers["X-Scope-OrgID"] == "team-a"

@@ -157,7 +157,7 @@ class _Record:
     offset: int = 41
     timestamp: float = 1_767_225_600.5
     key: bytes | None = b"node-1"
-    value: bytes | None = b'{"schema": "gpu_sample/2"}'
+    value: bytes | None = b'{"schema": "gpu_sample/3"}'
 
 
 def test_a_dead_letter_carries_the_coordinates_the_bytes_and_the_reason() -> None:

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.kafka
 # A poison record for every topic the worker reads: what arrives, and what the letter must say.
 POISON: dict[str, tuple[bytes | None, bytes, str]] = {
     "telemetry.gpu": (b"node-x", b"{not json", "expected a JSON object"),
-    "telemetry.tpu": (b"slice-x", b'{"schema": "gpu_sample/2"}', "$.ts"),
+    "telemetry.tpu": (b"slice-x", b'{"schema": "gpu_sample/3"}', "$.ts"),
     "telemetry.ici": (b"slice-x", b'{"schema": "ici_sample/9", "ts": 1}', "$.schema"),
     "events.xid": (b"node-x", b"[]", "expected"),
     "events.node": (None, b"\xff\xfe", "expected a JSON object"),

@@ -88,7 +88,7 @@ def test_a_tombstone_is_told_apart() -> None:
 def test_nesting_a_thousand_deep_is_too_deep() -> None:
     # the record of the issue: 2 kB, nested 1,000 deep
     assert _reason(b"[" * 1000 + b"]" * 1000) == "too_deep"
-    assert _reason(b'{"schema": "gpu_sample/2", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}") == (
+    assert _reason(b'{"schema": "gpu_sample/3", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}") == (
         "too_deep"
     )
     assert _reason(b"{" + b'"a":{' * 5000) == "too_deep"
@@ -96,13 +96,13 @@ def test_nesting_a_thousand_deep_is_too_deep() -> None:
 
 def test_too_deep_below_a_field_that_already_failed() -> None:
     # the typed decoder stops at $.ts; the generic one that shows the value then goes deep
-    raw = b'{"schema": "gpu_sample/2", "ts": "x", "z": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    raw = b'{"schema": "gpu_sample/3", "ts": "x", "z": ' + b"[" * 3000 + b"]" * 3000 + b"}"
     assert _reason(raw) == "too_deep"
 
 
 def test_deep_nesting_is_refused_whatever_the_stack_depth() -> None:
     # a consumer may decode with much of the stack already used (asyncio, faust)
-    raw = b'{"schema": "gpu_sample/2", "gpus": ' + b"[" * 300 + b"]" * 300 + b"}"
+    raw = b'{"schema": "gpu_sample/3", "gpus": ' + b"[" * 300 + b"]" * 300 + b"}"
 
     def at_depth(n: int) -> str:
         return at_depth(n - 1) if n else _reason(raw)
@@ -127,10 +127,10 @@ def test_too_large_is_refused_before_parsing() -> None:
         b"",
         b"null",
         b"{}",
-        b'{"schema": "gpu_sample/2"}',
+        b'{"schema": "gpu_sample/3"}',
         b'{"schema": "nope/1"}',
         b"\x00" * 64,
-        b'{"schema": "gpu_sample/2", "ts": 1e999}',
+        b'{"schema": "gpu_sample/3", "ts": 1e999}',
     ],
 )
 def test_invalid_utf8_wrong_schema_and_garbage_are_invalid(raw: bytes) -> None:

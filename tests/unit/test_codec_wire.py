@@ -91,7 +91,7 @@ def test_msgpack_without_its_header_is_a_dead_letter_not_a_crash() -> None:
             "`int`",
         ),
         (
-            msgspec.msgpack.encode({"schema": "gpu_sample/2"}),
+            msgspec.msgpack.encode({"schema": "gpu_sample/3"}),
             codec.MSGPACK,
             "$.ts",
             "required",

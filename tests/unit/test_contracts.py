@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -131,8 +132,22 @@ def test_non_finite_numbers_are_rejected(token: bytes) -> None:
 
 def test_value_of_another_topic_is_named() -> None:
     raw = json.dumps(_sample("tpu_sample")).encode()
-    with pytest.raises(DecodeError, match="expected 'gpu_sample/2', got 'tpu_sample/1'"):
+    with pytest.raises(DecodeError, match="expected 'gpu_sample/3', got 'tpu_sample/1'"):
         codec.decode(raw, TOPIC_VALUES["gpu_sample"])
+
+
+def test_a_gpu_sample_of_the_previous_version_is_read_as_the_current_one() -> None:
+    # producers not yet upgraded keep writing gpu_sample/2; v3 only added step_compute_s
+    sample = _sample("gpu_sample") | {"schema": "gpu_sample/2"}
+    for gpu in sample["gpus"]:
+        gpu.pop("step_compute_s", None)
+    raw = json.dumps(sample).encode()
+    for value, content_type in ((raw, None), (msgspec.msgpack.encode(sample), codec.MSGPACK)):
+        event = codec.decode(value, TOPIC_VALUES["gpu_sample"], content_type=content_type)
+        assert type(event) is TOPIC_VALUES["gpu_sample"]
+        assert json.loads(codec.encode(event))["schema"] == "gpu_sample/3"
+        assert all(gpu.step_compute_s is None for gpu in event.gpus)  # type: ignore[attr-defined]
+        assert [g.uuid for g in event.gpus] == [g["uuid"] for g in sample["gpus"]]  # type: ignore[attr-defined]
 
 
 def test_missing_schema_tag_is_rejected() -> None:
@@ -172,7 +187,7 @@ def test_schema_files_ship_inside_the_package() -> None:
     import importlib.resources
 
     shipped = importlib.resources.files("pipeline.schemas")
-    assert shipped.joinpath("gpu_sample.v2.json").is_file()
+    assert shipped.joinpath("gpu_sample.v3.json").is_file()
     assert Path(str(shipped.joinpath("samples"))).is_dir()
 
 

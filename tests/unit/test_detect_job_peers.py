@@ -3,8 +3,10 @@ slowness (watched), and what must not count (a workload straggler, a job-wide di
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from pipeline.detect.job_peers import (
@@ -12,11 +14,14 @@ from pipeline.detect.job_peers import (
     PCIE,
     PERSISTENT,
     SM_ACTIVE,
+    STEP,
+    STEP_PERSISTENT,
     STRAGGLER,
     JobPeersState,
     detect_job_peers,
+    peer_sample,
 )
-from pipeline.model import Finding
+from pipeline.model import Finding, GpuSample
 from tests.detect_fixture import SETTINGS, STEP_MS, T0, gpu_sample
 
 NODES = ("n1", "n2", "n3")
@@ -25,15 +30,35 @@ ESCALATE = SETTINGS.slow_escalate_s * 1000 // STEP_MS  # scrapes until a slow ru
 Load = Callable[[str, int], dict[str, float]]
 
 
-def run(steps: int, load: Load, nodes: tuple[str, ...] = NODES) -> list[Finding]:
+# (node, step) -> the step compute time its ranks publish, None: the job publishes none
+Steps = Callable[[str, int], float | None]
+
+
+def run(
+    steps: int, load: Load, nodes: tuple[str, ...] = NODES, step_s: Steps | None = None
+) -> list[Finding]:
     state: JobPeersState | None = None
     out: list[Finding] = []
     for step in range(steps):
         for i, node in enumerate(nodes):
             sample = gpu_sample(step, lambda g, s, n=node: load(n, s), node=node, seed=i)
+            if step_s is not None:
+                sample = published(sample, step_s(node, step), seed=i * 1000 + step)
             state, found = detect_job_peers(state, sample, SETTINGS)
             out += found
     return out
+
+
+def published(sample: GpuSample, seconds: float | None, seed: int) -> GpuSample:
+    """The sample with each rank's step compute time, ±1 % per rank."""
+    if seconds is None:
+        return sample
+    rng = random.Random(seed)
+    gpus = [
+        msgspec.structs.replace(g, step_compute_s=round(seconds * rng.uniform(0.99, 1.01), 4))
+        for g in sample.gpus
+    ]
+    return msgspec.structs.replace(sample, gpus=gpus)
 
 
 def seen(findings: list[Finding]) -> list[tuple[str, str, bool, str]]:
@@ -155,3 +180,56 @@ def test_an_activity_straggler_clears_when_level_again() -> None:
     assert seen(run(60, load, nodes=FOUR)) == [
         (SM_ACTIVE, "n2", False, "watch"), (SM_ACTIVE, "n2", True, "none"),
     ]  # fmt: skip
+
+
+# Step compute time, where the job publishes it (issue 12 item 3): only the slow rank computes
+# longer (the others wait, which is not compute), so it is judged against the other nodes.
+def steps(node: str, factor: float, start: int = 5, base: float = 0.8) -> Steps:
+    return lambda n, step: base * factor if n == node and step >= start else base
+
+
+def test_a_node_computing_its_steps_longer_at_lower_clocks_is_cordoned_when_it_lasts() -> None:
+    # 4 % lower clocks: under clock_drop_frac, so the clock alone says nothing; the step time
+    # (5 % longer) shows what it costs the job, and the two together are fail-slow hardware
+    findings = run(ESCALATE + 20, slow("n2", 0.96, start=5), step_s=steps("n2", 1.05))
+    assert seen(findings) == [(STEP, "n2", False, "watch"), (STEP_PERSISTENT, "n2", False, "cordon")]
+    watch, cordon = findings
+    assert watch.ts == T0 + (5 + SETTINGS.gray_persist_samples - 1) * STEP_MS
+    assert cordon.ts == T0 + (5 + ESCALATE) * STEP_MS
+    proof = watch.evidence
+    assert proof is not None and proof.metric == "step_compute_s_vs_job_peers"
+    assert proof.value == pytest.approx(0.8 * 1.05, rel=0.02)
+    assert proof.baseline == pytest.approx(0.8, rel=0.02)
+    assert proof.score is not None and proof.score >= SETTINGS.job_step_rise_frac
+
+
+def test_longer_steps_at_full_clocks_are_watched_never_cordoned_nor_a_low_clock_alone() -> None:
+    # more work on the node's pipeline stage (S4) computes longer too, at full clocks
+    findings = run(ESCALATE + 20, lambda n, s: {}, step_s=steps("n3", 1.25))
+    assert seen(findings) == [(STEP, "n3", False, "watch")]
+    # and a clock a little low that costs no step time is nothing at all
+    assert run(ESCALATE + 20, slow("n1", 0.96, start=5), step_s=lambda n, s: 0.8) == []
+
+
+def test_the_nodes_waiting_for_a_slow_one_keep_their_compute_time_and_are_not_named() -> None:
+    # two nodes: the slow one computes longer; the other's compute time is what it was
+    findings = run(40, slow("n1", 0.9, start=0), nodes=("n1", "n2"), step_s=steps("n1", 1 / 0.9, 0))
+    assert {name for _, name, _, _ in seen(findings)} == {"n1"}
+    assert (STEP, "n1", False, "watch") in seen(findings)
+
+
+def test_a_step_straggler_clears_when_level_again_and_unpublished_jobs_are_not_judged() -> None:
+    back = steps("n2", 1.2, start=5)
+    findings = run(60, lambda n, s: {}, step_s=lambda n, s: back(n, s) if s < 30 else 0.8)
+    assert seen(findings) == [(STEP, "n2", False, "watch"), (STEP, "n2", True, "none")]
+    # a node whose job publishes nothing, among nodes that do: no step comparison for it
+    mixed = run(40, lambda n, s: {}, step_s=lambda n, s: None if n == "n2" else 0.8)
+    assert mixed == []
+
+
+def test_the_peer_sample_carries_the_median_step_time_of_the_nodes_ranks() -> None:
+    sample = published(gpu_sample(3), 0.5, seed=1)
+    levels = peer_sample(sample, SETTINGS).jobs["job-a"].levels
+    ranks = sorted(g.step_compute_s or 0.0 for g in sample.gpus)
+    assert levels[STEP] == pytest.approx((ranks[3] + ranks[4]) / 2)
+    assert STEP not in peer_sample(gpu_sample(3), SETTINGS).jobs["job-a"].levels

@@ -53,7 +53,7 @@ def test_same_input_same_outputs_byte_for_byte() -> None:
 def test_a_poison_record_becomes_a_dead_letter_and_the_stream_goes_on() -> None:
     out: dict[str, list[Event]] = {}
     runtime = EmbeddedRuntime(SETTINGS, lambda s, e: out.setdefault(s, []).append(e))
-    runtime.feed_raw("telemetry.gpu", b'{"schema":"gpu_sample/2","ts":"soon"}', offset=7, key="n1")
+    runtime.feed_raw("telemetry.gpu", b'{"schema":"gpu_sample/3","ts":"soon"}', offset=7, key="n1")
     for offset, event in enumerate(_fatal_xid_run(), start=8):
         suffix = "events.xid" if isinstance(event, XidEvent) else "telemetry.gpu"
         runtime.feed_raw(suffix, codec.encode(event), offset=offset)

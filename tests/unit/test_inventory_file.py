@@ -65,7 +65,7 @@ def test_every_bad_line_is_named_with_field_expected_and_got(tmp_path: Path) -> 
         + "{not json\n"
         + json.dumps({k: v for k, v in GOOD.items() if k != "pool"} | {"name": "n4"}) + "\n"
         + json.dumps(_row(name="../etc")) + "\n"
-        + json.dumps({"schema": "gpu_sample/2"} | {"ts": 1767225600000}) + "\n"
+        + json.dumps({"schema": "gpu_sample/3"} | {"ts": 1767225600000}) + "\n"
     )
     with pytest.raises(InventoryFileError) as caught:
         load_inventory(file)

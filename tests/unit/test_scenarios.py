@@ -243,9 +243,58 @@ THREE_NODE = "fp-us-central1-h200-train-002"
 @pytest.mark.parametrize("spec", [f"S1@300:{THREE_NODE}", f"S4@300:{THREE_NODE}"])
 def test_the_peers_that_wait_for_a_slow_or_busier_node_are_not_named(spec: str) -> None:
     # S1: the slow node computes while its peers wait, so their activity and traffic fall;
-    # only the slow node is named (on its clock). S4: more work, full clocks: nobody is.
+    # only the slow node is named (on its clock and, its job publishing step compute time, on
+    # its steps). S4: more work at full clocks: only the busier stage's longer steps, watched.
     outcome = _run(spec, 40, 0)
     named = {(f.check, f.entity.target.name) for f in outcome.findings
              if f.check.startswith("job.straggler")}  # fmt: skip
-    slow = {("job.straggler", THREE_NODE), ("job.straggler.persistent", THREE_NODE)}
-    assert named == (slow if spec.startswith("S1") else set())
+    if spec.startswith("S1"):
+        checks = {"job.straggler", "job.straggler.persistent", "job.straggler.step",
+                  "job.straggler.step.persistent"}  # fmt: skip
+        assert named == {(check, THREE_NODE) for check in checks}
+    else:
+        (stage,) = {name for check, name in named}
+        assert stage in (outcome.truth[0].description or "")  # the stage with more work
+        assert named == {("job.straggler.step", stage)}
+        assert not [a for a in outcome.actions if a.target.name == stage]
+
+
+def test_fail_slow_too_mild_for_the_clock_alone_is_cordoned_on_its_step_time() -> None:
+    # A node 4.5 % slower from minute 5 (the quiet fleet's own scrapes, one node's clocks and
+    # its ranks' step compute time changed as S1 changes them): the clock deficit is under
+    # clock_drop_frac (5 %), so the clock checks never open; the step compute time, 4.7 % above
+    # its peers', with the lower clock, is fail-slow hardware that costs the job time.
+    sim_settings = msgspec.structs.replace(
+        BASE.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=40 * 60,
+        random_faults=False, diurnal=True, seed=3,
+    )  # fmt: skip
+    events = list(Simulation(sim_settings, []).events())
+    start = events[0].ts + LOWERED_FROM_MS
+    slower = [_slower(e, THREE_NODE, start, 0.955) for e in events]
+    out = collect(msgspec.structs.replace(BASE, sim=sim_settings), iter(slower))
+    found = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy]
+    named = [(f.check, f.entity.target.name, f.recommended_action) for f in found]
+    assert named == [
+        ("job.straggler.step", THREE_NODE, "watch"),
+        ("job.straggler.step.persistent", THREE_NODE, "cordon"),
+    ]  # fmt: skip
+    proof = found[0].evidence
+    assert proof is not None and proof.metric == "step_compute_s_vs_job_peers"
+    assert proof.score is not None and proof.score >= BASE.detect.job_step_rise_frac
+    removals = [a for a in out.get("actions", []) if isinstance(a, Action)
+                and a.kind in REMOVALS and a.target.name == THREE_NODE]  # fmt: skip
+    assert removals and "job.straggler.step.persistent" in removals[0].reason.checks
+
+
+def _slower(event: Event, node: str, start: int, speed: float) -> Event:
+    if not isinstance(event, GpuSample) or event.node != node or event.ts < start:
+        return event
+    gpus = [
+        msgspec.structs.replace(
+            g,
+            metrics=g.metrics | {"DCGM_FI_DEV_SM_CLOCK": round(g.metrics["DCGM_FI_DEV_SM_CLOCK"] * speed)},
+            step_compute_s=None if g.step_compute_s is None else g.step_compute_s / speed,
+        )
+        for g in event.gpus
+    ]  # fmt: skip
+    return msgspec.structs.replace(event, gpus=gpus)

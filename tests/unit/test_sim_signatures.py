@@ -80,6 +80,14 @@ class Run:
         ]
         return statistics.fmean(values)
 
+    def step_mean(self, node: str, lo: int, hi: int) -> float:
+        """Mean step compute time the node's ranks published in [lo, hi) (the job must publish)."""
+        values = [
+            g.step_compute_s for s in self.scrapes(node) if lo <= s.ts < hi for g in s.gpus
+        ]
+        assert values and None not in values, f"{node}: no step compute time published"
+        return statistics.fmean(v for v in values if v is not None)
+
     def chips(self, slice_name: str) -> list[TpuSample]:
         return [e for e in self.events if isinstance(e, TpuSample) and e.slice == slice_name]
 
@@ -384,6 +392,13 @@ def check_s1(r: Run) -> None:
     for peer in peers:  # the peers wait on it: less work done per second than before
         before = r.node_mean(peer, "DCGM_FI_PROF_SM_ACTIVE", 0, r.onset)
         assert r.node_mean(peer, "DCGM_FI_PROF_SM_ACTIVE", late, r.sim.end_ms) < 0.97 * before
+    # the job publishes step compute time: the slow node's ranks compute longer, while the
+    # peers' waiting for it is not compute time (theirs stays as it was)
+    step = r.step_mean(node, late, r.sim.end_ms)
+    assert step > 1.04 * r.step_mean(node, 0, r.onset)
+    for peer in peers:
+        assert step > 1.04 * r.step_mean(peer, late, r.sim.end_ms)
+        assert abs(r.step_mean(peer, late, r.sim.end_ms) / r.step_mean(peer, 0, r.onset) - 1) < 0.02
 
 
 def check_s2(r: Run) -> None:
@@ -415,6 +430,12 @@ def check_s4(r: Run) -> None:
             assert r.node_mean(node, "DCGM_FI_PROF_SM_ACTIVE", late, r.sim.end_ms) < 0.95 * busy
     clock = r.node_mean(straggler, "DCGM_FI_DEV_SM_CLOCK", late, r.sim.end_ms)
     assert clock > 0.97 * 1980  # busier, not broken
+    # more work per step shows in the straggler's step compute time, at full clocks
+    step = r.step_mean(straggler, late, r.sim.end_ms)
+    assert all(
+        step > 1.08 * r.step_mean(node, late, r.sim.end_ms)
+        for node in _job_nodes(r) if node != straggler
+    )  # fmt: skip
     assert all(e.must_not_cordon for e in r.entries())
 
 

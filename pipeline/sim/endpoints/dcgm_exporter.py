@@ -10,7 +10,9 @@ print as integers and other values with Go's `%f`, as the exporter does.
 The same endpoint also serves the node's network ports as node_exporter's infiniband and
 netdev collectors print them (`node_infiniband_*{device, port}`, `node_network_*{device}`),
 from the latest FabricSample, with a `node` label (what a Kubernetes scrape config relabels
-`__meta_kubernetes_pod_node_name` to): one target per node stands in for both exporters.
+`__meta_kubernetes_pod_node_name` to), and the training jobs' own per-rank step compute time
+(`job_step_compute_seconds{node, gpu, pod}`, where a reading carries one): one target per node
+stands in for all three exporters.
 
 One deliberate difference: each sample carries an explicit timestamp (the simulated event time,
 ms) unless `timestamps=False`. The real exporter prints none and Prometheus stamps the scrape
@@ -55,6 +57,31 @@ def render_exposition(
         lines.append(f"# TYPE {name} {kind}")
         lines.extend(series[name])
     return "\n".join(lines) + "\n" if lines else ""
+
+
+STEP_METRIC = "job_step_compute_seconds"
+
+
+def render_job_steps(samples: Iterable[GpuSample], *, timestamps: bool = True) -> str:
+    """The training jobs' own per-rank gauge (sources/prometheus_step.py): one series per GPU
+    whose reading carries a step compute time, labelled node, gpu and the job's pod."""
+    lines: list[str] = []
+    for sample in samples:
+        stamp = f" {sample.ts}" if timestamps else ""
+        for gpu in sample.gpus:
+            if gpu.step_compute_s is None or gpu.mig_instance is not None:
+                continue
+            pairs = [("gpu", str(gpu.index)), ("namespace", "default"), ("node", sample.node),
+                     ("pod", gpu.job or "")]  # fmt: skip
+            labels = ",".join(f'{key}="{_escape(value)}"' for key, value in pairs)
+            lines.append(f"{STEP_METRIC}{{{labels}}} {_value(gpu.step_compute_s)}{stamp}")
+    if not lines:
+        return ""
+    head = [
+        f"# HELP {STEP_METRIC} Seconds the rank's last training step computed (no waits).",
+        f"# TYPE {STEP_METRIC} gauge",
+    ]
+    return "\n".join([*head, *lines]) + "\n"
 
 
 def render_node_exporter(samples: Iterable[FabricSample], *, timestamps: bool = True) -> str:
@@ -160,9 +187,12 @@ class DcgmExporter(HttpStandIn):
     def render(self) -> str:
         with self._lock:
             ports = list(self._ports.values())
-        return render_exposition(
-            self.latest(), timestamps=self.timestamps, hostname_label=self.hostname_label
-        ) + render_node_exporter(ports, timestamps=self.timestamps)
+        latest, stamped = self.latest(), self.timestamps
+        return (
+            render_exposition(latest, timestamps=stamped, hostname_label=self.hostname_label)
+            + render_node_exporter(ports, timestamps=stamped)
+            + render_job_steps(latest, timestamps=stamped)
+        )
 
 
 
