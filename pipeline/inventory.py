@@ -110,7 +110,7 @@ def write_inventory(path: Path, records: Iterable[Inventory]) -> int:
 
 def from_fleet(fleet: Fleet, ts: int) -> list[Inventory]:
     """Every GPU node and TPU slice of a simulated fleet, as its owner would list it (GPU
-    nodes with their leaf switch, for fabric localisation)."""
+    nodes with their leaf switch or rail group, for fabric localisation)."""
     from pipeline.sim.fabric import leaf_switch  # the simulator is imported only when used
 
     nodes = [
@@ -124,6 +124,7 @@ def from_fleet(fleet: Fleet, ts: int) -> list[Inventory]:
             accelerator=node.model.gke_accelerator,
             capacity=len(node.uuids),
             leaf_switch=leaf_switch(node),
+            rail=node.rail_group,
             source="simulator",
         )
         for node in fleet.gpu_nodes

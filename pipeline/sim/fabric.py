@@ -1,9 +1,11 @@
 """Simulated node_exporter network ports of GPU nodes → FabricSample per node and scrape.
 
 Every GPU node has `PORTS` InfiniBand HCAs (mlx5_0..3, port 1, IPoIB netdev ib0..3), one per
-GPU pair on its PCIe switch (N1 names them nic0..3), all cabled to the node's leaf switch (the
-rack's top-of-rack switch: the simulator's fabric is one leaf per rack, no rails). Faults act
-through effects and changes (effects.py):
+GPU pair on its PCIe switch (N1 names them nic0..3). In most pools all four are cabled to the
+rack's top-of-rack leaf switch; the pools of every second cluster are rail-optimised: HCA k of
+each node of a scalable unit (`RACKS_PER_SU` racks) goes to that unit's rail switch k, so a
+rail switch failing takes one port of many nodes, across racks. Faults act through effects and
+changes (effects.py):
   offline      the node reports nothing (no node_exporter either)
   fab_down     port (device; -1 every port) down: state DOWN, physical Polling, netdev down
   fab_missing  port gone from the scrape (the NIC fell off the bus)
@@ -44,8 +46,15 @@ FABRIC_EFFECTS = frozenset({"fab_down", "fab_missing", "fab_errors"})
 NOISE_P = 2e-3  # a healthy port logs a stray symbol error now and then
 
 
-def leaf_switch(node: GpuNode) -> str:
-    return f"{node.cluster}-leaf-{node.rack:03d}"
+def leaf_switch(node: GpuNode) -> str | None:
+    """The rack's leaf switch the node's HCAs are cabled to (None: a rail-optimised pool)."""
+    return None if node.rail_group else f"{node.cluster}-leaf-{node.rack:03d}"
+
+
+def rail_switch(node: GpuNode, port: int) -> str:
+    """The rail switch HCA `port` of a rail-optimised node is cabled to: its scalable unit's
+    rail, as fabric localisation names it (`<inventory rail>.<hca>`)."""
+    return f"{node.rail_group}.mlx5_{port}"
 
 
 def inventory(fleet: Fleet, ts: int) -> list[Inventory]:

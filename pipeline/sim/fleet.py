@@ -18,6 +18,7 @@ from pipeline.config import SimSettings
 from pipeline.model import Target
 
 GPUS_PER_NODE = 8
+RACKS_PER_SU = 2  # racks per scalable unit (rail group) of a rail-optimised pool
 REGIONS = ("us-central1", "us-east5", "europe-west4", "asia-southeast1")
 # HGX H100/H200 baseboards put the eight GPUs on these PCI buses (DCGM form uses upper case).
 PCI_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
@@ -129,6 +130,9 @@ class GpuNode:
     driver: str
     uuids: tuple[str, ...]
     pci_bus_ids: tuple[str, ...]  # DCGM form 00000000:18:00.0
+    # Rail-optimised fabric (the pools of every second cluster): the node's scalable unit,
+    # whose rail switch k takes NIC k of each of its nodes; None: one leaf switch per rack.
+    rail_group: str | None = None
 
     def target(self) -> Target:
         return Target(
@@ -239,6 +243,8 @@ def _gpu_nodes(
             name = f"{cluster}-{pool}-{j:03d}"
             # A rolling upgrade leaves about a quarter of a pool on the older driver.
             driver = model.drivers[1] if rng.random() < 0.25 else model.drivers[0]
+            unit = j // (settings.nodes_per_rack * RACKS_PER_SU)
+            rails = f"{cluster}-{pool}-su{unit:02d}" if cluster_index % 2 else None
             nodes.append(
                 GpuNode(
                     index=len(nodes),
@@ -253,6 +259,7 @@ def _gpu_nodes(
                     driver=driver,
                     uuids=tuple(_uuid(settings.seed, name, g) for g in range(GPUS_PER_NODE)),
                     pci_bus_ids=tuple(f"00000000:{bus}:00.0" for bus in model.pci_buses),
+                    rail_group=rails,
                 )
             )
         if size:

@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.model import MaintenanceWindow, Target
 from pipeline.sim.effects import Change, Effect
-from pipeline.sim.fabric import PORTS, leaf_switch
+from pipeline.sim.fabric import PORTS, leaf_switch, rail_switch
 from pipeline.sim.fleet import GpuNode
 from pipeline.sim.gpu import HW_POWER_BRAKE
 from pipeline.sim.inject import HOUR, MINUTE, Injector, Placement
@@ -423,12 +423,22 @@ def f1_cable(ctx: Injector, p: Placement) -> int:
 
 
 def f1_tor(ctx: Injector, p: Placement) -> int:
+    """The rack's leaf switch fails: every port of its nodes. In a rail-optimised pool the
+    rack has no leaf of its own; one rail switch of its scalable unit fails instead: that
+    HCA of every node of the unit, across racks."""
     end = p.onset_ms + ctx.repair_ms(p, 4.0)
-    for node in ctx.fleet.gpu_nodes:
-        if node.rack == p.unit.a:
-            switch = msgspec.structs.replace(node.target(), kind="switch", name=leaf_switch(node))
-            _lose_network(ctx, p, node.index, end, -1, switch)
-            ctx.busy_node[node.index] = max(ctx.busy_node.get(node.index, 0), end)
+    rack = [n for n in ctx.fleet.gpu_nodes if n.rack == p.unit.a]
+    rails = rack[0].rail_group if rack else None
+    # the rail from the onset, not the generator: the draws of every later fault stay as
+    # they are with or without rail-optimised pools
+    port = (p.unit.a + p.onset_ms // 1000) % PORTS if rails else -1
+    struck = [n for n in ctx.fleet.gpu_nodes if n.rail_group == rails] if rails else rack
+    for node in struck:
+        name = rail_switch(node, port) if rails else leaf_switch(node)
+        assert name is not None
+        switch = msgspec.structs.replace(node.target(), kind="switch", name=name)
+        _lose_network(ctx, p, node.index, end, port, switch)
+        ctx.busy_node[node.index] = max(ctx.busy_node.get(node.index, 0), end)
     return end
 
 

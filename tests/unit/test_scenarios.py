@@ -111,6 +111,33 @@ def test_fabric_faults_name_the_switch_or_link_and_cordon_no_node(
     assert not cordons, f"{spec}: {[(a.kind, a.target.name) for a in cordons]}"
 
 
+def test_a_rail_switch_failing_is_named_across_racks_and_cordons_no_node() -> None:
+    # Every second cluster's pools are rail-optimised (inventory `rail`): a rail switch takes
+    # one HCA of each node of its scalable unit, in two racks, and nothing else of theirs.
+    sim_settings = msgspec.structs.replace(
+        BASE.sim, gpu_nodes=48, clusters=2, tpu_slices=0, duration_s=30 * 60,
+        random_faults=False, diurnal=True, seed=3,
+    )  # fmt: skip
+    sim = Simulation(sim_settings, [parse_forced("F1/tor@300:fp-us-east5-h100-train-000")])
+    truth = [f for f in sim.ground_truth if f.forced]
+    out = collect(msgspec.structs.replace(BASE, sim=sim_settings), sim.events())
+    (rail,) = {f.device for f in truth}
+    assert rail is not None and rail.startswith("fp-us-east5-h100-train-su00.mlx5_")
+    struck = {f.target.name for f in truth}
+    racks = {n.rack for n in sim.fleet.gpu_nodes if n.name in struck}
+    assert len(struck) == 8 and len(racks) == 2
+    actions = [a for a in out.get("actions", []) if isinstance(a, Action)]
+    repairs = [(a.kind, a.target.kind, a.target.name) for a in actions
+               if a.kind in ("repair_link", "repair_switch")]  # fmt: skip
+    assert repairs == [("repair_switch", "switch", rail)]
+    assert not [a for a in actions if a.kind in REMOVALS]
+    hca = rail.rpartition(".")[2]
+    flagged = {(f.entity.target.name, f.entity.device) for f in out.get("findings", [])
+               if isinstance(f, Finding) and f.check.startswith("fabric.port.")}  # fmt: skip
+    assert {name for name, _ in flagged} == struck
+    assert all(device is not None and device.startswith(hca) for _, device in flagged)
+
+
 def test_flapping_is_flagged_on_its_first_episode_before_it_is_acted_on() -> None:
     outcome = _run("F2@300", 30, 0)
     (fault,) = outcome.truth
