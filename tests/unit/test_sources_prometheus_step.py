@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.config import SourcesSettings
 from pipeline.model import GpuSample
@@ -108,3 +110,29 @@ def test_the_step_metric_is_a_setting_checked_as_a_metric_name() -> None:
     assert SourcesSettings(prometheus_step_metric="").prometheus_step_metric == ""
     with pytest.raises(ValueError, match="expected a metric name"):
         SourcesSettings(prometheus_step_metric='job_step{gpu="0"}')
+
+
+POINT = st.tuples(
+    st.integers(min_value=-120, max_value=10),  # seconds from the scrape
+    st.floats(min_value=0.0, max_value=100.0, allow_nan=False).map(lambda v: round(v, 3)),
+    st.sampled_from(["", "train-1", "train-2"]),  # the series' pod ("" none)
+)
+
+
+@given(points=st.lists(POINT, max_size=12), job=st.sampled_from(["train-1", "train-2"]))
+def test_the_joined_step_time_is_the_newest_fresh_point_of_the_readings_job(
+    points: list[tuple[int, float, str]], job: str
+) -> None:
+    series = [
+        {"metric": {"__name__": "job_step_compute_seconds", "node": "gpu-7", "gpu": "0",
+                    **({"pod": pod} if pod else {})},
+         "values": [[TS + offset, str(value)]]}
+        for offset, value, pod in points
+    ]  # fmt: skip
+    out = joined(scrapes(dcgm("0", pod=job)), series, IDENTITY)
+    eligible = [
+        (offset, value, pod) for offset, value, pod in points
+        if -STEP_MAX_AGE_MS / 1000 <= offset <= 0 and pod in ("", job)
+    ]  # fmt: skip
+    want = max(eligible, key=lambda p: (p[0], p[1], p[2]))[1] if eligible else None
+    assert steps_of(out) == [[want]]
