@@ -355,12 +355,14 @@ class AlertSettings(Section, frozen=True):
 
 
 class CheckTuning(Section, frozen=True):
-    """One check's persistence, overriding the shared setting its catalog spec names
-    (`[detect.checks."gpu.temp.peer"] open_after = 6`), in the spec's unit (samples or seconds;
-    docs/checks.md lists them)."""
+    """One check's own settings, overriding the shared ones its catalog spec names:
+    persistence (`[detect.checks."gpu.temp.peer"] open_after = 6`, in the spec's unit,
+    samples or seconds) and thresholds (`settings = {temp_peer_delta_c = 8.0}`: any `[detect]`
+    setting the spec lists; docs/checks.md lists them)."""
 
     open_after: Annotated[int, Meta(ge=0)] | None = None  # bad this long before it opens
     clear_after: Annotated[int, Meta(ge=1)] | None = None  # good this long before it clears
+    settings: dict[str, float | int | bool] = {}  # [detect] settings, for this check only
 
 
 class DetectSettings(Section, frozen=True):
@@ -465,18 +467,66 @@ class DetectSettings(Section, frozen=True):
 
     def __post_init__(self) -> None:
         if self.checks:
-            from pipeline.detect.catalog import CHECKS  # lazy: pipeline.detect imports this module
+            _check_tunings(self)
 
-            unknown = [
-                name for name in self.checks
-                if name not in CHECKS or not CHECKS[name].engine_counted
-            ]  # fmt: skip
-            if unknown:
-                counted = sorted(n for n, spec in CHECKS.items() if spec.engine_counted)
-                raise ValueError(
-                    f"checks: {', '.join(sorted(unknown))} have no tunable persistence; "
-                    f"expected one of {counted}"
-                )
+    def tuned(self, check: str) -> DetectSettings:
+        """These settings as `check` sees them: its own `settings` overrides applied (the
+        same object when it has none). Detectors read a check's thresholds through this."""
+        if not self.checks:
+            return self
+        tuning = self.checks.get(check)
+        if tuning is None or not tuning.settings:
+            return self
+        own = _TUNED.get((id(self), check))
+        if own is None or own[0] is not self:
+            if len(_TUNED) > 256:
+                _TUNED.clear()
+            own = _TUNED[(id(self), check)] = (self, _with(self, tuning.settings))
+        return own[1]
+
+
+# Settings are frozen and few: a check's own copy is made once per settings object.
+_TUNED: dict[tuple[int, str], tuple[DetectSettings, DetectSettings]] = {}
+
+
+def _with(settings: DetectSettings, overrides: dict[str, float | int | bool]) -> DetectSettings:
+    fields = msgspec.structs.asdict(settings) | dict(overrides) | {"checks": {}}
+    return msgspec.convert(fields, DetectSettings)
+
+
+def _check_tunings(settings: DetectSettings) -> None:
+    """Each `[detect.checks]` entry names a check, tunes persistence only where the engine
+    counts it, and overrides only settings the check names, with values they accept."""
+    from pipeline.detect.catalog import CHECKS, SHARED_SETTINGS  # lazy: imports this module
+
+    unknown = sorted(set(settings.checks) - set(CHECKS))
+    if unknown:
+        raise ValueError(f"checks: no check named {', '.join(unknown)}; docs/checks.md lists them")
+    for name, tuning in settings.checks.items():
+        spec = CHECKS[name]
+        persistence = tuning.open_after is not None or tuning.clear_after is not None
+        if persistence and not spec.engine_counted:
+            counted = sorted(n for n, s in CHECKS.items() if s.engine_counted)
+            raise ValueError(
+                f"checks: {name} has no tunable persistence; expected one of {counted}"
+            )
+        own = [n for n in spec.settings if n not in SHARED_SETTINGS]
+        shared = sorted(set(tuning.settings) & SHARED_SETTINGS)
+        if shared:
+            raise ValueError(
+                f"checks.{name}.settings: {', '.join(shared)} shared by every check of its "
+                f"detector: set it in [detect]; {name} takes {', '.join(own) or 'none'}"
+            )
+        foreign = sorted(set(tuning.settings) - set(own))
+        if foreign:
+            raise ValueError(
+                f"checks.{name}.settings: {', '.join(foreign)} not used by {name}; expected "
+                f"one of {', '.join(own) or '(none)'}"
+            )
+        try:
+            _with(settings, tuning.settings)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"checks.{name}.settings: {exc}") from None
 
 
 class HealthSettings(Section, frozen=True):

@@ -23,6 +23,16 @@ MISSING = Persistence(
     "when it reports again",
 )  # fmt: skip
 PEER = ("peer_min", "peer_mad_k", "warmup_samples", "half_life_samples", "anomaly_adapt")
+# Settings that shape what every check of a detector sees: which GPUs are busy, the peer
+# groups, how baselines learn, how events are deduplicated, grouped or windowed, and when a
+# node counts as silent (the runtime's watermarks and the peers' freshness read that too).
+# One value serves all of them, so these are set in [detect] only, never for one check.
+SHARED_SETTINGS = frozenset({
+    "busy_util_pct", "peer_min", "warmup_samples", "half_life_samples", "anomaly_adapt",
+    "xid_dedupe_s", "xid_clear_s", "ici_down_health", "fabric_group_window_s",
+    "fabric_flap_window_s", "device_flap_window_s", "node_stale_s", "stale_intervals",
+    "node_down_s",
+})  # fmt: skip
 STALE = ("node_stale_s", "stale_intervals")
 FLAP_SETTINGS = ("device_flap_window_s", "device_flap_persist")
 FLAP_WINDOW = Persistence(window="opens at the return; clears after `device_flap_window_s` "
@@ -38,7 +48,7 @@ def _flap_checks(
             name=f"{prefix}.flap", detector=detector, entity=entity,
             signal=f"a known {what} back in its host's scrape", baseline="present",
             threshold="back after an absence of at most `device_flap_window_s`: the first "
-            "up/down episode", settings=FLAP_SETTINGS, persistence=FLAP_WINDOW,
+            "up/down episode", settings=FLAP_SETTINGS[:1], persistence=FLAP_WINDOW,
             severity="warning", action="watch", evidence="seconds away",
         ),
         CheckSpec(
@@ -156,7 +166,7 @@ GPU: tuple[CheckSpec, ...] = (
         signal="SM clock while busy", baseline="its own same-job history",
         threshold="`clock_own_frac` below it with no hardware evidence (becomes "
         "gpu.clock.throttle after `slow_escalate_s`)",
-        settings=("clock_own_frac", "slow_escalate_s", "busy_util_pct", "warmup_samples"),
+        settings=("clock_own_frac", "busy_util_pct", "warmup_samples"),
         persistence=SAMPLES_GRAY, severity="warning", action="watch",
         evidence="SM clock, its usual clock, the relative drop",
     ),

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import DetectSettings
-from pipeline.detect.catalog import CATALOG
+from pipeline.detect.catalog import CATALOG, SHARED_SETTINGS
 from pipeline.detect.spec import CheckSpec, Unit
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "checks.md"
@@ -41,7 +41,10 @@ def _row(spec: CheckSpec, defaults: DetectSettings) -> str:
     if spec.when_announced is not None:
         severity += f" ({spec.when_announced[0]} when announced)"
         action += f" (`{spec.when_announced[1]}` when announced)"
-    settings = ", ".join(f"`{name}`={getattr(defaults, name)}" for name in spec.settings)
+    settings = ", ".join(
+        f"`{name}`={getattr(defaults, name)}" + (" (shared)" if name in SHARED_SETTINGS else "")
+        for name in spec.settings
+    )
     cells = (
         f"`{spec.name}`", spec.detector, spec.entity, spec.signal, spec.baseline, spec.threshold,
         persistence(spec, defaults), severity, action, spec.evidence, settings or "-",

@@ -62,7 +62,8 @@ def came_back(
             "came back: first up/down episode, watched",
         )
     ]
-    if len(returns) >= settings.device_flap_persist:
+    persist = settings.tuned(persistent).device_flap_persist
+    if len(returns) >= persist:
         found.append(
             open_episode(
                 book,
@@ -70,7 +71,7 @@ def came_back(
                 ts,
                 device=device,
                 evidence=evidence(
-                    "returns", len(returns), settings.device_flap_persist, None,
+                    "returns", len(returns), persist, None,
                     settings.device_flap_window_s,
                 ),
                 message=f"{_name(prefix)} {device} of {book.name} keeps dropping out: "

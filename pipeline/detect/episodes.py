@@ -108,6 +108,7 @@ def rule(settings: DetectSettings, check: str) -> Rule:
 def _resolve(settings: DetectSettings, spec: CheckSpec) -> Rule:
     p = spec.persistence
     tuning = settings.checks.get(spec.name)
+    settings = settings.tuned(spec.name)  # a persistence setting may be the check's own
     opened = _amount(settings, p.open_after, p.open_unit)
     cleared = _amount(settings, p.clear_after, p.clear_unit)
     if tuning is not None and tuning.open_after is not None:

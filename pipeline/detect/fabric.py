@@ -187,7 +187,8 @@ def _flaps(
                 "toggles): first flapping episode, watched",
             )
         )
-        if len(ps.flaps) >= settings.fabric_flap_persist:
+        persist = settings.tuned(PORT_FLAP_PERSISTENT).fabric_flap_persist
+        if len(ps.flaps) >= persist:
             out.append(
                 open_episode(
                     book,
@@ -197,7 +198,7 @@ def _flaps(
                     evidence=evidence(
                         "flapping_scrapes",
                         len(ps.flaps),
-                        settings.fabric_flap_persist,
+                        persist,
                         None,
                         settings.fabric_flap_window_s,
                     ),
@@ -224,7 +225,8 @@ def _errors(
     the link went down or toggled belong to that event, not to gray loss."""
     if link_event:
         return []
-    bad = rate >= settings.fabric_errors_per_s
+    limit = settings.tuned(PORT_ERRORS).fabric_errors_per_s
+    bad = rate >= limit
     edge = step(ps.runs, PORT_ERRORS, ts, bad, rule(settings, PORT_ERRORS))
     if edge == CLEAR:
         return [clear_episode(book, PORT_ERRORS, ts, port.key, f"port {port.key} errors stopped")]
@@ -236,7 +238,7 @@ def _errors(
             PORT_ERRORS,
             ts,
             device=port.key,
-            evidence=evidence("port_errors_per_s", rate, settings.fabric_errors_per_s, None, 0),
+            evidence=evidence("port_errors_per_s", rate, limit, None, 0),
             message=f"port {port.key} of {book.name}: {rate:.2f} symbol/receive/recovery "
             "errors per second with the link up: silent gray loss on its cable or optic",
         )

@@ -140,7 +140,8 @@ def _judge(state: FabricFleetState, now: int, settings: DetectSettings, dry_run:
     findings: list[Finding] = []
     actions: list[Action] = []
     window_ms = settings.fabric_group_window_s * 1000
-    for group, name in _switch_groups(state, window_ms, settings.fabric_switch_min_nodes):
+    min_nodes = settings.tuned(SWITCH_DOWN).fabric_switch_min_nodes
+    for group, name in _switch_groups(state, window_ms, min_nodes):
         group = [k for k in group if state.troubles[k].element is None]  # leaf before rail
         if not group:
             continue

@@ -29,6 +29,7 @@ PCIE_DOWNGRADE = "gpu.pcie.link_downgrade"
 NVLINK = "gpu.nvlink.crc_rate"
 RECOVERY = "gpu.recovery_action"
 STEPPED_CHECKS = (REMAP_FAILURE, REMAP_PENDING, PCIE_DOWNGRADE, RECOVERY)
+THROTTLE = "gpu.clock.throttle"  # gpu_gauges.CLOCK: the check the thermal evidence serves
 
 
 class Signs:
@@ -76,7 +77,7 @@ def counter_rules(ctx: Ctx, dev: GpuDevice, view: View, dt_ms: int) -> Signs:
     dev.was_busy = view.busy
     _settle(ctx, dev)
     fraction = deltas[gm.I_THERMAL] / (dt_ms * 1e6) if dt_ms > 0 else 0.0
-    thermal = fraction >= ctx.settings.violation_frac or dev.thermal_reasons
+    thermal = fraction >= ctx.settings.tuned(THROTTLE).violation_frac or dev.thermal_reasons
     return Signs(thermal, dev.slowdown_reasons, pcie_bad)
 
 
@@ -90,14 +91,15 @@ def _settle(ctx: Ctx, dev: GpuDevice) -> None:
     )
     wakes = []
     if dev.nvlink_hits:
-        wakes.append(dev.nvlink_hits[0] + s.nvlink_window_s * 1000)
+        wakes.append(dev.nvlink_hits[0] + s.tuned(NVLINK).nvlink_window_s * 1000)
     if dev.pcie_hits:
-        wakes.append(dev.pcie_hits[0][0] + s.pcie_window_s * 1000)
-    for last in (dev.last_dbe_ts, dev.last_rows_ts):
+        wakes.append(dev.pcie_hits[0][0] + s.tuned(PCIE_REPLAY).pcie_window_s * 1000)
+    for last, check in ((dev.last_dbe_ts, DBE), (dev.last_rows_ts, REMAP_PENDING)):
         if last:
-            wakes.append(last + s.counter_quiet_s * 1000)
-    if dev.sbe_hour >= s.sbe_watch_per_hour / 2:
-        halvings = math.log2(dev.sbe_hour / (s.sbe_watch_per_hour / 2))
+            wakes.append(last + s.tuned(check).counter_quiet_s * 1000)
+    limit = s.tuned(SBE).sbe_watch_per_hour
+    if dev.sbe_hour >= limit / 2:
+        halvings = math.log2(dev.sbe_hour / (limit / 2))
         wakes.append(dev.sbe_ts + int(halvings * HOUR_MS) + 1)
     dev.wake_ts = min(wakes) if wakes else 0
 
@@ -118,9 +120,14 @@ def _dbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
                     message=f"GPU {device}: {new:g} new double-bit (uncorrectable) ECC errors",
                 )
             )
-    elif dev.last_dbe_ts and ctx.ts - dev.last_dbe_ts >= ctx.settings.counter_quiet_s * 1000:
+    elif dev.last_dbe_ts and ctx.ts - dev.last_dbe_ts >= quiet_ms(ctx, DBE):
         dev.last_dbe_ts = 0
         ctx.emit(clear_episode(ctx.book, DBE, ctx.ts, device, f"GPU {device}: no new DBE"))
+
+
+def quiet_ms(ctx: Ctx, check: str) -> int:
+    """How long a counter check's device must stay quiet before it clears."""
+    return ctx.settings.tuned(check).counter_quiet_s * 1000
 
 
 def _row_remap(
@@ -131,7 +138,6 @@ def _row_remap(
     flag: float | None,
     new_rows: float,
 ) -> None:
-    s = ctx.settings
     if failure is not None:
         transition = step(ctx, dev, REMAP_FAILURE, failure >= 1)
         if transition:
@@ -148,12 +154,12 @@ def _row_remap(
             )
     if new_rows > 0:
         dev.last_rows_ts = ctx.ts
-    quiet_ms = s.counter_quiet_s * 1000
+    quiet = quiet_ms(ctx, REMAP_PENDING)
     if flag is not None:
         pending = flag >= 1 or new_rows > 0
     else:  # without the pending field, a new uncorrectable remap means a reset is due
-        pending = dev.last_rows_ts > 0 and ctx.ts - dev.last_rows_ts < quiet_ms
-    if not pending and dev.last_rows_ts and ctx.ts - dev.last_rows_ts >= quiet_ms:
+        pending = dev.last_rows_ts > 0 and ctx.ts - dev.last_rows_ts < quiet
+    if not pending and dev.last_rows_ts and ctx.ts - dev.last_rows_ts >= quiet:
         dev.last_rows_ts = 0
     transition = step(ctx, dev, REMAP_PENDING, pending)
     if transition:
@@ -180,7 +186,7 @@ def _pcie(
 ) -> bool:
     """Replays counted over a window (a degrading link ramps up; one retry is nothing), and
     a link that trained down in width (or in generation while busy)."""
-    s = ctx.settings
+    s = ctx.settings.tuned(PCIE_REPLAY)
     hits = dev.pcie_hits
     if replays > 0:
         hits.append((ctx.ts, replays))
@@ -267,14 +273,12 @@ def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
         hits.append(ctx.ts)
     if not hits:
         return
-    window_ms = ctx.settings.nvlink_window_s * 1000
+    s = ctx.settings.tuned(NVLINK)
+    window_ms = s.nvlink_window_s * 1000
     while hits and hits[0] <= ctx.ts - window_ms:
         hits.pop(0)
     spread = hits[-1] - hits[0] if hits else 0
-    if (
-        len(hits) >= ctx.settings.nvlink_error_scrapes
-        and spread >= ctx.settings.nvlink_span_s * 1000
-    ):
+    if len(hits) >= s.nvlink_error_scrapes and spread >= s.nvlink_span_s * 1000:
         if not is_open(ctx.book, NVLINK, device):
             ctx.emit(
                 open_episode(
@@ -287,10 +291,10 @@ def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
                         errors,
                         0.0,
                         len(hits),
-                        ctx.settings.nvlink_window_s,
+                        s.nvlink_window_s,
                     ),
                     message=f"GPU {device}: NVLink errors in {len(hits)} scrapes within "
-                    f"{ctx.settings.nvlink_window_s} s",
+                    f"{s.nvlink_window_s} s",
                 )
             )
     elif not hits:
@@ -304,7 +308,7 @@ def _sbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
         return
     dev.sbe_hour = dev.sbe_hour * 0.5 ** ((ctx.ts - dev.sbe_ts) / HOUR_MS) + new
     dev.sbe_ts = ctx.ts
-    limit = ctx.settings.sbe_watch_per_hour
+    limit = ctx.settings.tuned(SBE).sbe_watch_per_hour
     if dev.sbe_hour >= limit and not is_open(ctx.book, SBE, device):
         ctx.emit(
             open_episode(

@@ -40,7 +40,7 @@ def gauge_rules(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs
 
 
 def _temperature(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> bool:
-    s = ctx.settings
+    s = ctx.settings.tuned(TEMP)
     temp = view.temp
     if temp is None or peers is None or peers.n < s.peer_min:
         unjudged(ctx, dev, view.device, TEMP)
@@ -88,7 +88,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     or hardware slowdown reasons on their own. A node slower than its history with no
     evidence at all (`gpu.clock.slow`) is only watched: a transient compute slowdown looks the
     same, so it becomes a throttle finding only once it has lasted `slow_escalate_s`."""
-    s = ctx.settings
+    s, watched = ctx.settings.tuned(CLOCK), ctx.settings.tuned(SLOW)
     clock = view.clock
     if clock is None or not view.busy:
         # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
@@ -121,6 +121,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     else:
         dev.slow_since = 0
     lasting = plain and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
+    plain_watched = not explained and drop >= watched.clock_own_frac
     bad = slow_peer or slow_heat or signs.slowdown or lasting
     transition = step(ctx, dev, CLOCK, bad)
     if transition:
@@ -139,7 +140,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
             message=f"SM clock {clock:.0f} MHz against {reference:.0f} MHz"
             + (f" with {why}" if signs.thermal or signs.slowdown else ""),
         )
-    transition = step(ctx, dev, SLOW, plain)
+    transition = step(ctx, dev, SLOW, plain_watched)
     if transition:
         edge(
             ctx,
@@ -158,7 +159,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
 
 def _peer_gap(ctx: Ctx, dev: GpuDevice, peers: Peers | None, clock: float) -> tuple[float, bool]:
     """Relative SM-clock deficit to the busy peers, and whether it is beyond the GPU's usual."""
-    s = ctx.settings
+    s = ctx.settings.tuned(CLOCK)
     if peers is None or peers.n_busy < s.peer_min or peers.clock <= 0:
         return 0.0, False
     gap = (peers.clock - clock) / peers.clock
@@ -185,7 +186,7 @@ def _own_drop(ctx: Ctx, dev: GpuDevice, view: View, clock: float, slow_peer: boo
 
     Jobs set clocks (power-capped kernels run slower), so the baseline starts again with
     each job and says nothing until it has warmed up."""
-    s = ctx.settings
+    s = ctx.settings.tuned(CLOCK)
     if view.job != dev.clock_job:
         dev.clock_job, dev.clock_own, dev.slow_since = view.job, Baseline(), 0
     own = dev.clock_own
@@ -200,7 +201,7 @@ def _own_drop(ctx: Ctx, dev: GpuDevice, view: View, clock: float, slow_peer: boo
 def _pcie_traffic(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> bool:
     """A GPU whose PCIe traffic collapsed while its same-job peers keep moving data: the NIC
     or PCIe switch behind it (GPUDirect RDMA goes through PCIe)."""
-    s = ctx.settings
+    s = ctx.settings.tuned(PCIE_TRAFFIC)
     traffic = view.pcie
     if traffic is None or peers is None or peers.n < s.peer_min:
         unjudged(ctx, dev, view.device, PCIE_TRAFFIC)
@@ -229,7 +230,7 @@ def _power(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, corroborat
     A workload straggler (a rank with more work or a slow data loader) looks the same, so
     this opens only with hardware-like evidence or when the GPU stays slow across jobs.
     """
-    s = ctx.settings
+    s = ctx.settings.tuned(POWER)
     power = view.power
     if power is None or not view.busy or peers is None or peers.n_busy < s.peer_min:
         unjudged(ctx, dev, view.device, POWER)

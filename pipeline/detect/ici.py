@@ -131,7 +131,7 @@ def _update_ends(state: IciSliceState, sample: IciSample, settings: DetectSettin
         end.down = link.health >= down_health
         if link.health and not end.down:
             end.degraded = "ici_link_health"
-        elif not end.down and errors >= settings.ici_errors_per_s:
+        elif not end.down and errors >= settings.tuned(LINK_DEGRADED).ici_errors_per_s:
             end.degraded = "ici_errors_per_s"
         else:
             end.degraded = ""
@@ -169,7 +169,7 @@ def _judge_shares(rates: list[tuple[LinkEnd, float]], settings: DetectSettings) 
         return
     host_median = median(positive)
     alpha = alpha_for(settings.half_life_samples)
-    warmup, keep = settings.warmup_samples, 1 - settings.ici_flit_drop_frac
+    warmup, keep = settings.warmup_samples, 1 - settings.tuned(LINK_DEGRADED).ici_flit_drop_frac
     for end, rate in rates:
         share = rate / host_median
         n = end.shares = end.shares + 1
@@ -249,7 +249,7 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
         port = int(verdict.device.partition(":")[2])
         by_dimension.setdefault(port // 2, []).append(key)
     for dimension, keys in by_dimension.items():
-        if len(keys) >= settings.ici_ocs_min_links:
+        if len(keys) >= settings.tuned(OCS).ici_ocs_min_links:
             verdicts[f"{OCS}|dim{dimension}"] = Verdict(
                 check=OCS,
                 device=f"dim{dimension}",
@@ -337,7 +337,7 @@ def _down_links(
             device=f"{named.chip}:{named.port}",
             persist_ms=rule(settings, LINK_DOWN).open_after
             if both
-            else settings.ici_one_sided_s * 1000,
+            else settings.tuned(LINK_DOWN).ici_one_sided_s * 1000,
             metric="ici_link_health",
             value=end.health,
             message=f"ICI link chip {low} <-> chip {high} down "

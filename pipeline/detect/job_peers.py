@@ -216,13 +216,14 @@ def _judge_activity(
 ) -> list[Finding]:
     out: list[Finding] = []
     for check, (_, metric) in ACTIVITY.items():
+        own = settings.tuned(check)
         value = mine.levels.get(check)
         peers = [n.levels[check] for n in fresh if check in n.levels]
-        if value is None or len(peers) < settings.job_activity_peers_min:
+        if value is None or len(peers) < own.job_activity_peers_min:
             continue  # not reported, or too few peers for a majority to set the level
         level = median([*peers, value])  # the job's median node: the waiting majority
         deficit = 1.0 - value / level if level > 0 else 0.0
-        slow = deficit >= settings.job_activity_drop_frac
+        slow = deficit >= own.job_activity_drop_frac
         edge = step(mine.runs, check, ts, slow, rule(settings, check))
         if edge == OPEN:
             proof = evidence(metric, value, level, deficit, 0)
@@ -249,17 +250,18 @@ def _judge_step(
 ) -> list[Finding]:
     value = mine.levels.get(STEP)
     peers = [n for n in fresh if STEP in n.levels]
-    if value is None or len(peers) < settings.job_peers_min:
+    if value is None or len(peers) < settings.tuned(STEP).job_peers_min:
         return []  # not published, or no peer to compare with
     level = median([n.levels[STEP] for n in peers])
     rise = value / level - 1.0 if level > 0 else 0.0
     clock_level = median([n.clock for n in peers])
     clock_deficit = 1.0 - mine.clock / clock_level if clock_level > 0 else 0.0
-    longer = rise >= settings.job_step_rise_frac
+    longer = rise >= settings.tuned(STEP).job_step_rise_frac
     # once watched, half the rise holds it: noise around the line restarts nothing
+    hard = settings.tuned(STEP_PERSISTENT)
     watched = (run := mine.runs.get(STEP)) is not None and run.open
-    held = (longer or watched) and rise >= settings.job_step_rise_frac / 2
-    slow_hardware = held and clock_deficit >= settings.job_step_clock_frac
+    held = (rise >= hard.job_step_rise_frac or watched) and rise >= hard.job_step_rise_frac / 2
+    slow_hardware = held and clock_deficit >= hard.job_step_clock_frac
     proof = evidence("step_compute_s_vs_job_peers", value, level, rise, 0)
     out: list[Finding | None] = []
     for check, judged in ((STEP, longer), (STEP_PERSISTENT, slow_hardware)):
@@ -292,14 +294,17 @@ def _judge(
     ts: int,
     settings: DetectSettings,
 ) -> list[Finding]:
-    if len(peers) < settings.job_peers_min:
-        return []  # too few peers to call anyone slow
+    if not peers:
+        return []
     level = median(peers)
     deficit = 1.0 - mine.clock / level if level > 0 else 0.0
-    slow = deficit >= settings.clock_drop_frac
     proof = evidence("sm_clock_vs_job_peers", mine.clock, level, deficit, 0)
     out = []
     for check in (STRAGGLER, PERSISTENT):
+        own = settings.tuned(check)
+        if len(peers) < own.job_peers_min:
+            continue  # too few peers to call anyone slow
+        slow = deficit >= own.clock_drop_frac
         edge = step(mine.runs, check, ts, slow, rule(settings, check))
         if edge == OPEN:  # named by when it fell behind, not when it was found
             out.append(_open(book, ts, check, onset(mine.runs, check), job, proof, deficit))

@@ -326,16 +326,21 @@ def _judge_chip(
     chip = state.chips[chip_id]
     group = peers.get(chip.job or "") or (0, 0.0, 0.0)
     count, duty_median, util_median = group
-    busy = count >= settings.peer_min and duty_median >= settings.tpu_busy_pct
+    by_duty, by_util = settings.tuned(DUTY), settings.tuned(UTIL)
+    peers_up = count >= settings.peer_min
     duty_bad = (
-        busy and chip.duty is not None and chip.duty <= duty_median - settings.tpu_duty_drop_pct
+        peers_up
+        and duty_median >= by_duty.tpu_busy_pct
+        and chip.duty is not None
+        and chip.duty <= duty_median - by_duty.tpu_duty_drop_pct
     )
     util_bad = (
-        busy
+        peers_up
+        and duty_median >= by_util.tpu_busy_pct
         and not duty_bad
         and chip.util is not None
         and util_median > 0
-        and chip.util <= util_median * (1 - settings.tpu_util_drop_frac)
+        and chip.util <= util_median * (1 - by_util.tpu_util_drop_frac)
     )
     device = str(chip_id)
     edge = step(chip.runs, DUTY, ts, duty_bad, rule(settings, DUTY))
@@ -348,7 +353,7 @@ def _judge_chip(
                 ts,
                 device=device,
                 evidence=evidence(
-                    DUTY_METRIC, chip.duty, duty_median, None, settings.tpu_persist_s
+                    DUTY_METRIC, chip.duty, duty_median, None, by_duty.tpu_persist_s
                 ),
                 message=f"chip {chip_id} on {chip.host}: duty cycle {chip.duty:.0f} % while its "
                 f"{count} peers run at {duty_median:.0f} %",
@@ -366,7 +371,7 @@ def _judge_chip(
                 ts,
                 device=device,
                 evidence=evidence(
-                    UTIL_METRIC, chip.util, util_median, None, settings.tpu_persist_s
+                    UTIL_METRIC, chip.util, util_median, None, by_util.tpu_persist_s
                 ),
                 message=f"chip {chip_id} on {chip.host}: TensorCore utilisation {chip.util:.0f} "
                 f"against {util_median:.0f} on its peers",

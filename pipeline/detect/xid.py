@@ -130,7 +130,7 @@ def expire_xid(
             )
             if finding is not None:
                 out.append(finding)
-    window_ms = settings.app_xid_window_s * 1000
+    window_ms = settings.tuned(APP_RECURRENCE).app_xid_window_s * 1000
     if state.app_hits and now_ms - state.app_hits[0].ts > window_ms:
         state.app_hits = [hit for hit in state.app_hits if now_ms - hit.ts <= window_ms]
         for opened in [e for e in state.book.open.values() if e.check == APP_RECURRENCE]:
@@ -208,13 +208,14 @@ def _application(
     if not _recurs(jobs, strikes, settings):
         return None
     codes = sorted({hit.code for hit in state.app_hits if hit.device == device})
+    own = settings.tuned(APP_RECURRENCE)
     return open_episode(
         state.book,
         APP_RECURRENCE,
         event.ts,
         device=device,
         evidence=evidence(
-            "strikes", strikes, settings.app_xid_min_strikes, None, settings.app_xid_window_s
+            "strikes", strikes, own.app_xid_min_strikes, None, own.app_xid_window_s
         ),
         message=f"GPU {device}: application XIDs {codes} struck {strikes} times in "
         f"{len(jobs)} job(s) ({', '.join(sorted(jobs))}), no other GPU of the node: "
@@ -229,7 +230,8 @@ def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tu
 
 
 def _recurs(jobs: set[str], strikes: int, settings: DetectSettings) -> bool:
-    return len(jobs) >= settings.app_xid_min_jobs or strikes >= settings.app_xid_min_strikes
+    own = settings.tuned(APP_RECURRENCE)
+    return len(jobs) >= own.app_xid_min_jobs or strikes >= own.app_xid_min_strikes
 
 
 def _strikes(hits: list[AppHit], device: str, jobs: set[str], gap_ms: int) -> int:

@@ -76,11 +76,48 @@ def test_a_checks_persistence_is_tuned_alone_from_the_environment() -> None:
     assert episodes.rule(settings, "tpu.chip.duty_cycle") == Rule(30_000, True, 120_000, True)
 
 
-@pytest.mark.parametrize("name", ["gpu.nope", "gpu.ecc.dbe"])
-def test_only_engine_counted_checks_take_an_override(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "refusal"),
+    [("gpu.nope", "no check named gpu.nope"), ("gpu.ecc.dbe", "no tunable persistence")],
+)
+def test_only_engine_counted_checks_take_an_override(name: str, refusal: str) -> None:
     environ = {"FLEETPULSE_DETECT__CHECKS": f'{{"{name}" = {{open_after = 2}}}}'}
-    with pytest.raises(ConfigError, match="no tunable persistence"):
+    with pytest.raises(ConfigError, match=refusal):
         load_settings(environ=environ)
+
+
+def test_a_checks_thresholds_are_tuned_alone_from_the_environment() -> None:
+    environ = {"FLEETPULSE_DETECT__CHECKS":
+               '{"job.straggler.persistent" = {settings = {clock_drop_frac = 0.08}}}'}  # fmt: skip
+    settings = load_settings(environ=environ).detect
+    assert settings.tuned("job.straggler.persistent").clock_drop_frac == 0.08
+    assert settings.clock_drop_frac == 0.05
+    for other in ("job.straggler", "gpu.clock.throttle", "gpu.temp.peer"):
+        assert settings.tuned(other) is settings  # the others read the shared value
+    # a persistence setting named in `settings` is the check's own too
+    environ = {"FLEETPULSE_DETECT__CHECKS":
+               '{"job.straggler.persistent" = {settings = {slow_escalate_s = 600}}}'}  # fmt: skip
+    settings = load_settings(environ=environ).detect
+    assert episodes.rule(settings, "job.straggler.persistent").open_after == 600_000
+    assert episodes.rule(settings, "gpu.clock.throttle") == episodes.rule(DEFAULTS, "gpu.clock.throttle")
+
+
+@pytest.mark.parametrize(
+    ("tuning", "refusal"),
+    [
+        ('{"gpu.temp.peer" = {settings = {clock_drop_frac = 0.1}}}',
+         "clock_drop_frac not used by gpu.temp.peer; expected one of temp_peer_delta_c"),
+        ('{"gpu.temp.peer" = {settings = {peer_min = 3}}}',
+         "peer_min shared by every check of its detector: set it in \\[detect\\]"),
+        ('{"job.straggler" = {settings = {clock_drop_frac = 1.5}}}',
+         "checks.job.straggler.settings: Expected `float` <= 1.0"),
+    ],
+)  # fmt: skip
+def test_a_check_setting_it_does_not_use_or_shares_or_out_of_range_is_refused(
+    tuning: str, refusal: str
+) -> None:
+    with pytest.raises(ConfigError, match=refusal):
+        load_settings(environ={"FLEETPULSE_DETECT__CHECKS": tuning})
 
 
 def test_a_caller_cannot_change_a_checks_action() -> None:
