@@ -92,8 +92,9 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     clock = view.clock
     if clock is None or not view.busy:
         # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
+        # Nor does it end a slow run: a serving GPU slow whenever it is busy, idle between
+        # peaks, is slow all along (only a busy scrape at its usual clock ends the run).
         unjudged(ctx, dev, view.device, SLOW)
-        dev.slow_since = 0
         if not signs.slowdown:
             unjudged(ctx, dev, view.device, CLOCK)
             return False

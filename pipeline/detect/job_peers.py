@@ -13,7 +13,10 @@ every node together.
   job.straggler            below peers for `gray_persist_samples` scrapes: watch (transient
                            compute fail-slows, S3, last minutes and end here)
   job.straggler.persistent still below them after `slow_escalate_s`: fail-slow hardware,
-                           cordon (fault model S1: they do not self-heal)
+                           cordon (fault model S1: they do not self-heal). Once watched,
+                           half the deficit keeps it going: a node slowed by about the
+                           threshold is not restarted by every noisy scrape just above the
+                           line; a transient slowdown that ends (S3) is.
 Both clear after `clear_persist_samples` scrapes level with the peers. Evidence: the node's
 clock, the peers' median, the deficit.
 
@@ -305,6 +308,9 @@ def _judge(
         if len(peers) < own.job_peers_min:
             continue  # too few peers to call anyone slow
         slow = deficit >= own.clock_drop_frac
+        if check == PERSISTENT:  # once watched, half the deficit holds it (as for step time)
+            watched = (run := mine.runs.get(STRAGGLER)) is not None and run.open
+            slow = (slow or watched) and deficit >= own.clock_drop_frac / 2
         edge = step(mine.runs, check, ts, slow, rule(settings, check))
         if edge == OPEN:  # named by when it fell behind, not when it was found
             out.append(_open(book, ts, check, onset(mine.runs, check), job, proof, deficit))

@@ -3,6 +3,8 @@ counter resets, gaps, duplicates, staleness, ids and state round trips."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -272,6 +274,28 @@ def test_whole_node_slower_without_evidence_is_watched_then_escalated() -> None:
         ("gpu.clock.throttle", "cordon"),
     ]
     assert first[1].ts - first[0].ts >= (escalate - SETTINGS.gray_persist_samples) * STEP_MS
+
+
+def test_a_gpu_slow_whenever_busy_escalates_across_idle_spells_a_normal_busy_scrape_resets() -> None:
+    # A serving node: busy at peaks, idle between them; slow at every peak. Idle scrapes say
+    # nothing about the clock, so they neither end the slow run nor count against it.
+    escalate = SETTINGS.slow_escalate_s * 1000 // STEP_MS
+
+    def peaks(normal_at: int | None) -> Callable[[int, int], dict[str, float]]:
+        def load(gpu: int, step: int) -> dict[str, float]:
+            if step < 30:
+                return {}
+            if step % 20 >= 12:  # idle between peaks
+                return {"DCGM_FI_DEV_GPU_UTIL": 5.0, "DCGM_FI_DEV_SM_CLOCK": 300.0}
+            return {} if step == normal_at else {"DCGM_FI_DEV_SM_CLOCK": 1650.0}
+
+        return load
+
+    _, findings = run(peaks(None), steps=30 + 2 * escalate)
+    assert ("gpu.clock.throttle", "0", False) in checks(findings)
+    # one busy scrape at its usual clock in every stretch shorter than slow_escalate_s: never
+    _, findings = run(peaks(30 + escalate // 2), steps=30 + escalate + 10)
+    assert ("gpu.clock.throttle", "0", False) not in checks(findings)
 
 
 def test_a_new_job_resets_the_clock_history() -> None:

@@ -88,6 +88,24 @@ def test_a_transient_slowdown_is_only_watched_and_clears() -> None:
     assert seen(findings) == [(STRAGGLER, "n3", False, "watch"), (STRAGGLER, "n3", True, "none")]
 
 
+def test_a_slowdown_near_the_threshold_is_cordoned_though_some_scrapes_dip_under_it() -> None:
+    # 6 % below the peers, but every 7th scrape only 4 %: each dip used to restart the
+    # persistent count, so a node slowed by about the threshold was watched for ever
+    def load(n: str, step: int) -> dict[str, float]:
+        if n != "n2" or step < 5:
+            return {}
+        return {"DCGM_FI_DEV_SM_CLOCK": 1980.0 * (0.96 if step % 7 == 0 else 0.94)}
+
+    findings = run(ESCALATE + 30, load)
+    assert seen(findings) == [(STRAGGLER, "n2", False, "watch"), (PERSISTENT, "n2", False, "cordon")]
+    # below half the threshold the hold is gone: a transient that ends is not bridged
+    def transient(n: str, step: int) -> dict[str, float]:
+        slow = n == "n2" and (5 <= step < 60 or 62 <= step < 120)  # two, 2 scrapes apart
+        return {"DCGM_FI_DEV_SM_CLOCK": 1980.0 * 0.85} if slow else {}
+
+    assert PERSISTENT not in {check for check, *_ in seen(run(ESCALATE + 30, transient))}
+
+
 def test_two_node_job_the_slower_one_is_named() -> None:
     findings = run(30, slow("n1", 0.85, start=0), nodes=("n1", "n2"))
     assert seen(findings) == [(STRAGGLER, "n1", False, "watch")]
