@@ -13,7 +13,9 @@
   The same job restarted on the same GPU is what a bad GPU under a long training job looks
   like; a bug tied to a rank can follow it there too, so one job's repeats need one strike
   more than distinct jobs do. A job that hits several GPUs of the node is its own bug (it
-  moves with the job) and does not count against any of them.
+  moves with the job) and does not count against any of them. Lines whose job is not known
+  (no pod for the process) count as one unknown job: their strikes count, but never as a
+  distinct job, and not when they hit several GPUs.
 - XID 154 opens a fatal finding with the action the driver asks for (its new recovery
   action: reset, reboot, drain); a change back to 0 clears it.
 - Other catalogued XIDs open a finding with the catalog's severity and action when the
@@ -39,6 +41,7 @@ from pipeline.detect.gpu_metrics import recovery
 from pipeline.model import Finding, RecommendedAction, XidEvent
 
 APP_RECURRENCE = "xid.app_recurrence"
+UNKNOWN_JOB = ""  # the job of an application XID whose process has no known pod
 RECOVERY_XID = 154
 # "GPU recovery action changed from 0x0 (None) to 0x1 (Reset Required)"
 _RECOVERY_TO = re.compile(r"\bto 0x([0-9a-fA-F]+)")
@@ -201,9 +204,9 @@ def _catalogued(state: XidState, event: XidEvent, device: str, entry: XidEntry) 
 def _application(
     state: XidState, event: XidEvent, device: str, settings: DetectSettings
 ) -> Finding | None:
-    if event.job is None:
-        return None  # without the job we cannot tell a buggy job from a bad GPU
-    state.app_hits.append(AppHit(event.job, device, event.xid, event.ts))
+    # Unknown: at worst one job, the most cautious reading (`_recurs` never counts it as a
+    # distinct job, only its strikes)
+    state.app_hits.append(AppHit(event.job or UNKNOWN_JOB, device, event.xid, event.ts))
     jobs, strikes = _recurrence(state.app_hits, device, settings)
     if not _recurs(jobs, strikes, settings):
         return None
@@ -218,7 +221,8 @@ def _application(
             "strikes", strikes, own.app_xid_min_strikes, None, own.app_xid_window_s
         ),
         message=f"GPU {device}: application XIDs {codes} struck {strikes} times in "
-        f"{len(jobs)} job(s) ({', '.join(sorted(jobs))}), no other GPU of the node: "
+        f"{len(jobs)} job(s) ({', '.join(sorted(j or 'unknown' for j in jobs))}), no other "
+        "GPU of the node: "
         "the GPU, not the code",
     )
 
@@ -231,7 +235,8 @@ def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tu
 
 def _recurs(jobs: set[str], strikes: int, settings: DetectSettings) -> bool:
     own = settings.tuned(APP_RECURRENCE)
-    return len(jobs) >= own.app_xid_min_jobs or strikes >= own.app_xid_min_strikes
+    known = len(jobs - {UNKNOWN_JOB})
+    return known >= own.app_xid_min_jobs or strikes >= own.app_xid_min_strikes
 
 
 def _strikes(hits: list[AppHit], device: str, jobs: set[str], gap_ms: int) -> int:

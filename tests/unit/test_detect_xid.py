@@ -99,7 +99,7 @@ def test_xid_154_back_to_none_clears() -> None:
     assert checks(found) == [("xid.154", "0", False), ("xid.154", "0", True)]
 
 
-def crash(seconds: float, *, gpu: int = 0, job: str = "job-a") -> list[XidEvent]:
+def crash(seconds: float, *, gpu: int = 0, job: str | None = "job-a") -> list[XidEvent]:
     """One strike: the illegal access and the channel cleanup that follows it."""
     return [xid(13, seconds, gpu=gpu, job=job), xid(43, seconds + 1, gpu=gpu, job=job),
             xid(45, seconds + 2, gpu=gpu, job=job)]
@@ -150,9 +150,20 @@ def test_a_job_hitting_several_gpus_is_its_own_bug() -> None:
     assert unhealthy(feed(events)[1]) == []  # four strikes on GPU 0, but job a is everywhere
 
 
-def test_application_xid_without_a_job_cannot_be_attributed() -> None:
-    events = [xid(13, 10 + i * 600, job=None) for i in range(5)]
-    assert unhealthy(feed(events)[1]) == []
+def test_application_xids_without_a_job_count_as_one_unknown_job() -> None:
+    # its strikes count as one job's: three are not enough, four blame the GPU
+    unknown = [e for t in (10, 1800, 3600) for e in crash(t, gpu=2, job=None)]
+    assert unhealthy(feed(unknown)[1]) == []
+    (finding,) = unhealthy(feed(unknown + crash(5400, gpu=2, job=None))[1])
+    assert (finding.check, finding.entity.device) == ("xid.app_recurrence", "2")
+    assert "unknown" in finding.message
+    # never a distinct job: two known jobs and the unknown one, a strike each, blame nobody
+    mixed = crash(10, gpu=4, job="a") + crash(1800, gpu=4, job="b")
+    assert unhealthy(feed(mixed + crash(3600, gpu=4, job=None))[1]) == []
+    # and unknown lines on two GPUs are a job-wide bug like any job's
+    spread = [e for t in (10, 1800, 3600, 5400) for g in (0, 1)
+              for e in crash(t + g, gpu=g, job=None)]  # fmt: skip
+    assert unhealthy(feed(spread)[1]) == []
 
 
 def test_recurrence_clears_when_it_falls_out_of_the_window() -> None:
