@@ -152,14 +152,7 @@ def _add_series(
     identity: Identity,
     after_ms: int,
 ) -> None:
-    labels = result.get("metric")
-    values = result.get("values")
-    if not isinstance(labels, Mapping) or not isinstance(values, list):
-        raise DecodeError(
-            field="result",
-            expected='{"metric": {labels}, "values": [[ts, "value"], …]}',
-            got=_shown(result),
-        )
+    labels, values = matrix_series(result)
     name = str(labels.get("__name__", "")).upper()
     if not name.startswith("DCGM_FI_"):
         raise DecodeError(field="__name__", expected="a DCGM_FI_* metric", got=repr(name))
@@ -179,6 +172,19 @@ def _add_series(
             )
         gpu = scrape.gpus.setdefault(key, _Gpu(labels=labels, metrics={}))
         gpu.metrics[name] = value
+
+
+def matrix_series(result: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[Any]]:
+    """The labels and points of one series of a matrix result, or a DecodeError saying what
+    a series looks like."""
+    labels, values = result.get("metric"), result.get("values")
+    if not isinstance(labels, Mapping) or not isinstance(values, list):
+        raise DecodeError(
+            field="result",
+            expected='{"metric": {labels}, "values": [[ts, "value"], …]}',
+            got=_shown(result),
+        )
+    return labels, values
 
 
 def _node(labels: Mapping[str, Any], node_label: str) -> str:

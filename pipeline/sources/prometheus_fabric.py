@@ -24,7 +24,7 @@ from pipeline.config import selector_matchers
 from pipeline.errors import DecodeError
 from pipeline.model import FabricPort, FabricSample
 from pipeline.sources.base import BadRecord, Parsed, validated
-from pipeline.sources.prometheus import Identity, _node, _points, _raw, _shown
+from pipeline.sources.prometheus import Identity, _node, _points, _raw, _shown, matrix_series
 
 FABRIC_QUERY = '{__name__=~"node_(infiniband|network)_.+"}'
 NIC_NETDEV = re.compile(r"^(ib|en|eth|bond)[A-Za-z0-9_.@-]*$")
@@ -100,13 +100,7 @@ def _add(
     identity: Identity,
     after_ms: int,
 ) -> None:
-    labels, values = result.get("metric"), result.get("values")
-    if not isinstance(labels, Mapping) or not isinstance(values, list):
-        raise DecodeError(
-            field="result",
-            expected='{"metric": {labels}, "values": [[ts, "value"], …]}',
-            got=_shown(result),
-        )
+    labels, values = matrix_series(result)
     name = str(labels.get("__name__", ""))
     if name in _SKIPPED:
         return

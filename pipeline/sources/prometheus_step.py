@@ -28,7 +28,16 @@ from pipeline.config import selector_matchers
 from pipeline.errors import DecodeError
 from pipeline.model import Event, GpuReading, GpuSample
 from pipeline.sources.base import BadRecord, Parsed
-from pipeline.sources.prometheus import Identity, _gpu_index, _job, _node, _points, _raw, _shown
+from pipeline.sources.prometheus import (
+    Identity,
+    _gpu_index,
+    _job,
+    _node,
+    _points,
+    _raw,
+    _shown,
+    matrix_series,
+)
 
 STEP_MAX_AGE_MS = 60_000
 # (node, gpu) -> [(ts, seconds, the job's pod or "")], sorted
@@ -63,13 +72,7 @@ def parse_step_series(
 def _series(
     result: Mapping[str, Any], identity: Identity
 ) -> tuple[str, int, list[tuple[int, float, str]]]:
-    labels, values = result.get("metric"), result.get("values")
-    if not isinstance(labels, Mapping) or not isinstance(values, list):
-        raise DecodeError(
-            field="result",
-            expected='{"metric": {labels}, "values": [[ts, "value"], …]}',
-            got=_shown(result),
-        )
+    labels, values = matrix_series(result)
     name = str(labels.get("__name__", "step metric"))
     series = [(ts, value) for ts, value in _points(values, name) if value is not None]
     if any(not 0 <= value <= 86_400 for _, value in series):
