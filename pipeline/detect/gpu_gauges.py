@@ -117,11 +117,15 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     slow_heat = signs.thermal and drop >= s.clock_drop_frac
     explained = slow_peer or signs.thermal or signs.slowdown
     plain = not explained and drop >= s.clock_own_frac
-    if plain:
+    # once watched, half the drop holds the run: a GPU slowed by about clock_own_frac is not
+    # restarted by every scrape just above the line (a transient that ends still ends it)
+    run = dev.runs.get(SLOW)
+    held = not explained and run is not None and run.open and drop >= s.clock_own_frac / 2
+    if plain or held:
         dev.slow_since = dev.slow_since or ctx.ts
     else:
         dev.slow_since = 0
-    lasting = plain and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
+    lasting = (plain or held) and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
     plain_watched = not explained and drop >= watched.clock_own_frac
     bad = slow_peer or slow_heat or signs.slowdown or lasting
     transition = step(ctx, dev, CLOCK, bad)

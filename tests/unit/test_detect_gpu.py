@@ -298,6 +298,21 @@ def test_a_gpu_slow_whenever_busy_escalates_across_idle_spells_a_normal_busy_scr
     assert ("gpu.clock.throttle", "0", False) not in checks(findings)
 
 
+def test_a_gpu_slowed_by_about_the_threshold_escalates_though_some_scrapes_dip_under_it() -> None:
+    # 11 % below its usual clock, every 7th scrape only 8 % (under clock_own_frac): each dip
+    # used to restart the slow run, so it was watched for ever
+    escalate = SETTINGS.slow_escalate_s * 1000 // STEP_MS
+
+    def load(gpu: int, step: int) -> dict[str, float]:
+        if step < 30:
+            return {}
+        return {"DCGM_FI_DEV_SM_CLOCK": 1980.0 * (0.92 if step % 7 == 0 else 0.89)}
+
+    everyone = {c for c in checks(run(load, steps=30 + escalate + 20)[1]) if not c[2]}
+    assert ("gpu.clock.slow", "0", False) in everyone
+    assert ("gpu.clock.throttle", "0", False) in everyone
+
+
 def test_a_new_job_resets_the_clock_history() -> None:
     def new_job_lower_clocks(gpu: int, step: int) -> dict[str, float]:
         return {"DCGM_FI_DEV_SM_CLOCK": 1650.0} if step >= 30 else {}
