@@ -81,6 +81,13 @@ def counting(runs: dict[str, Run], key: str, rule: Rule) -> bool:
     return run is not None and -rule.clear_after < run.streak < rule.open_after
 
 
+def watched(runs: dict[str, Run], key: str) -> bool:
+    """Whether `key`'s episode is open: a watch that a persistent check's hysteresis leans on
+    (once watched, half the threshold holds the longer run)."""
+    run = runs.get(key)
+    return run is not None and run.open
+
+
 def onset(runs: dict[str, Run], key: str) -> int:
     """When the current bad stretch began (0: not bad)."""
     run = runs.get(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.detect import gpu_metrics as gm
+from pipeline.detect.episodes import watched
 from pipeline.detect.gpu_context import Ctx, Peers, View, edge, step, unjudged
 from pipeline.detect.gpu_counters import Signs
 from pipeline.detect.stats import MAD_TO_SIGMA, Baseline, cusum, learn, scale_of
@@ -88,7 +89,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     or hardware slowdown reasons on their own. A node slower than its history with no
     evidence at all (`gpu.clock.slow`) is only watched: a transient compute slowdown looks the
     same, so it becomes a throttle finding only once it has lasted `slow_escalate_s`."""
-    s, watched = ctx.settings.tuned(CLOCK), ctx.settings.tuned(SLOW)
+    s, as_slow = ctx.settings.tuned(CLOCK), ctx.settings.tuned(SLOW)
     clock = view.clock
     if clock is None or not view.busy:
         # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
@@ -119,14 +120,13 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     plain = not explained and drop >= s.clock_own_frac
     # once watched, half the drop holds the run: a GPU slowed by about clock_own_frac is not
     # restarted by every scrape just above the line (a transient that ends still ends it)
-    run = dev.runs.get(SLOW)
-    held = not explained and run is not None and run.open and drop >= s.clock_own_frac / 2
+    held = not explained and watched(dev.runs, SLOW) and drop >= s.clock_own_frac / 2
     if plain or held:
         dev.slow_since = dev.slow_since or ctx.ts
     else:
         dev.slow_since = 0
     lasting = (plain or held) and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
-    plain_watched = not explained and drop >= watched.clock_own_frac
+    plain_watched = not explained and drop >= as_slow.clock_own_frac
     bad = slow_peer or slow_heat or signs.slowdown or lasting
     transition = step(ctx, dev, CLOCK, bad)
     if transition:

@@ -64,6 +64,7 @@ from pipeline.detect.episodes import (
     open_episode,
     rule,
     step,
+    watched,
 )
 from pipeline.detect.findings import Book, evidence
 from pipeline.detect.stats import median
@@ -262,8 +263,8 @@ def _judge_step(
     longer = rise >= settings.tuned(STEP).job_step_rise_frac
     # once watched, half the rise holds it: noise around the line restarts nothing
     hard = settings.tuned(STEP_PERSISTENT)
-    watched = (run := mine.runs.get(STEP)) is not None and run.open
-    held = (rise >= hard.job_step_rise_frac or watched) and rise >= hard.job_step_rise_frac / 2
+    longer_held = rise >= hard.job_step_rise_frac or watched(mine.runs, STEP)
+    held = longer_held and rise >= hard.job_step_rise_frac / 2
     slow_hardware = held and clock_deficit >= hard.job_step_clock_frac
     proof = evidence("step_compute_s_vs_job_peers", value, level, rise, 0)
     out: list[Finding | None] = []
@@ -309,8 +310,7 @@ def _judge(
             continue  # too few peers to call anyone slow
         slow = deficit >= own.clock_drop_frac
         if check == PERSISTENT:  # once watched, half the deficit holds it (as for step time)
-            watched = (run := mine.runs.get(STRAGGLER)) is not None and run.open
-            slow = (slow or watched) and deficit >= own.clock_drop_frac / 2
+            slow = (slow or watched(mine.runs, STRAGGLER)) and deficit >= own.clock_drop_frac / 2
         edge = step(mine.runs, check, ts, slow, rule(settings, check))
         if edge == OPEN:  # named by when it fell behind, not when it was found
             out.append(_open(book, ts, check, onset(mine.runs, check), job, proof, deficit))
