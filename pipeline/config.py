@@ -426,6 +426,8 @@ class DetectSettings(Section, frozen=True):
     app_xid_window_s: PositiveInt = 86_400  # application-XID recurrence window
     app_xid_min_jobs: PositiveInt = 3  # distinct jobs hit on one GPU before it is blamed
     app_xid_min_strikes: PositiveInt = 4  # or this many separate strikes, whatever the jobs
+    # strikes on one GPU alone before it is watched (recurrence has begun; it is not yet blamed)
+    app_xid_watch_strikes: Annotated[int, Meta(ge=2)] = 2
     # TPU chips and ICI links
     tpu_busy_pct: Percent = 50.0  # slice peers below this duty cycle: no chip verdict
     tpu_duty_drop_pct: Percent = 30.0  # chip duty cycle this many points below its peers

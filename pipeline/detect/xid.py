@@ -6,9 +6,11 @@
 - Fatal XIDs open a finding at once with the catalog's severity and action (`xid.<code>`),
   unless the line itself says the error was non-fatal (NVLink "non-fatal error detected"):
   then `xid.<code>.nonfatal`, warning, watch.
-- Application XIDs (13, 31, 43, 45 ...) never open a finding by themselves: only when one GPU
-  is hit in `app_xid_min_jobs` distinct jobs, or struck `app_xid_min_strikes` separate times
-  by whatever jobs, within `app_xid_window_s` (`xid.app_recurrence`, reset_gpu). A strike is
+- Application XIDs (13, 31, 43, 45 ...) never open a finding by themselves: one strike is what
+  a bug in the job looks like. The GPU is watched once struck `app_xid_watch_strikes` times
+  (`xid.app_repeat`: the recurrence has begun), and blamed only when hit in
+  `app_xid_min_jobs` distinct jobs, or struck `app_xid_min_strikes` separate times by
+  whatever jobs, within `app_xid_window_s` (`xid.app_recurrence`, reset_gpu). A strike is
   a run of hits no more than `xid_dedupe_s` apart (13, 43, 45 of one crash are one strike).
   The same job restarted on the same GPU is what a bad GPU under a long training job looks
   like; a bug tied to a rank can follow it there too, so one job's repeats need one strike
@@ -41,6 +43,8 @@ from pipeline.detect.gpu_metrics import recovery
 from pipeline.model import Finding, RecommendedAction, XidEvent
 
 APP_RECURRENCE = "xid.app_recurrence"
+APP_REPEAT = "xid.app_repeat"
+APP_CHECKS = (APP_REPEAT, APP_RECURRENCE)
 UNKNOWN_JOB = ""  # the job of an application XID whose process has no known pod
 RECOVERY_XID = 154
 # "GPU recovery action changed from 0x0 (None) to 0x1 (Reset Required)"
@@ -136,18 +140,22 @@ def expire_xid(
     window_ms = settings.tuned(APP_RECURRENCE).app_xid_window_s * 1000
     if state.app_hits and now_ms - state.app_hits[0].ts > window_ms:
         state.app_hits = [hit for hit in state.app_hits if now_ms - hit.ts <= window_ms]
-        for opened in [e for e in state.book.open.values() if e.check == APP_RECURRENCE]:
+        for opened in [e for e in state.book.open.values() if e.check in APP_CHECKS]:
             device = opened.device or ""
-            if not _recurs(*_recurrence(state.app_hits, device, settings), settings):
-                finding = clear_episode(
-                    state.book,
-                    APP_RECURRENCE,
-                    now_ms,
-                    device,
-                    f"GPU {device}: application XIDs no longer recur",
-                )
-                if finding is not None:
-                    out.append(finding)
+            jobs, strikes = _recurrence(state.app_hits, device, settings)
+            if opened.check == APP_RECURRENCE and _recurs(jobs, strikes, settings):
+                continue
+            if opened.check == APP_REPEAT and _repeats(strikes, settings):
+                continue
+            finding = clear_episode(
+                state.book,
+                opened.check,
+                now_ms,
+                device,
+                f"GPU {device}: application XIDs no longer recur",
+            )
+            if finding is not None:
+                out.append(finding)
     return state, out
 
 
@@ -208,23 +216,36 @@ def _application(
     # distinct job, only its strikes)
     state.app_hits.append(AppHit(event.job or UNKNOWN_JOB, device, event.xid, event.ts))
     jobs, strikes = _recurrence(state.app_hits, device, settings)
-    if not _recurs(jobs, strikes, settings):
-        return None
     codes = sorted({hit.code for hit in state.app_hits if hit.device == device})
-    own = settings.tuned(APP_RECURRENCE)
-    return open_episode(
-        state.book,
-        APP_RECURRENCE,
-        event.ts,
-        device=device,
-        evidence=evidence(
-            "strikes", strikes, own.app_xid_min_strikes, None, own.app_xid_window_s
-        ),
-        message=f"GPU {device}: application XIDs {codes} struck {strikes} times in "
-        f"{len(jobs)} job(s) ({', '.join(sorted(j or 'unknown' for j in jobs))}), no other "
-        "GPU of the node: "
-        "the GPU, not the code",
+    struck = (
+        f"GPU {device}: application XIDs {codes} struck {strikes} times in {len(jobs)} job(s) "
+        f"({', '.join(sorted(j or 'unknown' for j in jobs))}), no other GPU of the node"
     )
+    if _recurs(jobs, strikes, settings):
+        own = settings.tuned(APP_RECURRENCE)
+        return open_episode(
+            state.book,
+            APP_RECURRENCE,
+            event.ts,
+            device=device,
+            evidence=evidence(
+                "strikes", strikes, own.app_xid_min_strikes, None, own.app_xid_window_s
+            ),
+            message=f"{struck}: the GPU, not the code",
+        )
+    if _repeats(strikes, settings):
+        watch = settings.tuned(APP_REPEAT)
+        return open_episode(
+            state.book,
+            APP_REPEAT,
+            event.ts,
+            device=device,
+            evidence=evidence(
+                "strikes", strikes, watch.app_xid_watch_strikes, None, watch.app_xid_window_s
+            ),
+            message=f"{struck}: watched; more strikes or jobs would blame the GPU",
+        )
+    return None
 
 
 def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tuple[set[str], int]:
@@ -237,6 +258,10 @@ def _recurs(jobs: set[str], strikes: int, settings: DetectSettings) -> bool:
     own = settings.tuned(APP_RECURRENCE)
     known = len(jobs - {UNKNOWN_JOB})
     return known >= own.app_xid_min_jobs or strikes >= own.app_xid_min_strikes
+
+
+def _repeats(strikes: int, settings: DetectSettings) -> bool:
+    return strikes >= settings.tuned(APP_REPEAT).app_xid_watch_strikes
 
 
 def _strikes(hits: list[AppHit], device: str, jobs: set[str], gap_ms: int) -> int:

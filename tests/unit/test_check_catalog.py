@@ -48,7 +48,7 @@ def test_every_check_the_detectors_name_is_in_the_catalog() -> None:
         fabric_checks.PORT_FLAP_PERSISTENT, fabric_checks.PORT_ERRORS,
         fabric_localise.SWITCH_DOWN, *fabric_localise.LINK_CHECKS.values(),
         job_peers.STRAGGLER, job_peers.PERSISTENT, *job_peers.ACTIVITY, job_peers.STEP,
-        job_peers.STEP_PERSISTENT, xid_checks.APP_RECURRENCE, "xid.154",
+        job_peers.STEP_PERSISTENT, *xid_checks.APP_CHECKS, "xid.154",
         *(c for prefix in device_flap.PREFIXES for c in device_flap.flap_checks(prefix)),
     ]  # fmt: skip
     assert sorted(named) == sorted(n for n in CHECKS if "<code>" not in n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.config import DetectSettings
 from pipeline.detect import XidState, detect_xid, expire_xid
 from pipeline.model import Finding, XidEvent
 from tests.detect_fixture import SETTINGS, T0, checks, unhealthy, xid
@@ -110,16 +111,62 @@ def test_application_xid_never_acts_on_its_own() -> None:
     assert unhealthy(feed(events)[1]) == []  # six episodes of one crash, one job
 
 
-def test_one_job_struck_three_times_on_one_gpu_is_not_yet_blamed() -> None:
+def blamed(found: list[Finding]) -> list[Finding]:
+    """The unhealthy findings that act on the GPU (the repeat watch only watches)."""
+    return [f for f in unhealthy(found) if f.check != "xid.app_repeat"]
+
+
+def watched(found: list[Finding]) -> list[tuple[str | None, int]]:
+    """The GPUs an application-XID repeat watch opened on, with the strikes it counted."""
+    return [(f.entity.device, int(f.evidence.value if f.evidence else 0))
+            for f in unhealthy(found) if f.check == "xid.app_repeat"]  # fmt: skip
+
+
+def test_one_job_struck_three_times_on_one_gpu_is_watched_not_yet_blamed() -> None:
     # A bug tied to a rank can follow the rank to the same GPU after a restart.
     events = crash(10) + crash(1800) + crash(3600)
-    assert unhealthy(feed(events)[1]) == []
+    found = feed(events)[1]
+    assert blamed(found) == []
+    assert watched(found) == [("0", 2)]  # at the second strike, once
+    (watch,) = unhealthy(found)
+    assert (watch.recommended_action, watch.severity, watch.ts) == (
+        "watch", "warning", T0 + 1_800_000)
+
+
+def test_one_strike_is_not_watched_and_the_repeat_watch_stays_open_under_the_blame() -> None:
+    assert unhealthy(feed(crash(10, gpu=3))[1]) == []
+    events = crash(10, gpu=3) + crash(1800, gpu=3) + crash(3600, gpu=3) + crash(5400, gpu=3)
+    state, found = feed(events)
+    assert [f.check for f in unhealthy(found)] == ["xid.app_repeat", "xid.app_recurrence"]
+    # both clear together when the strikes fall out of the window
+    _, out = expire_xid(state, T0 + 5_401_000 + SETTINGS.app_xid_window_s * 1000, SETTINGS)
+    assert sorted(f.check for f in out if f.healthy) == ["xid.app_recurrence", "xid.app_repeat"]
+
+
+def test_the_repeat_watch_needs_its_strikes_apart_and_on_this_gpu_alone() -> None:
+    # 13, 43, 45 of one crash and its repeat within xid_dedupe_s are one strike
+    close = crash(10) + crash(10 + SETTINGS.xid_dedupe_s - 10)
+    assert unhealthy(feed(close)[1]) == []
+    # a job that hit two GPUs is its own bug: its strikes count against neither
+    spread = [e for t in (10, 1800) for g in (0, 1) for e in crash(t + g, gpu=g, job="a")]
+    assert unhealthy(feed(spread)[1]) == []
+
+
+def test_the_repeat_watch_limit_is_a_setting() -> None:
+    three = DetectSettings(app_xid_watch_strikes=3)
+    state = None
+    found: list[Finding] = []
+    for at in (10, 1800, 3600):
+        for event in crash(at):
+            state, out = detect_xid(state, event, three)
+            found += out
+    assert watched(found) == [("0", 3)]
 
 
 def test_the_same_job_struck_again_and_again_on_one_gpu_blames_the_gpu() -> None:
     # A long training job restarted on the node whose GPU is bad: one job, four strikes.
     events = crash(10, gpu=3) + crash(1800, gpu=3) + crash(3600, gpu=3) + crash(5400, gpu=3)
-    (finding,) = unhealthy(feed(events)[1])
+    (finding,) = blamed(feed(events)[1])
     assert (finding.check, finding.entity.device) == ("xid.app_recurrence", "3")
     assert finding.evidence is not None and finding.evidence.value == 4
     assert finding.ts == T0 + 5_400_000
@@ -131,7 +178,7 @@ def test_application_xid_recurring_on_one_gpu_across_three_jobs_blames_the_gpu()
         xid(31, 2000, gpu=5, job="b"),
         xid(13, 4000, gpu=5, job="c"),
     ]
-    (finding,) = unhealthy(feed(events)[1])
+    (finding,) = blamed(feed(events)[1])
     assert (finding.check, finding.entity.device) == ("xid.app_recurrence", "5")
     assert (finding.recommended_action, finding.fatal) == ("reset_gpu", False)
     assert finding.ts == T0 + 4_000_000
@@ -144,22 +191,26 @@ def test_a_job_hitting_several_gpus_is_its_own_bug() -> None:
         xid(13, 2000, gpu=5, job="b"),
         xid(13, 4000, gpu=5, job="c"),
     ]
-    assert unhealthy(feed(events)[1]) == []
+    found = feed(events)[1]
+    assert blamed(found) == []
+    assert watched(found) == [("5", 2)]  # jobs b and c struck GPU 5 alone: watched
     events += crash(6000, job="a") + crash(8000, job="a") + crash(10_000, job="a")
     events += crash(12_000, job="a")
-    assert unhealthy(feed(events)[1]) == []  # four strikes on GPU 0, but job a is everywhere
+    found = feed(events)[1]
+    assert blamed(found) == []  # four strikes on GPU 0, but job a is everywhere
+    assert watched(found) == [("5", 2)]
 
 
 def test_application_xids_without_a_job_count_as_one_unknown_job() -> None:
     # its strikes count as one job's: three are not enough, four blame the GPU
     unknown = [e for t in (10, 1800, 3600) for e in crash(t, gpu=2, job=None)]
-    assert unhealthy(feed(unknown)[1]) == []
-    (finding,) = unhealthy(feed(unknown + crash(5400, gpu=2, job=None))[1])
+    assert blamed(feed(unknown)[1]) == []
+    (finding,) = blamed(feed(unknown + crash(5400, gpu=2, job=None))[1])
     assert (finding.check, finding.entity.device) == ("xid.app_recurrence", "2")
     assert "unknown" in finding.message
     # never a distinct job: two known jobs and the unknown one, a strike each, blame nobody
     mixed = crash(10, gpu=4, job="a") + crash(1800, gpu=4, job="b")
-    assert unhealthy(feed(mixed + crash(3600, gpu=4, job=None))[1]) == []
+    assert blamed(feed(mixed + crash(3600, gpu=4, job=None))[1]) == []
     # and unknown lines on two GPUs are a job-wide bug like any job's
     spread = [e for t in (10, 1800, 3600, 5400) for g in (0, 1)
               for e in crash(t + g, gpu=g, job=None)]  # fmt: skip
