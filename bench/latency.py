@@ -15,6 +15,8 @@ Baseline in the same run: the same XID records read back by a plain consumer in 
 (append → delivered to a do-nothing reader), so the ratio says how much of the time is the
 pipeline's (four topic hops: telemetry → findings → health → policy → actions) and how much the
 broker's. The worker's CPU share and its backlog at the end say whether it kept up with the load.
+The findings and proposals topics are stamped by the broker too, so the time splits per hop:
+XID → its finding (the telemetry stage), finding → proposal (health), proposal → action (policy).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from bench.sim import metric_samples
 from pipeline import codec
 from pipeline.config import Settings, SimSettings
 from pipeline.kafka_client import client_kwargs
-from pipeline.model import Action, Event, GpuSample, XidEvent
+from pipeline.model import Action, Event, Finding, GpuSample, Proposal, XidEvent
 from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.messages import xid_line
@@ -50,6 +52,7 @@ TPU_SLICES = 8
 INTERVAL_S = 10
 SLICES_PER_INTERVAL = 20  # each interval's records go out in this many evenly spaced bursts
 FATAL_XID = 79
+HOP_TOPICS = ("findings", "proposals")  # between the XID and its action, broker-stamped too
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class Injection:
     delivered_ms: int | None = None  # when this process's plain consumer got it (wall ms)
     action_ms: int | None = None  # broker LogAppendTime of its first action
     action_kind: str | None = None
+    finding_ms: int | None = None  # ... of the first unhealthy finding on its node
+    proposal_ms: int | None = None  # ... of the first proposal for its node
 
 
 @dataclass
@@ -170,13 +175,15 @@ def watch(settings: Settings, load: Load, producer: threading.Thread, tail_s: fl
     (or `tail_s` more seconds passed); fill in delivery and action times."""
     xid_topic = topic_name(settings.kafka, "events.xid")
     actions_topic = topic_name(settings.kafka, "actions")
+    hops = {topic_name(settings.kafka, s): s for s in HOP_TOPICS}
     consumer = KafkaConsumer(**client_kwargs(settings.kafka),
                              enable_auto_commit=False, fetch_max_wait_ms=10)
-    partitions = [TopicPartition(t, p) for t in (xid_topic, actions_topic)
+    partitions = [TopicPartition(t, p) for t in (xid_topic, actions_topic, *hops)
                   for p in sorted(consumer.partitions_for_topic(t) or ())]
     consumer.assign(partitions)
     consumer.seek_to_beginning(*partitions)
     first_action: dict[str, tuple[int, str]] = {}
+    first_hop: dict[tuple[str, str], int] = {}  # (topic suffix, node) -> append time
     delivered: dict[str, int] = {}
     deadline: float | None = None
     try:
@@ -186,6 +193,10 @@ def watch(settings: Settings, load: Load, producer: threading.Thread, tail_s: fl
                 for record in batch:
                     if record.topic == xid_topic:  # keyed cluster/node: the node is in the value
                         delivered.setdefault(codec.decode(record.value, XidEvent).node, got_ms)
+                    elif record.topic in hops:
+                        node = _hop_node(hops[record.topic], record.value)
+                        if node is not None:
+                            first_hop.setdefault((hops[record.topic], node), record.timestamp)
                     else:
                         action = codec.decode(record.value, Action)
                         first_action.setdefault(action.target.name,
@@ -198,8 +209,29 @@ def watch(settings: Settings, load: Load, producer: threading.Thread, tail_s: fl
         consumer.close()
     for injection in load.injections:
         injection.delivered_ms = delivered.get(injection.node)
+        injection.finding_ms = first_hop.get(("findings", injection.node))
+        injection.proposal_ms = first_hop.get(("proposals", injection.node))
         if injection.node in first_action:
             injection.action_ms, injection.action_kind = first_action[injection.node]
+
+
+def _hop_node(suffix: str, value: bytes) -> str | None:
+    """The node an unhealthy finding or a proposal is about (None: healthy, or not a node)."""
+    if suffix == "findings":
+        finding = codec.decode(value, Finding)
+        return None if finding.healthy else finding.entity.target.name
+    return codec.decode(value, Proposal).target.name
+
+
+def hop_latencies(injections: list[Injection]) -> dict[str, dict[str, float | None]]:
+    """Each hop's share of the path, from the broker's append times."""
+    def gaps(a: str, b: str) -> list[float]:
+        pairs = [(getattr(i, a), getattr(i, b)) for i in injections]
+        return [(end - start) / 1000 for start, end in pairs if start is not None and end is not None]
+
+    return {"xid_to_finding_s": quantiles(gaps("appended_ms", "finding_ms")),
+            "finding_to_proposal_s": quantiles(gaps("finding_ms", "proposal_ms")),
+            "proposal_to_action_s": quantiles(gaps("proposal_ms", "action_ms"))}
 
 
 def quantiles(values: list[float]) -> dict[str, float | None]:
@@ -224,7 +256,7 @@ def bench_latency(quick: bool, take: int = 0) -> dict[str, Any]:
     xids = fatal_xids(sim, ticks_events[0], p)
     load = Load(settings, ticks, xids, sim.start_ms)
     with broker.private_topics(settings), tempfile.TemporaryDirectory() as tmp:
-        broker.set_log_append_time(settings, ["events.xid", "actions"])
+        broker.set_log_append_time(settings, ["events.xid", "actions", *HOP_TOPICS])
         # worker.take > 0: agents take batches from faust (0: one event at a time, the default)
         worker = broker.Worker(settings, Path(tmp), {"FLEETPULSE_WORKER__TAKE": str(take)})
         worker.start()
@@ -251,6 +283,7 @@ def bench_latency(quick: bool, take: int = 0) -> dict[str, Any]:
         **({"take": take} if take else {}),
         "fault_to_action_s": fault_to_action,
         "broker_delivery_s": broker_delivery,
+        "hops": hop_latencies(load.injections),
         "p99_vs_broker_delivery": ratio(fault_to_action["p99"], broker_delivery["p99"], 1),
         "faults": len(load.injections),
         "actions": len(latencies),

@@ -135,7 +135,18 @@ def latency_rows(f: dict[str, Any], name: str = "latency") -> list[Row]:
             f"{_n(bg['gpus'])} GPUs + {_n(bg['tpu_chips'])} TPU chips, {_n(bg['samples_per_s'])} "
             f"samples/s; worker CPU {_pct(f['worker_cpu_share'])}, backlog at end "
             f"{_n(f['worker_backlog_at_end'])} records"),
+        *_hop_rows(f, name),
     ]
+
+
+def _hop_rows(f: dict[str, Any], name: str) -> list[Row]:
+    hops = f.get("hops")  # absent in results measured before the split
+    if not hops:
+        return []
+    parts = [("XID → finding", "xid_to_finding_s"), ("finding → proposal", "finding_to_proposal_s"),
+             ("proposal → action", "proposal_to_action_s")]
+    return [Row(name, "per hop, p50 / p99: " + ", ".join(label for label, _ in parts),
+                ", ".join(f"{_ms(hops[k]['p50'])} / {_ms(hops[k]['p99'])}" for _, k in parts))]
 
 
 def detection_rows(f: dict[str, Any]) -> list[Row]:
