@@ -9,8 +9,10 @@ persistence of each check: catalog.py, docs/checks.md):
   ici.link.down (ici_link)   both ends report the link down, confirmed once after
                              `ici_link_persist_s` (so an OCS pattern can form first), or one
                              end for `ici_one_sided_s` while the other stays silent or healthy
-  ici.ocs.degraded (slice)   `ici_ocs_min_links` links down in one torus dimension at once:
-                             an optical circuit switch; ICI resiliency routes around it
+  ici.ocs.degraded (slice)   `ici_ocs_min_links` links down in one torus dimension at once,
+                             all leaving their 4x4x4 cube: an optical circuit switch; ICI
+                             resiliency routes around it (a link inside a cube is copper: down,
+                             it is a link of its own, OCS or not)
   ici.link.degraded (ici_link) health between 1 and 9, flit rate well below the link's usual
                              share of the host's traffic, or errors: resiliency at work
                              (watched, not a repair)
@@ -41,6 +43,7 @@ LINK_DEGRADED = "ici.link.degraded"
 CHIP_DOWN = "ici.chip.down"
 HOST_DOWN = "ici.host.down"
 OCS = "ici.ocs.degraded"
+CUBE_EDGE = 4  # chips along each edge of a cube (4x4x4, copper inside; OCS between cubes)
 
 
 class LinkEnd(msgspec.Struct, kw_only=True, gc=False):
@@ -245,9 +248,12 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
         )
     links = _down_links(state, down, dead_chips, fresh_after, settings)
     by_dimension: dict[int, list[str]] = {}
+    strides = _strides(state) if len(links) >= settings.tuned(OCS).ici_ocs_min_links else {}
     for key, verdict in links.items():
-        port = int(verdict.device.partition(":")[2])
-        by_dimension.setdefault(port // 2, []).append(key)
+        end_chip, port = (int(part) for part in verdict.device.split(":"))
+        dimension = port // 2
+        if _crosses_cube_face(end_chip, port, strides.get(dimension)):
+            by_dimension.setdefault(dimension, []).append(key)
     for dimension, keys in by_dimension.items():
         if len(keys) >= settings.tuned(OCS).ici_ocs_min_links:
             verdicts[f"{OCS}|dim{dimension}"] = Verdict(
@@ -274,6 +280,31 @@ def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[s
                 f"({end.degraded}, health {end.health}): resiliency at work, watch",
             )
     return verdicts
+
+
+def _strides(state: IciSliceState) -> dict[int, int]:
+    """How far chip ids step per coordinate in each torus dimension (ids are row-major in the
+    slice topology): the smallest id gap of the links of that dimension seen so far. (The
+    wraparound links have the larger gaps.) Inferred from the links themselves because the ICI
+    counters carry no topology."""
+    strides: dict[int, int] = {}
+    for end in state.ends.values():
+        gap = abs(end.peer - end.chip)
+        dimension = end.port // 2
+        if gap and gap < strides.get(dimension, 1 << 30):
+            strides[dimension] = gap
+    return strides
+
+
+def _crosses_cube_face(chip: int, port: int, stride: int | None) -> bool:
+    """Does this link leave its chip's 4x4x4 cube? Only those go through an optical circuit
+    switch; the links inside a cube are copper, and one of them down is a cable of its own even
+    while an OCS is out (ports 2d and 2d+1 step -1 and +1 along dimension d). A slice whose
+    strides are not known yet counts every link, as before there was this rule."""
+    if stride is None:
+        return True
+    coordinate = (chip // stride) % CUBE_EDGE
+    return coordinate == (CUBE_EDGE - 1 if port % 2 else 0)
 
 
 def _dead_hosts(state: IciSliceState, down: list[LinkEnd], fresh_after: int) -> dict[str, int]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from pipeline.catalog.tpu import chip_id_at, host_of_chip, ici_neighbours, slice_shape
 from pipeline.detect import IciSliceState, detect_ici
 from pipeline.model import Finding, IciSample
 from tests.detect_fixture import SETTINGS, STEP_MS, T0, checks, ici_sample, unhealthy
@@ -102,12 +103,58 @@ def test_dead_host_seen_from_its_neighbours() -> None:
     ]
 
 
-def test_many_links_of_one_dimension_down_at_once_is_an_ocs_watch_not_a_repair() -> None:
-    dim0 = {frozenset((c, c ^ 1)) for c in (0, 2, 4, 6)}
-    _, found = run(20, cut(dim0, 10))
+# A v5p-256 slice (128 chips), 4x4x8: two 4x4x4 cubes along z, joined (and wrapped around) by optical
+# circuit switches; every link inside a cube is copper.
+V5P_256 = slice_shape("v5p-256", "4x4x8")
+
+
+def run_v5p(steps: int, health: Health) -> list[Finding]:
+    hosts: dict[int, list[tuple[int, int, int]]] = {}
+    for chip in range(V5P_256.chips):
+        for port, peer in ici_neighbours(V5P_256, chip):
+            hosts.setdefault(host_of_chip(V5P_256, chip), []).append((chip, port, peer))
+    state: IciSliceState | None = None
+    found: list[Finding] = []
+    for step in range(steps):
+        for host, links in sorted(hosts.items()):
+            sample = ici_sample(
+                step, f"h{host}", [(c, p, q, health(c, q, step)) for c, p, q in links]
+            )
+            state, out = detect_ici(state, sample, SETTINGS)
+            found += out
+    return found
+
+
+def z_links(z_from: int) -> set[frozenset[int]]:
+    """The 16 links from z = z_from to the next z (wrapping around), one per (x, y)."""
+    at = lambda x, y, z: chip_id_at(V5P_256, (x, y, z % 8))  # noqa: E731
+    return {frozenset((at(x, y, z_from), at(x, y, z_from + 1))) for x in range(4) for y in range(4)}
+
+
+def test_the_links_between_cubes_down_at_once_are_an_ocs_watch_not_a_repair() -> None:
+    found = run_v5p(20, cut(z_links(7), 10))  # the wraparound: through an OCS
     assert [(f.check, f.recommended_action, f.entity.kind) for f in unhealthy(found)] == [
         ("ici.ocs.degraded", "watch", "slice")
     ]
+
+
+def test_a_copper_link_inside_a_cube_down_while_an_ocs_is_out_is_a_cable_of_its_own() -> None:
+    inside = frozenset((chip_id_at(V5P_256, (1, 2, 5)), chip_id_at(V5P_256, (1, 2, 6))))
+    found = run_v5p(20, cut(z_links(7) | {inside}, 10))
+    assert sorted((f.check, f.recommended_action) for f in unhealthy(found)) == [
+        ("ici.link.down", "repair_slice"),
+        ("ici.ocs.degraded", "watch"),
+    ]
+    (link,) = [f for f in unhealthy(found) if f.check == "ici.link.down"]
+    assert link.entity.device == f"{min(inside)}:5"
+
+
+def test_links_down_inside_cubes_are_never_an_ocs_however_many() -> None:
+    found = run_v5p(20, cut(z_links(5), 10))  # z 5 -> 6: inside the second cube
+    assert {(f.check, f.recommended_action) for f in unhealthy(found)} == {
+        ("ici.link.down", "repair_slice")
+    }
+    assert len(unhealthy(found)) == 16
 
 
 def test_degraded_health_is_watched_after_persisting() -> None:
