@@ -484,7 +484,8 @@ ICI: tuple[CheckSpec, ...] = (
     ),
     CheckSpec(
         name="ici.ocs.degraded", detector="ici", entity="slice",
-        signal="ICI links down in one torus dimension", baseline="`ici_ocs_min_links`",
+        signal="ICI links down in one torus dimension, each leaving its 4x4x4 cube",
+        baseline="`ici_ocs_min_links`",
         threshold="at least `ici_ocs_min_links` at once: an optical circuit switch",
         settings=("ici_ocs_min_links",), persistence=TPU_TIMED,
         severity="warning", action="watch", evidence="links down",
