@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pipeline.codec import decode
 from pipeline.errors import DecodeError
 from pipeline.model import Action, Alert, Event, Finding
 from pipeline.runtime import route, topology
@@ -33,6 +34,7 @@ from pipeline.runtime.topology import INVENTORY as INVENTORY
 from pipeline.runtime.topology import TELEMETRY_TOPICS as TELEMETRY_TOPICS
 from pipeline.runtime.topology import Out
 from streams.acks import Ack
+from streams.batches import BATCHED, is_batch, unpack
 from streams.context import Context, Futures
 from streams.records import Record, decode_value, key_text, unexpected_error
 
@@ -100,9 +102,11 @@ def send_all(ctx: Context, outs: list[Out], record: Record | None) -> Futures:
         if isinstance(event, Refusal):
             assert record is not None  # only a record can be refused
             futures.append(ctx.send_dead_letter(record, event.message, event.reason))
-        elif isinstance(event, Finding):
+        elif out.topic in BATCHED:  # written with the batch, at the next flush
+            ctx.queue(out.topic, out.key, event)
+        elif isinstance(event, Finding) and out.topic == "findings":
             futures.append(ctx.send_finding(event))
-        elif isinstance(event, Action):
+        elif isinstance(event, Action) and out.topic == "actions":
             futures.append(ctx.send_action(event))
         elif isinstance(event, Alert) and out.topic == "alerts":
             futures.append(ctx.send_alert(event))
@@ -140,6 +144,12 @@ def handle_record(ctx: Context, stage: topology.Stage, record: Record) -> Future
     """Decode and run the stage; a record it cannot handle becomes a dead letter, never a
     crash. (For an agent with an Aligner, decoding happened before: see `Agent.receive`.)"""
     started = time.perf_counter()
+    if is_batch(record):
+        try:
+            return handle_batch(ctx, stage, record)
+        finally:
+            ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
+            ctx.metrics.latency.labels(stage.name).observe(time.perf_counter() - started)
     try:
         value = ctx.decoded.pop((record.topic, record.partition, record.offset), None)
         if value is None and record.value is None and record.topic == ctx.name(INVENTORY):
@@ -161,6 +171,32 @@ def handle_record(ctx: Context, stage: topology.Stage, record: Record) -> Future
     finally:
         ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
         ctx.metrics.latency.labels(stage.name).observe(time.perf_counter() - started)
+
+
+def handle_batch(ctx: Context, stage: topology.Stage, record: Record) -> Futures:
+    """Each value of a batch record in turn (streams/batches.py), as if each were a record;
+    one that cannot be handled is a dead letter (of the whole record, naming the value), and
+    the others go on."""
+    limit = ctx.settings.kafka.max_value_bytes
+    try:
+        items = unpack(record.value)
+    except DecodeError as exc:
+        return [ctx.send_dead_letter(record, str(exc), exc.reason)]
+    futures: Futures = []
+    for index, (content_type, raw) in enumerate(items):
+        try:
+            value = decode(raw, ctx.value_types[record.topic], limit, content_type)
+            futures += handle(ctx, stage, record, value)
+        except DecodeError as exc:
+            futures.append(ctx.send_dead_letter(record, f"value {index}: {exc}", exc.reason))
+        except Exception as exc:
+            log.exception("%s: value %d of batch %s[%d]@%d", stage.name, index, record.topic,
+                          record.partition, record.offset)
+            ctx.metrics.errors.labels(stage.name).inc()
+            ctx.roll_back(stage.table)
+            error = f"value {index}: {unexpected_error(stage.name, exc)}"
+            futures.append(ctx.send_dead_letter(record, error, "error"))
+    return futures
 
 
 Held = tuple[Record, Ack]

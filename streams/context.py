@@ -46,7 +46,7 @@ from pipeline.runtime.topology import ANNOUNCE_INPUT as ANNOUNCE_INPUT
 from pipeline.runtime.topology import INTERNAL
 from pipeline.runtime.topology import POLICY_INPUT as POLICY_INPUT
 from pipeline.runtime.topology import ZONE_INPUT as ZONE_INPUT
-from streams import tables
+from streams import batches, tables
 from streams.acks import Settler
 from streams.clock import PartitionClocks
 from streams.metrics import WorkerMetrics
@@ -89,6 +89,8 @@ class Context:
     stages: list[Any] = field(default_factory=list)  # agents.Agent, in registration order
     backlog: dict[tuple[str, int], int] = field(default_factory=dict)  # from the lag timer
     backlog_at: float = 0.0  # monotonic time the lag timer last measured it
+    # values for the internal topics the driver batches, written at the next flush (batches.py)
+    queued: batches.Batches = field(default_factory=batches.Batches)
 
     def behind(self, topics: list[str], partition: int) -> bool:
         """Is this partition catching up on a backlog in any of `topics`?"""
@@ -200,6 +202,8 @@ class Context:
         self.dirty.clear()
         for replays in self.journal.values():
             replays.clear()
+        for topic, batch_key, packed in self.queued.take():
+            futures.append(self._send_batch(topic, batch_key, packed))
         return futures
 
     def forget_unsettled(self) -> None:
@@ -212,6 +216,7 @@ class Context:
         self.touched.clear()
         self.cache.clear()
         self.decoded.clear()
+        self.queued.clear()
         for replays in self.journal.values():
             replays.clear()
 
@@ -234,6 +239,19 @@ class Context:
         if content_type != JSON:
             headers = [*(headers or []), *record_headers(content_type)]
         fut: Awaitable[Any] = channel.send_soon(key=key.encode(), value=value, headers=headers)
+        return fut
+
+    def queue(self, topic: str, key: str, event: Event) -> None:
+        """Queue a value for a batched internal topic; `flush` writes it with its batch."""
+        value, content_type = encode_as(event, self.settings.kafka.telemetry_format)
+        self.queued.add(topic, key, value, content_type)
+
+    def _send_batch(self, topic: str, key: str, packed: bytes) -> Awaitable[Any]:
+        channel = self.topics[topic]
+        self.metrics.records_out.labels(channel.get_topic_name()).inc()
+        fut: Awaitable[Any] = channel.send_soon(
+            key=key.encode(), value=packed, headers=batches.headers()
+        )
         return fut
 
     def send_finding(self, finding: Finding) -> Awaitable[Any]:

@@ -1,0 +1,102 @@
+"""Many values in one record, on the worker's own fleet-input topic.
+
+The telemetry stage passes most of what it reads on to the fleet stage (each GPU sample of a
+node at work, each fabric sample: 7,504 records for 11,364 inputs in the throughput benchmark's
+fleet), and every record costs the worker a produce, a fetch and faust's per-event machinery
+at both ends. So the Kafka driver queues these values per key (cluster) and writes them once
+per settled batch (Context.flush), as one record whose `fleetpulse-batch` header says so: a
+msgpack array of [content type, value] pairs, each value encoded as it would be on its own.
+The fleet stage holds every signal until all live nodes of its cluster have reported up to its
+time anyway, so waiting for the batch costs it nothing; records on the XID path are never held.
+
+The topic is internal (created and read by the worker alone); the embedded runtime calls the
+fleet stage directly and has no such records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from pipeline.errors import DecodeError
+from pipeline.runtime.topology import FLEET_INPUT
+
+BATCH_HEADER = "fleetpulse-batch"
+BATCHED = frozenset({FLEET_INPUT})  # topic suffixes whose values the driver batches
+MAX_ITEMS = 500  # values per record at most ...
+MAX_BYTES = 512 * 1024  # ... and bytes (half of kafka.max_value_bytes' default)
+
+_PACKER = msgspec.msgpack.Encoder()
+_ITEMS = msgspec.msgpack.Decoder(type=list[tuple[str, bytes]])
+
+
+def is_batch(record: Any) -> bool:
+    """Does this record carry a batch (its headers name one)? faust gives the headers as a
+    list of (name, value) pairs or as a mapping."""
+    found = getattr(record, "headers", None)
+    if not found:
+        return False
+    pairs = found.items() if isinstance(found, dict) else found
+    return any(name == BATCH_HEADER for name, _ in pairs)
+
+
+def headers() -> list[tuple[str, bytes]]:
+    return [(BATCH_HEADER, b"1")]
+
+
+def unpack(raw: bytes | None) -> list[tuple[str, bytes]]:
+    """The (content type, value) pairs of a batch record, or DecodeError saying what is wrong."""
+    if raw is None:
+        raise DecodeError(field="$", expected="a batch (msgpack array)", got="a null value")
+    try:
+        return _ITEMS.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(
+            field="$", expected="a batch: a msgpack array of [content type, value] pairs",
+            got=str(exc),
+        ) from None  # fmt: skip
+
+
+class Batches:
+    """Values queued per (topic suffix, key) until the driver's next flush, in arrival order."""
+
+    def __init__(self, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES) -> None:
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self._queued: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
+
+    def add(self, topic: str, key: str, value: bytes, content_type: str) -> None:
+        self._queued.setdefault((topic, key), []).append((content_type, value))
+
+    def __len__(self) -> int:
+        return sum(len(items) for items in self._queued.values())
+
+    def clear(self) -> None:
+        self._queued.clear()
+
+    def take(self) -> Iterator[tuple[str, str, bytes]]:
+        """(topic suffix, key, packed value) for everything queued, emptying the queue: the
+        values of a key in order, split where a record would pass max_items or max_bytes."""
+        queued, self._queued = self._queued, {}
+        for (topic, key), items in queued.items():
+            for chunk in _chunks(items, self.max_items, self.max_bytes):
+                yield topic, key, _PACKER.encode(chunk)
+
+
+def _chunks(
+    items: list[tuple[str, bytes]], max_items: int, max_bytes: int
+) -> Iterator[list[tuple[str, bytes]]]:
+    chunk: list[tuple[str, bytes]] = []
+    size = 0
+    for item in items:
+        item_size = len(item[0]) + len(item[1]) + 8  # with msgpack's framing, about
+        if chunk and (len(chunk) >= max_items or size + item_size > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += item_size
+    if chunk:
+        yield chunk
+

@@ -1,0 +1,147 @@
+"""A leaf switch failing, through Kafka: `fleetpulse worker` names the switch as the embedded
+runtime does, and cordons no node for it.
+
+The fleet stage that localises fabric faults reads the worker's own fleet-input topic: port
+findings and fabric samples of every node of a cluster, which the Kafka driver writes in
+batches (streams/batches.py). What the embedded runtime decides from the same events is the
+reference: the same findings and the same actions, with the same ids.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+import pytest
+
+from pipeline.config import KafkaSettings, Settings, load_settings
+from pipeline.model import Action, DeadLetter, Event, FabricSample, Finding
+from pipeline.runtime.topics import topic_name
+from pipeline.runtime.topology import FLEET_INPUT
+from pipeline.score import REMOVALS
+from pipeline.sim import Simulation, parse_forced
+from streams.app import LAG_INTERVAL_S, app_id
+from streams.batches import BATCH_HEADER
+from streams.testing import (
+    TopicReader,
+    WorkerProcess,
+    create_topics,
+    embedded_outputs,
+    metric_sum,
+    produce_events,
+    producer,
+    wait_worked_off,
+    worker_env,
+)
+
+pytestmark = pytest.mark.kafka
+
+# batches the worker cannot read: not a batch at all, and a batch holding a bad value
+POISON_BATCHES = [b"\xc1", msgspec.msgpack.encode([["application/json", b"{not json"]])]
+
+
+@dataclass
+class Run:
+    settings: Settings
+    expected: dict[str, list[Event]]
+    reader: TopicReader
+    port: int
+    fabric_samples: int  # each one the telemetry stage admits goes on to the fleet stage
+
+    def values(self, suffix: str, cls: type[Event]) -> list[Event]:
+        return self.reader.values(topic_name(self.settings.kafka, suffix), cls)
+
+
+@pytest.fixture(scope="module")
+def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    # One partition: the nodes' records reach the fleet stage in the order the telemetry stage
+    # read them. With several, a backlog read one partition ahead of another by more than
+    # `node_down_s` of event time takes the lagging nodes for down (streams/README.md).
+    kafka = KafkaSettings(
+        bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=1
+    )
+    base = load_settings(environ={})
+    sim_settings = msgspec.structs.replace(
+        base.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=20 * 60,
+        random_faults=False, diurnal=False, seed=3,
+    )  # fmt: skip
+    settings = msgspec.structs.replace(base, kafka=kafka, sim=sim_settings)
+    sim = Simulation(sim_settings, [parse_forced("F1/tor@300")])
+    events = list(sim.events())
+    expected = embedded_outputs(settings, events)
+    workdir = tmp_path_factory.mktemp("worker")
+    env = worker_env(settings, workdir)
+    create_topics(env)
+    worker = WorkerProcess(env, workdir / "worker.log").start()
+    reader = TopicReader(kafka_bootstrap, [topic_name(kafka, s) for s in ("actions", "findings", "dlq")])
+    try:
+        worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=120)
+        print(f"worker assigned after {time.monotonic() - worker.started_at:.1f}s")
+        kafka_producer = producer(kafka_bootstrap)
+        fleet_input = f"{app_id(settings)}-{FLEET_INPUT}"
+        for value in POISON_BATCHES:  # before the fleet's records, on the cluster's key
+            kafka_producer.send(fleet_input, key=b"fp-us-central1", value=value,
+                                headers=[(BATCH_HEADER, b"1")]).get(60)  # fmt: skip
+        produce_events(settings, events, kafka_producer)
+        kafka_producer.close()
+
+        def outputs() -> int:
+            reader.poll()
+            return sum(len(records) for records in reader.records.values())
+
+        port = worker.metrics_port()
+        wait_worked_off(port, r"\.telemetry\.|\.events\.|\.inventory\b", len(events),
+                        timeout=240, quiet_s=2 * LAG_INTERVAL_S + 1, outputs=outputs,
+                        why=worker.tail)  # fmt: skip
+        fabric = sum(isinstance(e, FabricSample) for e in events)
+        yield Run(settings, expected, reader, port, fabric)
+    finally:
+        reader.close()
+        code = worker.stop()
+        assert code == 0, f"worker did not stop cleanly on SIGTERM:\n{worker.tail()}"
+
+
+def test_the_switch_is_named_through_kafka_as_embedded_and_no_node_is_cordoned(run: Run) -> None:
+    actions = [a for a in run.values("actions", Action) if isinstance(a, Action)]
+    expected = [a for a in run.expected["actions"] if isinstance(a, Action)]
+    repairs = [(a.kind, a.target.kind) for a in expected if a.kind == "repair_switch"]
+    assert repairs == [("repair_switch", "switch")]  # the scenario is what it claims
+    assert {a.action_id for a in actions} == {a.action_id for a in expected}, _side_by_side(
+        actions, expected
+    )
+    assert not [a for a in actions if a.kind in REMOVALS]
+
+
+def test_findings_are_the_embedded_ones_each_written_once(run: Run) -> None:
+    findings = [f for f in run.values("findings", Finding) if isinstance(f, Finding)]
+    embedded = {f.finding_id for f in run.expected["findings"] if isinstance(f, Finding)}
+    assert {f.finding_id for f in findings} == embedded
+    # port findings travel on to the fleet stage on its own topic, not again on this one
+    ids = [f.finding_id for f in findings]
+    assert len(ids) == len(set(ids))
+
+
+def test_batches_that_cannot_be_read_are_dead_lettered_and_the_rest_goes_on(run: Run) -> None:
+    letters = [d for d in run.values("dlq", DeadLetter) if isinstance(d, DeadLetter)]
+    assert sorted(d.error.split(":")[0] for d in letters) == ["$", "value 0"], letters
+    assert all(d.topic.endswith(FLEET_INPUT) for d in letters)
+
+
+def test_fleet_input_travels_in_batches(run: Run) -> None:
+    # one record per cluster and flush, not one per value passed on (a backlog here: big ones)
+    records = metric_sum(run.port, "fleetpulse_worker_records_in_total", r"-fleet-input\"")
+    assert 0 < records < run.fabric_samples / 2
+
+
+def _side_by_side(kafka: list[Action], embedded: list[Action]) -> str:
+    def lines(actions: list[Action]) -> str:
+        return "\n".join(
+            f"  {a.action_id} {a.ts} {a.kind:14} {a.target.kind} {a.target.name} "
+            f"{a.reason.summary[:90]}"
+            for a in sorted(actions, key=lambda a: (a.ts, a.action_id))
+        )
+
+    return f"\nkafka:\n{lines(kafka)}\nembedded:\n{lines(embedded)}"
