@@ -26,7 +26,7 @@ from pipeline.codec import content_type_of, decode, encode_as, record_headers
 from pipeline.config import KafkaSettings, Settings, SimSettings
 from pipeline.errors import DecodeError
 from pipeline.kafka_client import client_kwargs
-from pipeline.model import Event
+from pipeline.model import Action, Event
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sim.engine import Simulation
@@ -347,3 +347,16 @@ def wait_worked_off(port: int, inputs: str, sent: int, *, timeout: float, quiet_
         elif now - quiet_since > quiet_s:
             return
         time.sleep(0.25)
+
+
+def side_by_side(kafka: list[Action], embedded: list[Action]) -> str:
+    """Two runtimes' actions, one per line in time order, for an assertion's message."""
+
+    def lines(actions: list[Action]) -> str:
+        return "\n".join(
+            f"  {a.action_id} {a.ts} {a.kind:14} {a.target.kind} {a.target.name} "
+            f"dry_run={a.dry_run} {a.reason.summary[:80]}"
+            for a in sorted(actions, key=lambda a: (a.ts, a.action_id))
+        )
+
+    return f"\nkafka:\n{lines(kafka)}\nembedded:\n{lines(embedded)}"

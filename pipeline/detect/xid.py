@@ -223,29 +223,25 @@ def _application(
     )
     if _recurs(jobs, strikes, settings):
         own = settings.tuned(APP_RECURRENCE)
-        return open_episode(
-            state.book,
-            APP_RECURRENCE,
-            event.ts,
-            device=device,
-            evidence=evidence(
-                "strikes", strikes, own.app_xid_min_strikes, None, own.app_xid_window_s
-            ),
-            message=f"{struck}: the GPU, not the code",
-        )
+        return _struck(state, APP_RECURRENCE, event, device, (strikes, own.app_xid_min_strikes),
+                       own.app_xid_window_s, f"{struck}: the GPU, not the code")  # fmt: skip
     if _repeats(strikes, settings):
         watch = settings.tuned(APP_REPEAT)
-        return open_episode(
-            state.book,
-            APP_REPEAT,
-            event.ts,
-            device=device,
-            evidence=evidence(
-                "strikes", strikes, watch.app_xid_watch_strikes, None, watch.app_xid_window_s
-            ),
-            message=f"{struck}: watched; more strikes or jobs would blame the GPU",
-        )
+        return _struck(state, APP_REPEAT, event, device, (strikes, watch.app_xid_watch_strikes),
+                       watch.app_xid_window_s,
+                       f"{struck}: watched; more strikes or jobs would blame the GPU")  # fmt: skip
     return None
+
+
+def _struck(
+    state: XidState, check: str, event: XidEvent, device: str, strikes: tuple[int, int],
+    window_s: int, message: str,
+) -> Finding | None:
+    """Open `check` on the GPU for its application-XID strikes ((count, the check's limit))."""
+    return open_episode(
+        state.book, check, event.ts, device=device, message=message,
+        evidence=evidence("strikes", *strikes, None, window_s),
+    )  # fmt: skip
 
 
 def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tuple[set[str], int]:

@@ -33,6 +33,7 @@ from streams.testing import (
     metric_sum,
     produce_events,
     producer,
+    side_by_side,
     wait_worked_off,
     worker_env,
 )
@@ -109,7 +110,7 @@ def test_the_switch_is_named_through_kafka_as_embedded_and_no_node_is_cordoned(r
     expected = [a for a in run.expected["actions"] if isinstance(a, Action)]
     repairs = [(a.kind, a.target.kind) for a in expected if a.kind == "repair_switch"]
     assert repairs == [("repair_switch", "switch")]  # the scenario is what it claims
-    assert {a.action_id for a in actions} == {a.action_id for a in expected}, _side_by_side(
+    assert {a.action_id for a in actions} == {a.action_id for a in expected}, side_by_side(
         actions, expected
     )
     assert not [a for a in actions if a.kind in REMOVALS]
@@ -135,13 +136,3 @@ def test_fleet_input_travels_in_batches(run: Run) -> None:
     records = metric_sum(run.port, "fleetpulse_worker_records_in_total", r"-fleet-input\"")
     assert 0 < records < run.fabric_samples / 2
 
-
-def _side_by_side(kafka: list[Action], embedded: list[Action]) -> str:
-    def lines(actions: list[Action]) -> str:
-        return "\n".join(
-            f"  {a.action_id} {a.ts} {a.kind:14} {a.target.kind} {a.target.name} "
-            f"{a.reason.summary[:90]}"
-            for a in sorted(actions, key=lambda a: (a.ts, a.action_id))
-        )
-
-    return f"\nkafka:\n{lines(kafka)}\nembedded:\n{lines(embedded)}"

@@ -34,6 +34,7 @@ from streams.testing import (
     produce_events,
     producer,
     scenario,
+    side_by_side,
     wait_worked_off,
     worker_env,
 )
@@ -139,7 +140,7 @@ def test_injected_faults_are_acted_on_and_confounders_left_alone(run: Run) -> No
 def test_the_kafka_runtime_decides_what_the_embedded_runtime_decides(run: Run) -> None:
     actions = run.actions()
     expected = {a.action_id: a for a in run.expected["actions"] if isinstance(a, Action)}
-    assert {a.action_id for a in actions} == expected.keys(), _side_by_side(
+    assert {a.action_id for a in actions} == expected.keys(), side_by_side(
         actions, list(expected.values())
     )
     for action in actions:  # an id names one decision: same kind, same target, same proposal
@@ -154,16 +155,6 @@ def test_the_kafka_runtime_decides_what_the_embedded_runtime_decides(run: Run) -
     embedded_findings = {f.finding_id for f in run.expected["findings"] if isinstance(f, Finding)}
     assert {f.finding_id for f in findings} == embedded_findings
 
-
-def _side_by_side(kafka: list[Action], embedded: list[Action]) -> str:
-    def lines(actions: list[Action]) -> str:
-        return "\n".join(
-            f"  {a.action_id} {a.ts} {a.kind:8} {a.target.name} dry_run={a.dry_run} "
-            f"{a.reason.summary[:80]}"
-            for a in sorted(actions, key=lambda a: (a.ts, a.action_id))
-        )
-
-    return f"\nkafka:\n{lines(kafka)}\nembedded:\n{lines(embedded)}"
 
 
 def test_node_states_end_where_the_embedded_ones_end(run: Run) -> None:
