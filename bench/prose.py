@@ -250,6 +250,10 @@ def goals_paragraph(fig: Mapping[str, Any]) -> str:
         (met if h["precision"] >= PRECISION_GOAL else missed).append(text)
     text = f"{h['confounder_cordons']} cordons caused by confounders (goal 0)"
     (met if h["confounder_cordons"] == 0 else missed).append(text)
+    # acted + withheld must cover every action-fault found
+    idle = sum(part.get("found_not_acted", 0) for part in fp["by_class"].values())
+    text = f"{idle} action-faults found but neither acted on nor withheld (goal 0)"
+    (met if idle == 0 else missed).append(text)
     return (f"Against the goals, met: {'; '.join(met) or 'none'}. Not met: "
             f"{'; '.join(missed) or 'none'}. {misses_sentence(fp['by_type'])}")
 

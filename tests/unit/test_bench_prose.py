@@ -230,3 +230,15 @@ def test_the_rolling_statistics_share_counts_the_outermost_frame_once() -> None:
                        frame(None, 0.5)),  # built-ins have no path
                  frame("/src/pipeline/aggregate.py", 3.0, frame(stats, 0.25)))
     assert inside_file(root, ROLLING_STATS) == 2.25
+
+
+def test_action_faults_found_and_left_alone_are_a_goal_missed_until_there_are_none() -> None:
+    fig = detection()
+    fig["fleet"]["fleetpulse"]["by_class"]["gray"] = part(81, 88, idle=3)
+    text = prose.goals_paragraph(fig)
+    assert "Not met: " in text
+    missed = text.split("Not met: ")[1]
+    assert "3 action-faults found but neither acted on nor withheld (goal 0)" in missed
+    fig["fleet"]["fleetpulse"]["by_class"]["gray"] = part(81, 88)
+    met = prose.goals_paragraph(fig).split("Not met: ")[0]
+    assert "0 action-faults found but neither acted on nor withheld (goal 0)" in met
