@@ -51,13 +51,13 @@ from streams.testing import (
     metric_sum,
     producer,
     scenario,
+    side_by_side,
     worker_env,
 )
 from tests import lake_fixture as fx
 from tests.faults import reliability
 from tests.integration.test_alertmanager_sink import Receiver, _alert
 from tests.integration.test_lake_sink import _assert_offsets_committed_to_the_end, _key
-from tests.integration.test_streams_pipeline import _side_by_side
 
 pytestmark = pytest.mark.kafka
 
@@ -235,7 +235,7 @@ def test_the_worker_dead_letters_every_poison_and_decides_as_without_them(
     embedded_letters = Counter(d.error for d in expected.get("dlq", []) if isinstance(d, DeadLetter))
     assert Counter(d.error for at, d in letters.items() if at not in sent) == embedded_letters
     embedded_actions = [a for a in expected["actions"] if isinstance(a, Action)]
-    assert {a.action_id for a in actions()} == want_actions, _side_by_side(
+    assert {a.action_id for a in actions()} == want_actions, side_by_side(
         actions(), embedded_actions
     )
     assert {f.finding_id for f in findings()} == want_findings
