@@ -183,6 +183,8 @@ class _Pending:
 
     events: list[Event] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    kind: type[Event] | None = None  # the table's event type (anything else is checked)
+    next: int = 0  # one past the highest offset buffered: folded into the positions at flush
 
 
 @dataclass
@@ -212,12 +214,12 @@ class LakeWriter:
         """Buffer one event; `source` is (topic, partition, offset) of the record it came from."""
         topic, partition, offset = source
         pending = self._pending.get((table, topic, partition))
-        if pending is None or type(event) is not _EVENT_OF.get(table) or offset < 0:
+        if pending is None or type(event) is not pending.kind or offset < 0:
             pending = self._start(table, [event], topic, partition, [offset])
         pending.events.append(event)
         pending.offsets.append(offset)
-        if offset >= self._positions[(topic, partition)]:
-            self._positions[(topic, partition)] = offset + 1
+        if offset >= pending.next:
+            pending.next = offset + 1
         self.pending_rows += 1
 
     def extend(
@@ -232,8 +234,7 @@ class LakeWriter:
         pending = self._start(table, events, topic, partition, offsets)
         pending.events.extend(events)
         pending.offsets.extend(offsets)
-        position = (topic, partition)
-        self._positions[position] = max(self._positions[position], max(offsets) + 1)
+        pending.next = max(pending.next, max(offsets) + 1)
         self.pending_rows += len(events)
 
     def _start(
@@ -252,7 +253,7 @@ class LakeWriter:
                 "(topic, partition >= 0, offset >= 0)"
             )
         self._positions.setdefault((topic, partition), 0)
-        return self._pending.setdefault((spec.name, topic, partition), _Pending())
+        return self._pending.setdefault((spec.name, topic, partition), _Pending(kind=spec.event))
 
     def flush(self) -> Positions:
         """Write every buffer to its file; return the next offset per (topic, partition) written.
@@ -264,6 +265,9 @@ class LakeWriter:
         # this one converts the next batch to Arrow: a flush costs about its conversion, not
         # conversion plus writing. Files are written in the order they are queued, and after a
         # failure the rest are left queued, as if written one after the other.
+        for (_, topic, partition), pending in self._pending.items():
+            position = (topic, partition)
+            self._positions[position] = max(self._positions.get(position, 0), pending.next)
         stop = threading.Event()
         writes: list[tuple[_Key, Future[bool]]] = []
         submitted: set[_Key] = set()
@@ -398,9 +402,6 @@ def _text_writer(body: str) -> Callable[[Path], None]:
         tmp.write_text(body)
 
     return write
-
-
-_EVENT_OF = {name: spec.event for name, spec in TABLES.items()}
 
 
 def _spec(table: str, events: Sequence[Event]) -> TableSpec:
