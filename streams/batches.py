@@ -1,9 +1,9 @@
 """Many values in one record, on the worker's own fleet-input topic.
 
-The telemetry stage passes most of what it reads on to the fleet stage (each GPU sample of a
-node at work, each fabric sample: 7,504 records for 11,364 inputs in the throughput benchmark's
-fleet), and every record costs the worker a produce, a fetch and faust's per-event machinery
-at both ends. So the Kafka driver queues these values per key (cluster) and writes them once
+The telemetry stage passes much of what it reads on to the fleet stage (each GPU sample of a
+node at work, each fabric sample: the largest share of what the worker reads), and every
+record costs the worker a produce, a fetch and faust's per-event machinery at both ends. So
+the Kafka driver queues these values per key (cluster) and writes them once
 per settled batch (Context.flush), as one record whose `fleetpulse-batch` header says so: a
 msgpack array of [content type, value] pairs, each value encoded as it would be on its own.
 The fleet stage holds every signal until all live nodes of its cluster have reported up to its
