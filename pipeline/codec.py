@@ -88,13 +88,18 @@ def record_headers(content_type: str) -> list[tuple[str, bytes]]:
 
 
 def content_type_of(headers: Any) -> str | None:
-    """The `content-type` header of a Kafka record (a list of (name, value) pairs, or a
-    mapping, as the clients give them); None when there is none."""
+    """The `content-type` header of a Kafka record; None when there is none."""
+    return header_of(headers, CONTENT_TYPE)
+
+
+def header_of(headers: Any, wanted: str) -> str | None:
+    """A header of a Kafka record by its (lower-case) name, from a list of (name, value) pairs
+    or a mapping, as the clients give them; None when there is none."""
     if not headers:
         return None
     pairs = headers.items() if isinstance(headers, dict) else headers
     for name, value in pairs:
-        if name.lower() == CONTENT_TYPE:
+        if name.lower() == wanted:
             text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
             return str(text)
     return None

@@ -144,59 +144,64 @@ def handle_record(ctx: Context, stage: topology.Stage, record: Record) -> Future
     """Decode and run the stage; a record it cannot handle becomes a dead letter, never a
     crash. (For an agent with an Aligner, decoding happened before: see `Agent.receive`.)"""
     started = time.perf_counter()
-    if is_batch(record):
-        try:
-            return handle_batch(ctx, stage, record)
-        finally:
-            ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
-            ctx.metrics.latency.labels(stage.name).observe(time.perf_counter() - started)
     try:
-        value = ctx.decoded.pop((record.topic, record.partition, record.offset), None)
-        if value is None and record.value is None and record.topic == ctx.name(INVENTORY):
-            # normal on a compacted topic: the target left the inventory
-            ctx.metrics.tombstones.labels(record.topic).inc()
-        elif value is None:
-            limit = ctx.settings.kafka.max_value_bytes
-            value = decode_value(record, ctx.value_types[record.topic], limit)
-        return handle(ctx, stage, record, value)
-    except DecodeError as exc:  # raised by decoding or the key check: no state was touched
-        return [ctx.send_dead_letter(record, str(exc), exc.reason)]
-    except Exception as exc:
-        log.exception(
-            "%s: record %s[%d]@%d", stage.name, record.topic, record.partition, record.offset
-        )
-        ctx.metrics.errors.labels(stage.name).inc()
-        ctx.roll_back(stage.table)
-        return [ctx.send_dead_letter(record, unexpected_error(stage.name, exc), "error")]
+        if is_batch(record):
+            return _guarded(ctx, stage, record, lambda: handle_batch(ctx, stage, record))
+        return _guarded(ctx, stage, record, lambda: handle(ctx, stage, record, _value(ctx, record)))
     finally:
         ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
         ctx.metrics.latency.labels(stage.name).observe(time.perf_counter() - started)
+
+
+def _value(ctx: Context, record: Record) -> Event | None:
+    value = ctx.decoded.pop((record.topic, record.partition, record.offset), None)
+    if value is None and record.value is None and record.topic == ctx.name(INVENTORY):
+        # normal on a compacted topic: the target left the inventory
+        ctx.metrics.tombstones.labels(record.topic).inc()
+        return None
+    if value is None:
+        limit = ctx.settings.kafka.max_value_bytes
+        value = decode_value(record, ctx.value_types[record.topic], limit)
+    return value
 
 
 def handle_batch(ctx: Context, stage: topology.Stage, record: Record) -> Futures:
     """Each value of a batch record in turn (streams/batches.py), as if each were a record;
     one that cannot be handled is a dead letter (of the whole record, naming the value), and
     the others go on."""
-    limit = ctx.settings.kafka.max_value_bytes
-    try:
-        items = unpack(record.value)
-    except DecodeError as exc:
-        return [ctx.send_dead_letter(record, str(exc), exc.reason)]
     futures: Futures = []
-    for index, (content_type, raw) in enumerate(items):
-        try:
-            value = decode(raw, ctx.value_types[record.topic], limit, content_type)
-            futures += handle(ctx, stage, record, value)
-        except DecodeError as exc:
-            futures.append(ctx.send_dead_letter(record, f"value {index}: {exc}", exc.reason))
-        except Exception as exc:
-            log.exception("%s: value %d of batch %s[%d]@%d", stage.name, index, record.topic,
-                          record.partition, record.offset)
-            ctx.metrics.errors.labels(stage.name).inc()
-            ctx.roll_back(stage.table)
-            error = f"value {index}: {unexpected_error(stage.name, exc)}"
-            futures.append(ctx.send_dead_letter(record, error, "error"))
+    for index, (content_type, raw) in enumerate(unpack(record.value)):
+        run = functools.partial(_handle_packed, ctx, stage, record, content_type, raw)
+        futures += _guarded(ctx, stage, record, run, f"value {index}: ")
     return futures
+
+
+def _handle_packed(
+    ctx: Context, stage: topology.Stage, record: Record, content_type: str, raw: bytes
+) -> Futures:
+    limit = ctx.settings.kafka.max_value_bytes
+    value = decode(raw, ctx.value_types[record.topic], limit, content_type)
+    return handle(ctx, stage, record, value)
+
+
+def _guarded(
+    ctx: Context, stage: topology.Stage, record: Record, run: Callable[[], Futures],
+    where: str = "",
+) -> Futures:
+    """`run()`'s outputs, or the dead letter of `record` if it cannot be handled (`where`: which
+    value of a batch)."""
+    try:
+        return run()
+    except DecodeError as exc:  # raised by decoding or the key check: no state was touched
+        return [ctx.send_dead_letter(record, f"{where}{exc}", exc.reason)]
+    except Exception as exc:
+        log.exception(
+            "%s: record %s[%d]@%d %s", stage.name, record.topic, record.partition, record.offset,
+            where,
+        )  # fmt: skip
+        ctx.metrics.errors.labels(stage.name).inc()
+        ctx.roll_back(stage.table)
+        return [ctx.send_dead_letter(record, where + unexpected_error(stage.name, exc), "error")]
 
 
 Held = tuple[Record, Ack]

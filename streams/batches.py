@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from pipeline.codec import header_of
 from pipeline.errors import DecodeError
 from pipeline.runtime.topology import FLEET_INPUT
 
@@ -33,13 +34,8 @@ _ITEMS = msgspec.msgpack.Decoder(type=list[tuple[str, bytes]])
 
 
 def is_batch(record: Any) -> bool:
-    """Does this record carry a batch (its headers name one)? faust gives the headers as a
-    list of (name, value) pairs or as a mapping."""
-    found = getattr(record, "headers", None)
-    if not found:
-        return False
-    pairs = found.items() if isinstance(found, dict) else found
-    return any(name == BATCH_HEADER for name, _ in pairs)
+    """Does this record carry a batch (its headers name one)?"""
+    return header_of(getattr(record, "headers", None), BATCH_HEADER) is not None
 
 
 def headers() -> list[tuple[str, bytes]]:
@@ -70,9 +66,6 @@ class Batches:
     def add(self, topic: str, key: str, value: bytes, content_type: str) -> None:
         self._queued.setdefault((topic, key), []).append((content_type, value))
 
-    def __len__(self) -> int:
-        return sum(len(items) for items in self._queued.values())
-
     def clear(self) -> None:
         self._queued.clear()
 
@@ -99,4 +92,3 @@ def _chunks(
         size += item_size
     if chunk:
         yield chunk
-

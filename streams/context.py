@@ -203,7 +203,7 @@ class Context:
         for replays in self.journal.values():
             replays.clear()
         for topic, batch_key, packed in self.queued.take():
-            futures.append(self._send_batch(topic, batch_key, packed))
+            futures.append(self._produce(topic, batch_key, packed, batches.headers()))
         return futures
 
     def forget_unsettled(self) -> None:
@@ -229,8 +229,6 @@ class Context:
     # --- outputs ----------------------------------------------------------------------------
 
     def send(self, topic: str, key: str, event: Event) -> Awaitable[Any]:
-        channel = self.topics[topic]
-        self.metrics.records_out.labels(channel.get_topic_name()).inc()
         # samples passed on to the fleet stage are telemetry like the inputs they came from:
         # written in `kafka.telemetry_format` with their content-type; everything else JSON
         value, content_type = encode_as(event, self.settings.kafka.telemetry_format)
@@ -238,20 +236,19 @@ class Context:
         headers = cloudevents_headers.headers(event, value) if topic in CE_TOPICS else None
         if content_type != JSON:
             headers = [*(headers or []), *record_headers(content_type)]
-        fut: Awaitable[Any] = channel.send_soon(key=key.encode(), value=value, headers=headers)
-        return fut
+        return self._produce(topic, key, value, headers)
 
     def queue(self, topic: str, key: str, event: Event) -> None:
         """Queue a value for a batched internal topic; `flush` writes it with its batch."""
         value, content_type = encode_as(event, self.settings.kafka.telemetry_format)
         self.queued.add(topic, key, value, content_type)
 
-    def _send_batch(self, topic: str, key: str, packed: bytes) -> Awaitable[Any]:
+    def _produce(
+        self, topic: str, key: str, value: bytes, headers: list[tuple[str, bytes]] | None
+    ) -> Awaitable[Any]:
         channel = self.topics[topic]
         self.metrics.records_out.labels(channel.get_topic_name()).inc()
-        fut: Awaitable[Any] = channel.send_soon(
-            key=key.encode(), value=packed, headers=batches.headers()
-        )
+        fut: Awaitable[Any] = channel.send_soon(key=key.encode(), value=value, headers=headers)
         return fut
 
     def send_finding(self, finding: Finding) -> Awaitable[Any]:
