@@ -447,6 +447,10 @@ class DetectSettings(Section, frozen=True):
     fabric_error_samples: PositiveInt = 3  # ... in this many scrapes in a row: gray loss
     fabric_group_window_s: PositiveInt = 60  # port troubles this close are one element's ...
     fabric_switch_min_nodes: Annotated[int, Meta(ge=2)] = 2  # ... a switch's from this many nodes
+    # the fleet stage waits for a node still heard but this far behind the cluster's newest
+    # time (a backlogged partition) before judging across nodes; past it (a partition stuck,
+    # a host clock far slow) the node's signals are judged as they come (runtime/fleet.py)
+    fleet_wait_max_s: PositiveInt = 900
     # a node against its job's other nodes (pipeline/detect/job_peers.py): clocks only go down
     # when something is wrong, so one peer is enough to tell which of two is the slow one
     job_peers_min: PositiveInt = 1

@@ -9,8 +9,16 @@ after it; a node against its job's peers at the same time) would then depend on 
 workers there are. So signals are held, and handed to the detectors in (event time, node,
 source, the node's own order) once every live node of the cluster has reported up to that time
 (the watermark). A node's own records keep their order on any runtime, so the sequence the detectors
-see is the same everywhere. A node silent for longer than `node_down_s` no longer holds the
-watermark back (it is down, or left: the staleness checks are the telemetry stage's).
+see is the same everywhere.
+
+A node is live while it is heard: it stops holding the watermark back once the cluster's newest
+time has moved `node_down_s` past the newest time *at which the node was last heard* (it is
+down, or left; the staleness checks are the telemetry stage's). Silence is measured in arrivals,
+not in the node's own event times, because a backlog read one partition far ahead of another
+(after an outage; faust drains partitions in large chunks) delivers a live node's records far
+behind the others': it is still heard all along, so the stage waits for it. It waits at most
+`fleet_wait_max_s` of event time for a node that is heard but behind (a partition stuck far
+behind, a host clock an hour slow): past that, the node's signals are judged as they arrive.
 
 Inventory records (placement) are not events in time: they apply on arrival.
 
@@ -63,6 +71,9 @@ class FleetState(msgspec.Struct, kw_only=True):
     seq: dict[str, int] = {}  # node -> signals received from it
     held: list[Held] = []  # a heap
     newest: dict[str, int] = {}  # node -> newest event time heard from either source
+    # node -> `top` when the node was last heard (its liveness; missing in a state kept before
+    # it existed: then its newest time stands in)
+    heard_at: dict[str, int] = {}
     top: int = 0
     marks: list[tuple[int, str]] = []  # a heap
     indexed: bool = False  # held, newest and marks kept as above (a state from before: rebuilt)
@@ -97,6 +108,7 @@ def on_fleet(
         state.newest[node] = signal.ts
         state.top = max(state.top, signal.ts)
         heapq.heappush(state.marks, (signal.ts, node))
+    state.heard_at[node] = state.top
     return _release(state, settings)
 
 
@@ -107,22 +119,27 @@ def _node(signal: Finding | FabricSample | PeerSample) -> str:
     return scoped(signal.cluster, signal.node)
 
 
-def watermark(state: FleetState, horizon_ms: int) -> int | None:
+def watermark(state: FleetState, horizon_ms: int, wait_max_ms: int) -> int | None:
     """The time every live node of the cluster has reported up to (None: none heard): the
-    oldest newest time among the nodes heard within `horizon_ms` of the newest of all."""
-    marks = state.marks
+    oldest newest time among the nodes last heard within `horizon_ms` of the newest time of
+    all, leaving out those more than `wait_max_ms` behind it."""
+    marks, top = state.marks, state.top
     while marks:
         ts, node = marks[0]
-        if state.newest.get(node) == ts and state.top - ts <= horizon_ms:
+        heard = top - state.heard_at.get(node, ts) <= horizon_ms
+        if state.newest.get(node) == ts and heard and top - ts <= wait_max_ms:
             return ts
-        heapq.heappop(marks)  # heard again since, or silent past the horizon: not live
+        # heard again since (a newer entry follows), silent past the horizon, or too far behind:
+        # it holds nothing back until it is heard with a newer time
+        heapq.heappop(marks)
     return None
 
 
 def _release(
     state: FleetState, settings: Settings
 ) -> tuple[FleetState, list[Finding], list[Action]]:
-    mark = watermark(state, settings.detect.node_down_s * 1000)
+    detect = settings.detect
+    mark = watermark(state, detect.node_down_s * 1000, detect.fleet_wait_max_s * 1000)
     findings: list[Finding] = []
     actions: list[Action] = []
     while mark is not None and state.held and state.held[0].ts <= mark:
