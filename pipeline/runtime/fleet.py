@@ -11,14 +11,18 @@ source, the node's own order) once every live node of the cluster has reported u
 (the watermark). A node's own records keep their order on any runtime, so the sequence the detectors
 see is the same everywhere.
 
-A node is live while it is heard: it stops holding the watermark back once the cluster's newest
-time has moved `node_down_s` past the newest time *at which the node was last heard* (it is
-down, or left; the staleness checks are the telemetry stage's). Silence is measured in arrivals,
-not in the node's own event times, because a backlog read one partition far ahead of another
-(after an outage; faust drains partitions in large chunks) delivers a live node's records far
-behind the others': it is still heard all along, so the stage waits for it. It waits at most
-`fleet_wait_max_s` of event time for a node that is heard but behind (a partition stuck far
-behind, a host clock an hour slow): past that, the node's signals are judged as they arrive.
+A node is live while it is heard. It stops holding the watermark back once it has been silent,
+in arrivals, for `node_down_s`: the cluster's newest time has moved that far past the newest
+time at which the node was last heard, and, where the driver has a wall clock, that much wall
+time has passed too (it is down, or left; the staleness checks are the telemetry stage's).
+Silence is not measured in the node's own event times because a backlog is read one partition
+far ahead of another (after an outage; faust fetches a partition's records in chunks of up
+to a megabyte): a live node's records arrive minutes of event time behind the others', and
+in a small fleet none of them for ten minutes of the cluster's time, but only seconds of wall
+time. The stage waits at most `fleet_wait_max_s` of event time for a node that is behind (a
+partition stuck, a host clock far slow): past that, the node's signals are judged as they
+arrive. The wall clock decides only whether a node already silent in event time is waited
+for; the embedded runtime, which has none, reads in event-time order and never needs it.
 
 Inventory records (placement) are not events in time: they apply on arrival.
 
@@ -74,13 +78,14 @@ class FleetState(msgspec.Struct, kw_only=True):
     # node -> `top` when the node was last heard (its liveness; missing in a state kept before
     # it existed: then its newest time stands in)
     heard_at: dict[str, int] = {}
+    heard_wall: dict[str, int] = {}  # node -> the driver's wall clock when last heard (if any)
     top: int = 0
     marks: list[tuple[int, str]] = []  # a heap
     indexed: bool = False  # held, newest and marks kept as above (a state from before: rebuilt)
 
 
 def on_fleet(
-    state: FleetState | None, signal: FleetSignal, settings: Settings
+    state: FleetState | None, signal: FleetSignal, settings: Settings, wall_ms: int | None = None
 ) -> tuple[FleetState, list[Finding], list[Action]]:
     """One signal of the cluster; returns what the signals released by it found. Fabric:
     switch/link findings and the repair actions for the network team's actuator (no node
@@ -109,7 +114,9 @@ def on_fleet(
         state.top = max(state.top, signal.ts)
         heapq.heappush(state.marks, (signal.ts, node))
     state.heard_at[node] = state.top
-    return _release(state, settings)
+    if wall_ms is not None:
+        state.heard_wall[node] = wall_ms
+    return _release(state, settings, wall_ms)
 
 
 def _node(signal: Finding | FabricSample | PeerSample) -> str:
@@ -119,15 +126,18 @@ def _node(signal: Finding | FabricSample | PeerSample) -> str:
     return scoped(signal.cluster, signal.node)
 
 
-def watermark(state: FleetState, horizon_ms: int, wait_max_ms: int) -> int | None:
+def watermark(
+    state: FleetState, horizon_ms: int, wait_max_ms: int, wall_ms: int | None = None
+) -> int | None:
     """The time every live node of the cluster has reported up to (None: none heard): the
     oldest newest time among the nodes last heard within `horizon_ms` of the newest time of
-    all, leaving out those more than `wait_max_ms` behind it."""
+    all (or of `wall_ms`, the wall clock), leaving out those more than `wait_max_ms` behind."""
     marks, top = state.marks, state.top
     while marks:
         ts, node = marks[0]
-        heard = top - state.heard_at.get(node, ts) <= horizon_ms
-        if state.newest.get(node) == ts and heard and top - ts <= wait_max_ms:
+        if state.newest.get(node) == ts and _live(state, node, horizon_ms, wall_ms) and (
+            top - ts <= wait_max_ms
+        ):
             return ts
         # heard again since (a newer entry follows), silent past the horizon, or too far behind:
         # it holds nothing back until it is heard with a newer time
@@ -135,11 +145,19 @@ def watermark(state: FleetState, horizon_ms: int, wait_max_ms: int) -> int | Non
     return None
 
 
+def _live(state: FleetState, node: str, horizon_ms: int, wall_ms: int | None) -> bool:
+    """Heard within the horizon, in the cluster's time at arrival or on the wall clock."""
+    if state.top - state.heard_at.get(node, state.newest[node]) <= horizon_ms:
+        return True
+    heard_wall = state.heard_wall.get(node)
+    return wall_ms is not None and heard_wall is not None and wall_ms - heard_wall <= horizon_ms
+
+
 def _release(
-    state: FleetState, settings: Settings
+    state: FleetState, settings: Settings, wall_ms: int | None
 ) -> tuple[FleetState, list[Finding], list[Action]]:
     detect = settings.detect
-    mark = watermark(state, detect.node_down_s * 1000, detect.fleet_wait_max_s * 1000)
+    mark = watermark(state, detect.node_down_s * 1000, detect.fleet_wait_max_s * 1000, wall_ms)
     findings: list[Finding] = []
     actions: list[Action] = []
     while mark is not None and state.held and state.held[0].ts <= mark:

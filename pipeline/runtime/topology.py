@@ -347,7 +347,7 @@ def on_fleet(part: Part, signal: cluster_fleet.FleetSignal, key: str) -> list[Ou
     """Held until every live node of the cluster has reported up to their time, whatever the
     number of workers (pipeline/runtime/fleet.py)."""
     state = part.get(key, cluster_fleet.FleetState)
-    state, findings, actions = cluster_fleet.on_fleet(state, signal, part.settings)
+    state, findings, actions = cluster_fleet.on_fleet(state, signal, part.settings, part.wall_ms)
     part.put(key, state)
     return [_finding(finding) for finding in findings] + [_action(a) for a in actions]
 

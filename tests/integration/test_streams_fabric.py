@@ -58,11 +58,14 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    # One partition: the nodes' records reach the fleet stage in the order the telemetry stage
-    # read them. With several, a backlog read one partition ahead of another by more than
-    # `node_down_s` of event time takes the lagging nodes for down (streams/README.md).
+    # Three partitions, the whole run produced at once: a backlog, read a partition at a time
+    # (each fits in one fetch), so the nodes' records reach the fleet stage up to 15 minutes
+    # of event time apart and some nodes go unheard for 10 minutes of the cluster's time, a
+    # few seconds of wall time. The fleet stage waits for the nodes it still hears
+    # (pipeline/runtime/fleet.py), so the switch is named from all its nodes, as in the
+    # embedded runtime. A fleet this small lags by whole partitions: it may wait an hour.
     kafka = KafkaSettings(
-        bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=1
+        bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3
     )
     base = load_settings(environ={})
     sim_settings = msgspec.structs.replace(
@@ -74,7 +77,7 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     events = list(sim.events())
     expected = embedded_outputs(settings, events)
     workdir = tmp_path_factory.mktemp("worker")
-    env = worker_env(settings, workdir)
+    env = worker_env(settings, workdir, FLEETPULSE_DETECT__FLEET_WAIT_MAX_S="3600")
     create_topics(env)
     worker = WorkerProcess(env, workdir / "worker.log").start()
     reader = TopicReader(kafka_bootstrap, [topic_name(kafka, s) for s in ("actions", "findings", "dlq")])

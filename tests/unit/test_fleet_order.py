@@ -176,3 +176,18 @@ def test_the_kept_watermark_is_the_oldest_newest_time_of_the_live_nodes(
         mark = fleet.watermark(state, horizon_ms, wait_max_ms)
         assert mark == (min(live) if live else None)
         assert mark is None or all(h.ts > mark for h in state.held)  # what it passed went out
+
+
+def test_a_node_unheard_for_minutes_of_the_clusters_time_but_seconds_of_wall_time_is_live() -> None:
+    """A backlog read a partition at a time: node b is not heard while a's records run ten
+    minutes ahead, but only two seconds of wall time pass. Without a wall clock (or once the
+    silence lasts `node_down_s` on it too) b no longer holds the watermark back."""
+    horizon_ms, wait_max_ms = BASE.detect.node_down_s * 1000, BASE.detect.fleet_wait_max_s * 1000
+    wall = 1_000_000
+    state, _, _ = fleet.on_fleet(None, _peer("b", 0), BASE, wall_ms=wall)
+    for seconds in range(30, 630, 30):
+        state, _, _ = fleet.on_fleet(state, _peer("a", seconds * 1000), BASE, wall_ms=wall + 2000)
+    assert fleet.watermark(state, horizon_ms, wait_max_ms, wall + 2000) == 0  # b is waited for
+    assert [h.node for h in state.held][:1] == ["c1/a"]  # a's are held, not judged
+    later = wall + 2000 + horizon_ms + 1
+    assert fleet.watermark(state, horizon_ms, wait_max_ms, later) == 600_000  # silent on both
