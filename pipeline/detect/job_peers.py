@@ -106,6 +106,9 @@ class JobPeersState(msgspec.Struct, kw_only=True):
     interval_ms: dict[str, int] = {}  # cluster/node -> last scrape gap
 
 
+_ACTIVITY_METRICS = tuple((check, metrics) for check, (metrics, _) in ACTIVITY.items())
+
+
 def peer_sample(sample: GpuSample, settings: DetectSettings) -> PeerSample:
     """What the comparison needs of one scrape: per job, the node's median clock (two busy
     GPUs at least) and activity levels. Computed where the scrape is (the telemetry stage), so
@@ -176,18 +179,30 @@ def _busy_clocks(sample: GpuSample, settings: DetectSettings) -> dict[str, float
 
 def _busy_levels(sample: GpuSample, settings: DetectSettings) -> dict[str, dict[str, float]]:
     """Per job, per activity check: the median over the node's busy GPUs reporting it."""
+    # runs for every scrape of a node in a job: plain loops, no generator per GPU and check
     by_job: dict[str, dict[str, list[float]]] = {}
+    busy = settings.busy_util_pct
     for gpu in sample.gpus:
-        util = gpu.metrics.get(UTIL)
-        if gpu.job is None or gpu.mig_instance is not None or util is None:
+        metrics = gpu.metrics
+        util = metrics.get(UTIL)
+        if gpu.job is None or gpu.mig_instance is not None or util is None or util < busy:
             continue
-        if util < settings.busy_util_pct:
-            continue
-        mine = by_job.setdefault(gpu.job, {})
-        for check, (metrics, _) in ACTIVITY.items():
-            values = [gpu.metrics.get(m) for m in metrics]
-            if all(v is not None for v in values):
-                mine.setdefault(check, []).append(sum(v for v in values if v is not None))
+        mine = by_job.get(gpu.job)
+        if mine is None:
+            mine = by_job[gpu.job] = {}
+        for check, names in _ACTIVITY_METRICS:
+            total = 0.0
+            for name in names:
+                value = metrics.get(name)
+                if value is None:
+                    break
+                total += value
+            else:  # every metric of the check reported
+                levels = mine.get(check)
+                if levels is None:
+                    mine[check] = [total]
+                else:
+                    levels.append(total)
     return {
         job: {check: median(vs) for check, vs in checks.items() if len(vs) >= 2}
         for job, checks in by_job.items()
