@@ -50,6 +50,12 @@ NAB_BUDGET = 1.3  # false alarms per series-week the goal allows
 PROBATION = 0.15  # NAB: the first 15 % of a series is for learning, not scored by a threshold
 DETECTORS = ("fleetpulse", "baseline")
 FABRIC_TYPES = ("F1", "F3", "N1")  # the issue's fabric goal
+# After the hours in which faults begin, an hour without new ones: a fault found near the end
+# would otherwise be scored "found, not acted" only because the run stopped before its
+# persistence rule (slow_escalate_s, 20 min) or the policy's next decision came due. Longer
+# than every persistence rule; shorter than XID recurrence across jobs (strikes come hours
+# apart), so a G4 that struck once near the end can still be found and not yet acted on.
+TAIL_S = 3600
 
 
 def runs(quick: bool) -> tuple[list[int], int]:
@@ -58,8 +64,10 @@ def runs(quick: bool) -> tuple[list[int], int]:
 
 
 def fleet(seed: int, hours: int, intensity: float = HEADLINE_INTENSITY) -> SimSettings:
+    """`hours` in which faults begin, then a quiet hour (TAIL_S)."""
     return SimSettings(
-        seed=seed, duration_s=hours * 3600, intensity=intensity,
+        seed=seed, duration_s=hours * 3600 + TAIL_S, faults_for_s=hours * 3600,
+        intensity=intensity,
         gpu_interval_s=INTERVAL_S, tpu_interval_s=INTERVAL_S, ici_interval_s=INTERVAL_S,
     )
 

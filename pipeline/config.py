@@ -731,6 +731,9 @@ class SimSettings(Section, frozen=True):
     max_rate_per_node_h: Annotated[float, Meta(gt=0)] = 0.05
     random_faults: bool = True  # False: only faults passed in explicitly (tests, demos)
     fault_types: tuple[str, ...] = ()  # only these ("G1", "T2/ici"); empty: every type
+    # random faults (and confounders) begin only in the first this many seconds (0: anywhere
+    # in the run); the rest is a quiet tail in which the pipeline finishes deciding about them
+    faults_for_s: Annotated[int, Meta(ge=0)] = 0
     diurnal: bool = True
 
 

@@ -14,7 +14,8 @@ so replays and bursts give the same id. Each reporting target also gets a `heart
 at most once per `heartbeat_s` of event time: the health machine's clock.
 Optionally, `note_event(state, NodeEvent | CapacityEvent)` tells a GPU/TPU state that its target
 was deleted, drained by a person or is in scheduled maintenance: its silence is then reported
-as `watch`, not as a failure.
+as `watch`, not as a failure. `note_repair(xid_state, ts)` tells the XID state its node
+was repaired: application-XID strikes before it no longer count.
 Duplicate and out-of-order records (ts not after the last one of the same node / host /
 episode) are dropped and counted in `state.dropped`.
 """
@@ -25,7 +26,7 @@ from pipeline.detect.gpu import GpuDevice, GpuNodeState, check_stale_gpu, detect
 from pipeline.detect.ici import IciSliceState, LinkEnd, detect_ici
 from pipeline.detect.series import SeriesFlag, SeriesParams, SeriesState, series_step
 from pipeline.detect.tpu import TpuChip, TpuHost, TpuSliceState, check_stale_tpu, detect_tpu
-from pipeline.detect.xid import XidState, detect_xid, expire_xid
+from pipeline.detect.xid import XidState, detect_xid, expire_xid, note_repair
 
 __all__ = [
     "FabricNodeState",
@@ -49,5 +50,6 @@ __all__ = [
     "detect_xid",
     "expire_xid",
     "note_event",
+    "note_repair",
     "series_step",
 ]

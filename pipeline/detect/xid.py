@@ -25,6 +25,11 @@
 - A finding clears after `xid_clear_s` without a repeat; the runtime calls `expire_xid` as
   event time advances (and every new event expires first). A clear means the burst ended,
   not that the GPU was repaired: repairs are the health machine's business.
+- A repair of the node (a `repaired` or `created` node event: GPU reset or replaced, node
+  rebuilt) ends the application-XID history: strikes before it no longer count, and the
+  watch and blame they opened clear at the next expiry (`note_repair`). Otherwise a blame
+  from before the repair stays open through the probation that follows it, and the health
+  machine takes the repair for failed and repairs again.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class XidState(msgspec.Struct, kw_only=True):
     book: Book
     episodes: dict[str, XidEpisode] = {}  # by "device|code"
     app_hits: list[AppHit] = []  # application-XID episodes within the recurrence window
+    repaired_ts: int = 0  # the node's last repair: application XIDs before it no longer count
     dropped: int = 0  # duplicate or out-of-order events inside an episode
 
 
@@ -119,6 +125,13 @@ def detect_xid(
     return state, out
 
 
+def note_repair(state: XidState, ts: int) -> XidState:
+    """The node was repaired at `ts`: its earlier application-XID strikes are forgotten (and
+    the checks they opened clear at the next `expire_xid`)."""
+    state.repaired_ts = max(state.repaired_ts, ts)
+    return state
+
+
 def expire_xid(
     state: XidState, now_ms: int, settings: DetectSettings
 ) -> tuple[XidState, list[Finding]]:
@@ -138,8 +151,9 @@ def expire_xid(
             if finding is not None:
                 out.append(finding)
     window_ms = settings.tuned(APP_RECURRENCE).app_xid_window_s * 1000
-    if state.app_hits and now_ms - state.app_hits[0].ts > window_ms:
-        state.app_hits = [hit for hit in state.app_hits if now_ms - hit.ts <= window_ms]
+    since = max(now_ms - window_ms, state.repaired_ts)  # hits before this no longer count
+    if state.app_hits and state.app_hits[0].ts < since:
+        state.app_hits = [hit for hit in state.app_hits if hit.ts >= since]
         for opened in [e for e in state.book.open.values() if e.check in APP_CHECKS]:
             device = opened.device or ""
             jobs, strikes = _recurrence(state.app_hits, device, settings)
@@ -152,7 +166,8 @@ def expire_xid(
                 opened.check,
                 now_ms,
                 device,
-                f"GPU {device}: application XIDs no longer recur",
+                f"GPU {device}: application XIDs no longer recur"
+                + (" (the node was repaired)" if state.repaired_ts > now_ms - window_ms else ""),
             )
             if finding is not None:
                 out.append(finding)
@@ -212,6 +227,8 @@ def _catalogued(state: XidState, event: XidEvent, device: str, entry: XidEntry) 
 def _application(
     state: XidState, event: XidEvent, device: str, settings: DetectSettings
 ) -> Finding | None:
+    if event.ts < state.repaired_ts:
+        return None  # a line from before the repair, read late: its strike no longer counts
     # Unknown: at worst one job, the most cautious reading (`_recurs` never counts it as a
     # distinct job, only its strikes)
     state.app_hits.append(AppHit(event.job or UNKNOWN_JOB, device, event.xid, event.ts))

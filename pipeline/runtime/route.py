@@ -45,6 +45,8 @@ from pipeline.runtime.topics import record_key, scoped
 REPUBLISH_MS = 5 * 60_000
 Telemetry = GpuSample | XidEvent | TpuSample | IciSample | FabricSample
 HealthSignal = Finding | NodeEvent | Action
+# node events that say the node was repaired (GPU reset or replaced) or rebuilt
+REPAIRED = frozenset({"repaired", "created"})
 PolicySignal = Proposal | NodeState | CapacityEvent | Inventory | PolicyRelease
 S = TypeVar("S")
 Family = Literal["gpu", "tpu"]
@@ -304,6 +306,8 @@ def on_announcement(
     preemption): silence after that is expected, not a failure. Keyed by the event's target,
     which is the telemetry key of that node or slice."""
     state = state or TelemetryState()
+    if state.xid is not None and isinstance(event, NodeEvent) and event.kind in REPAIRED:
+        state.xid = detect.note_repair(state.xid, event.ts)
     if state.gpu is not None:
         state.gpu = detect.note_event(state.gpu, event)
     if state.tpu is not None:

@@ -247,7 +247,7 @@ def _run_types(
             # each type draws from its own stream: leaving one type out changes no other
             order = FAULT_TYPES.index(ftype)
             stream = np.random.default_rng([sim.settings.seed, 6, order])
-            for i, ts in enumerate(draw_arrivals(rates, ctx.start_ms, ctx.end_ms, stream)):
+            for i, ts in enumerate(draw_arrivals(rates, ctx.start_ms, _faults_end(ctx), stream)):
                 arrivals.append((ts, order, i, ftype, None))
     for i, spec in enumerate(forced):
         ftype = fault_type(spec.fault_type, spec.variant)
@@ -268,6 +268,12 @@ def _run_types(
             continue
         until = SIGNATURES[ftype.key](ctx, placement)
         _occupy(sim, ctx, placement, until)
+
+
+def _faults_end(ctx: Injector) -> int:
+    """Random faults begin before this (`faults_for_s`: a quiet tail after it)."""
+    window_s = ctx.settings.faults_for_s
+    return min(ctx.end_ms, ctx.start_ms + window_s * 1000) if window_s else ctx.end_ms
 
 
 def _owner(sim: Simulation, ftype: FaultType, unit: UnitRef) -> tuple[str, int] | None:

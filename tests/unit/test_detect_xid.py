@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import DetectSettings
-from pipeline.detect import XidState, detect_xid, expire_xid
+from pipeline.detect import XidState, detect_xid, expire_xid, note_repair
 from pipeline.model import Finding, XidEvent
 from tests.detect_fixture import SETTINGS, T0, checks, unhealthy, xid
 
@@ -237,3 +237,29 @@ def test_xid_without_gpu_index_is_named_by_its_pci_address() -> None:
 def test_same_events_same_ids() -> None:
     events = [xid(79, 10), xid(13, 20, job="a"), xid(13, 900, job="b"), xid(13, 1800, job="c")]
     assert [f.finding_id for f in feed(events)[1]] == [f.finding_id for f in feed(events)[1]]
+
+
+def test_a_repair_forgets_the_strikes_before_it_and_clears_their_blame() -> None:
+    # four strikes blame GPU 3; the node is repaired (GPU replaced): the blame clears at the next
+    # expiry instead of staying open through the probation (the health machine would take the
+    # repair for failed and repair again), and a strike after it starts afresh
+    events = crash(10, gpu=3) + crash(1800, gpu=3) + crash(3600, gpu=3) + crash(5400, gpu=3)
+    state, found = feed(events)
+    assert [f.check for f in blamed(found)] == ["xid.app_recurrence"]
+    repaired = T0 + 9_000_000
+    state = note_repair(state, repaired)
+    state, out = expire_xid(state, repaired + 60_000, SETTINGS)
+    assert sorted(f.check for f in out if f.healthy) == ["xid.app_recurrence", "xid.app_repeat"]
+    assert all("repaired" in f.message for f in out)
+    _, after = feed(crash(9_300, gpu=3) + crash(11_100, gpu=3), state)
+    assert blamed(after) == [] and watched(after) == [("3", 2)]  # two strikes since: watched
+    # a line from before the repair, read late, is no strike
+    _, late = feed(crash(8_000, gpu=3), state)
+    assert unhealthy(late) == []
+
+
+def test_without_a_repair_the_blame_stays_open() -> None:
+    events = crash(10, gpu=3) + crash(1800, gpu=3) + crash(3600, gpu=3) + crash(5400, gpu=3)
+    state, _ = feed(events)
+    _, out = expire_xid(state, T0 + 9_060_000, SETTINGS)
+    assert [f for f in out if f.check.startswith("xid.app")] == []

@@ -325,3 +325,26 @@ def _slower(event: Event, node: str, start: int, speed: float) -> Event:
         for g in event.gpus
     ]  # fmt: skip
     return msgspec.structs.replace(event, gpus=gpus)
+
+
+def test_a_repaired_gpu_is_not_repaired_again_for_strikes_from_before_its_repair() -> None:
+    # A GPU struck by hardware application XIDs for hours: blamed (xid.app_recurrence), taken
+    # out, repaired at the fault's end (the node comes back `repaired`). The blame counted
+    # strikes from before the repair; it clears with it, so probation ends in an uncordon,
+    # not in another reboot for the same strikes.
+    sim_settings = msgspec.structs.replace(
+        BASE.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=7 * 3600,
+        random_faults=False, diurnal=False, seed=3, gpu_interval_s=30,
+    )  # fmt: skip
+    forced = ForcedFault(fault_type="G4", at_s=600, duration_s=5 * 3600)
+    sim = Simulation(sim_settings, [forced])
+    out = collect(msgspec.structs.replace(BASE, sim=sim_settings), sim.events())
+    (fault,) = [f for f in sim.ground_truth if f.forced]
+    mine = [a for a in out.get("actions", []) if isinstance(a, Action)
+            and a.target.name == fault.target.name]  # fmt: skip
+    blame = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy
+             and f.check == "xid.app_recurrence" and f.entity.target.name == fault.target.name]
+    assert blame and blame[0].ts < fault.end_ms  # the scenario is what it claims
+    after = [a for a in mine if a.ts > fault.end_ms]
+    assert [a.kind for a in after if a.kind in REMOVALS] == [], after
+    assert "uncordon" in [a.kind for a in after]

@@ -340,3 +340,13 @@ def test_a_repaired_training_node_rejoins_its_job() -> None:
     ]
     assert any(ts > fault.end_ms and job == fault.job for ts, job in jobs)
     assert not any(fault.onset_ms <= ts < fault.end_ms for ts, _ in jobs)
+
+
+def test_random_faults_begin_only_before_the_quiet_tail() -> None:
+    settings = msgspec.structs.replace(BUSY, faults_for_s=600)
+    sim = Simulation(settings)
+    onsets = [(f.onset_ms - settings.start_ms) / 1000 for f in sim.ground_truth]
+    assert len(onsets) > 20  # the busy rates: many faults, all in the first ten minutes
+    assert max(onsets) < 600, max(onsets)
+    # the whole run's worth of faults without it
+    assert max((f.onset_ms - settings.start_ms) / 1000 for f in Simulation(BUSY).ground_truth) >= 600
