@@ -5,7 +5,8 @@
     python -m bench.detection --only nab # one part; the other keeps its last figures
 
 Simulated GPU + TPU fleet runs at the fault model's rates × 10, × 100 and × 1000, several seeds
-each. Each run's events go once through the embedded pipeline and through the static-threshold
+each; faults begin in the first hours of a run, then a quiet hour (TAIL_S) lets the pipeline
+finish deciding about the last of them. Each run's events go once through the embedded pipeline and through the static-threshold
 baseline (bench/baseline_thresholds.py), and both are scored by pipeline.score against the
 ground truth, by class and by type: found / acted / withheld (with the rule) / missed, time to
 detect, precision, confounder cordons and false cordons per 1,000 node-days with its 95 %
