@@ -23,6 +23,9 @@ time. The stage waits at most `fleet_wait_max_s` of event time for a node that i
 partition stuck, a host clock far slow): past that, the node's signals are judged as they
 arrive. The wall clock decides only whether a node already silent in event time is waited
 for; the embedded runtime, which has none, reads in event-time order and never needs it.
+(The Kafka driver replays this stage's records after a failed one, streams/context.py: the
+replay hears the nodes at its own, later, wall time, so a node may count as live a little
+longer than it did the first time. Nothing else the stage decides reads the wall clock.)
 
 Inventory records (placement) are not events in time: they apply on arrival.
 
