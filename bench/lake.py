@@ -19,15 +19,18 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 
 from bench.common import write_result
-from pipeline.config import LakeSettings
+from pipeline.codec import encode
+from pipeline.config import LakeSettings, load_settings
 from pipeline.lake import Lake, canned_queries
 from pipeline.model import (
     Action,
@@ -40,7 +43,9 @@ from pipeline.model import (
     Utilization,
     XidEvent,
 )
+from pipeline.runtime.topics import topic_name
 from pipeline.sinks.lake import LakeWriter, compacted_file_name, partition_dir, write_parquet
+from pipeline.sinks.lake_kafka import LakeSink
 from pipeline.sinks.lake_tables import UTILIZATION
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -84,6 +89,17 @@ def utilization_rows(count: int, devices: int) -> list[Utilization]:
     return rows
 
 
+@dataclass(frozen=True)
+class _Record:
+    """What the lake sink reads of a Kafka record."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
 def bench_writes(quick: bool) -> dict[str, Any]:
     count = 200_000 if quick else 1_000_000
     repeat = 3
@@ -113,6 +129,20 @@ def bench_writes(quick: bool) -> dict[str, Any]:
             writer.add("utilization", row, ("fleet.utilization", part_of[offset], offset))
         writer.flush()
 
+    # the sink's whole path: JSON record bytes (as the worker writes them) decoded, checked and
+    # written, as `fleetpulse sink lake` does for each record it consumes
+    sink_settings = msgspec.structs.replace(load_settings(environ={}), lake=SETTINGS)
+    topic = topic_name(sink_settings.kafka, UTILIZATION.topic_suffix)
+    records = [_Record(topic, part_of[i], i, encode(row)) for i, row in enumerate(rows)]
+
+    def sink_from_bytes() -> None:
+        root = scratch / "lake"
+        shutil.rmtree(root, ignore_errors=True)
+        sink = LakeSink(sink_settings, root)
+        for record in records:
+            sink.add(record)
+        sink.flush()
+
     def lake_writer_batches() -> None:  # one extend per partition's batch
         writer = fresh()
         for p, offsets in enumerate(by_partition):
@@ -126,6 +156,7 @@ def bench_writes(quick: bool) -> dict[str, Any]:
         arrow_s, _ = timed(to_arrow, repeat)
         writer_s, writer_cpu_s = timed(lake_writer, repeat)
         batch_s, _ = timed(lake_writer_batches, repeat)
+        sink_s, _ = timed(sink_from_bytes, repeat)
         raw_again_s, _ = timed(raw_pyarrow, repeat)
         size = sum(p.stat().st_size for p in (scratch / "lake").rglob("*.parquet"))
         choices = compression_choices(table, scratch, repeat)
@@ -141,6 +172,8 @@ def bench_writes(quick: bool) -> dict[str, Any]:
         "lake_writer_batches_rows_per_s": round(count / batch_s),
         "lake_writer_batches_vs_raw_pyarrow": round(raw_s / batch_s, 3),
         "lake_writer_cpu_rows_per_s": round(count / writer_cpu_s),
+        "sink_from_bytes_rows_per_s": round(count / sink_s),
+        "sink_from_bytes_vs_raw_pyarrow": round(raw_s / sink_s, 3),
         "bytes_per_row": round(size / count, 1),
         "compression_choices": choices,
     }

@@ -288,6 +288,11 @@ def lake_rows(f: dict[str, Any]) -> list[Row]:
                _x(w["lake_writer_batches_vs_raw_pyarrow"]), "≥ 0.3× raw pyarrow",
                w["lake_writer_batches_vs_raw_pyarrow"] >= 0.3)]
           if "lake_writer_batches_rows_per_s" in w else []),
+        *([Row("lake", f"the lake sink's whole path, JSON record bytes to Parquet ({_n(w['rows'])} rows)",
+               f"{_n(w['sink_from_bytes_rows_per_s'])} rows/s",
+               f"raw pyarrow {_n(w['raw_pyarrow_rows_per_s'])}",
+               _x(w["sink_from_bytes_vs_raw_pyarrow"]), "", None)]
+          if "sink_from_bytes_rows_per_s" in w else []),
         Row("lake", f"canned queries under 1 s ({_n(q['utilization_rows'])} utilization rows)",
             f"{q['under_1s']}/{q['queries']} ({q.get('under_1s_on_idle_cores', '?')}/"
             f"{q['queries']} in CPU s per core); slowest {q['slowest']} {slowest:.2f} s",
