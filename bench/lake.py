@@ -19,7 +19,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from pipeline.model import (
     Evidence,
     Finding,
     NodeState,
+    RawRecord,
     Reason,
     Target,
     Utilization,
@@ -89,17 +89,6 @@ def utilization_rows(count: int, devices: int) -> list[Utilization]:
     return rows
 
 
-@dataclass(frozen=True)
-class _Record:
-    """What the lake sink reads of a Kafka record."""
-
-    topic: str
-    partition: int
-    offset: int
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
 def bench_writes(quick: bool) -> dict[str, Any]:
     count = 200_000 if quick else 1_000_000
     repeat = 3
@@ -133,7 +122,8 @@ def bench_writes(quick: bool) -> dict[str, Any]:
     # written, as `fleetpulse sink lake` does for each record it consumes
     sink_settings = msgspec.structs.replace(load_settings(environ={}), lake=SETTINGS)
     topic = topic_name(sink_settings.kafka, UTILIZATION.topic_suffix)
-    records = [_Record(topic, part_of[i], i, encode(row)) for i, row in enumerate(rows)]
+    records = [RawRecord(topic=topic, partition=part_of[i], offset=i, value=encode(row))
+               for i, row in enumerate(rows)]
 
     def sink_from_bytes() -> None:
         root = scratch / "lake"
