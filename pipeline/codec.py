@@ -223,10 +223,12 @@ def _validation_error(raw: bytes, message: str) -> DecodeError:
         got = what.removeprefix("Invalid enum value ")
         return DecodeError(field=path, expected=_allowed_at(raw, path), got=got)
     if ": expected " in what:
-        # raised by a model's __post_init__: "<where>: expected ..., got ..."
+        # raised by a model's __post_init__: "<where>: expected ..., got ...", where a where
+        # of "$.<field>" is a field of the struct at `path` (InvalidNameError)
         where, _, rest = what.partition(": expected ")
         expected, _, got = rest.rpartition(", got ")
-        return DecodeError(field=f"{path} ({where})", expected=expected, got=got)
+        field = f"{path}{where[1:]}" if where.startswith("$.") else f"{path} ({where})"
+        return DecodeError(field=field, expected=expected, got=got)
     if what == "Number out of range":
         return DecodeError(
             field=path, expected="a finite number", got="a number beyond float range"

@@ -3,6 +3,7 @@
 FleetPulseError
 ├── ConfigError        bad config file or environment override (raised at start-up)
 ├── DecodeError        a record that does not match its schema (goes to fleet.dlq)
+│   └── InvalidNameError  a name field that does not match model.NAME_PATTERN
 ├── SourceError        an ingest endpoint failed or answered nonsense (retried with backoff)
 │   └── BrokerUnavailableError  Kafka did not take an ingest batch (retried within seconds)
 ├── SinkError          an output could not be written (the record is not acknowledged)
@@ -36,6 +37,18 @@ class DecodeError(FleetPulseError):
         self.reason = reason
         extra = f" ({detail})" if detail else ""
         super().__init__(f"{field}: expected {expected}, got {got}{extra}")
+
+
+class InvalidNameError(DecodeError, ValueError):
+    """A name field (cluster, pool, zone, node, ...) does not match model.NAME_PATTERN.
+
+    Raised by a struct's __post_init__ (model.KnownNames), so both where a struct is decoded
+    and where a source builds one: msgspec turns a ValueError into its ValidationError with the
+    path (the codec then names the field), and a source's `except DecodeError` dead-letters it.
+    """
+
+    def __init__(self, field: str, expected: str, got: str) -> None:
+        super().__init__(field=f"$.{field}", expected=expected, got=got)
 
 
 class SourceError(FleetPulseError):

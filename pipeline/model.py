@@ -17,14 +17,18 @@ from typing import Annotated, Literal, Protocol
 import msgspec
 from msgspec import Meta
 
+from pipeline.errors import InvalidNameError
 from pipeline.redact import redact
 
 # 2001-09-09 .. 2286-11-20 in ms: catches seconds-instead-of-milliseconds at the door.
 TimestampMs = Annotated[int, Meta(ge=1_000_000_000_000, le=9_999_999_999_999)]
 # Kubernetes node names are DNS subdomains (253); we allow dots, dashes, underscores, colons
 # but never a leading dot or a slash, so a name can never climb out of a lake directory.
+# The pattern is checked in each struct's __post_init__ (KnownNames: why), and stated in the
+# schema.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$"
 Name = Annotated[
-    str, Meta(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+    str, Meta(min_length=1, max_length=253, extra_json_schema={"pattern": NAME_PATTERN})
 ]
 Text = Annotated[str, Meta(max_length=4096)]
 ShortText = Annotated[str, Meta(max_length=256)]
@@ -140,6 +144,40 @@ class MetricNames:
                 self._known.add(name)
 
 
+class KnownNames:
+    """Name fields (cluster, pool, zone, node, slice, job, ...) checked against NAME_PATTERN
+    once per distinct name, for the reason MetricNames gives: msgspec would run the regex on
+    every name field of every value (five per utilization row: half the lake sink's decode),
+    and a fleet's names are a vocabulary that repeats. At most `MAX_KNOWN` are remembered, so
+    hostile input cannot grow the set without bound; past it, names are still checked.
+
+    The error (InvalidNameError) reads `$.<field>: expected ..., got ...`; decoding, the codec
+    puts the field after msgspec's path, so a bad node reads `$.node` as msgspec's own pattern
+    error did, and a bad target name `$.target.name`."""
+
+    MAX_KNOWN = 1 << 17
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._regex = re.compile(pattern)
+        self._known: set[str] = set()
+
+    def check(self, struct: object, *fields: str) -> None:
+        known = self._known
+        for field in fields:
+            value = getattr(struct, field)
+            if value is not None and value not in known:
+                self._admit(field, value)
+
+    def _admit(self, field: str, value: str) -> None:
+        if self._regex.search(value) is None:  # search, as msgspec's `pattern` does
+            shown = msgspec.json.encode(value).decode()
+            raise InvalidNameError(field, f"a name matching regex {self.pattern!r}", shown)
+        if len(self._known) < self.MAX_KNOWN:
+            self._known.add(value)
+
+
+NAMES = KnownNames(NAME_PATTERN)
 DCGM_NAMES = MetricNames(r"^DCGM_[A-Z0-9_]+$", "a dcgm-exporter field name")
 LIBTPU_NAMES = MetricNames(r"^[a-z0-9_]+$", "a libtpu metric name")
 FABRIC_NAMES = MetricNames(r"^node_(infiniband|network)_[a-z0-9_]+$", "a node_exporter metric name")
@@ -202,6 +240,7 @@ class GpuReading(Event, frozen=True, kw_only=True):
     ] = None
 
     def __post_init__(self) -> None:
+        NAMES.check(self, "job")
         DCGM_NAMES.validate(self._where, self.metrics)
 
     def _where(self) -> str:
@@ -233,6 +272,9 @@ class GpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="gpu_s
         Meta(description="One reading per GPU of the node (per GPU instance under MIG)."),
     ]
 
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "node", "pool", "zone")
+
 
 class GpuSampleV2(GpuSample, frozen=True, kw_only=True, tag="gpu_sample/2"):
     """A gpu_sample/2 value as it arrives from a producer not yet upgraded: the codec reads it
@@ -263,6 +305,7 @@ class TpuChipReading(Event, frozen=True, kw_only=True):
     ]
 
     def __post_init__(self) -> None:
+        NAMES.check(self, "job")
         LIBTPU_NAMES.validate(self._where, self.metrics)
 
     def _where(self) -> str:
@@ -290,6 +333,9 @@ class TpuSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="tpu_s
     ]
     worker_id: Annotated[NonNegInt, Meta(description="This host's worker index in the slice.")]
     chips: Annotated[list[TpuChipReading], Meta(description="One reading per chip of the host.")]
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "node", "pool", "zone", "slice")
 
 
 class IciLink(Event, frozen=True, kw_only=True):
@@ -320,6 +366,9 @@ class IciSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="ici_s
     zone: Zone
     slice: SliceName
     links: Annotated[list[IciLink], Meta(description="One entry per ICI link of the host.")]
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "node", "pool", "zone", "slice")
 
 
 class FabricPort(Event, frozen=True, kw_only=True):
@@ -384,6 +433,9 @@ class FabricSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="fa
         Meta(description="One entry per network port of the node (a missing NIC is absent)."),
     ]
 
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "node", "pool", "zone")
+
 
 class JobLevels(Event, frozen=True, kw_only=True):
     """One job's share of a node in one scrape: medians over the node's busy GPUs of that job."""
@@ -410,6 +462,9 @@ class PeerSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="peer
     jobs: Annotated[
         dict[str, JobLevels], Meta(description="Job -> the node's levels on it (may be empty).")
     ]
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "node", "pool", "zone")
 
 
 class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_event/1"):
@@ -443,6 +498,9 @@ class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_ev
     source: Annotated[
         Literal["kernel_log", "dcgm", "simulator"], Meta(description="Where the line was read.")
     ]
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "node", "pool", "zone", "job")
 
 
 NodeEventKind = Literal[
@@ -499,6 +557,9 @@ class NodeEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_
     ] = None
     reason: Annotated[Text, Meta(description="Free text: why, or how an action went.")] = ""
 
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "target", "pool", "zone")
+
 
 class Inventory(Event, frozen=True, kw_only=True, tag_field="schema", tag="inventory/1"):
     """One node or slice as the fleet's owner lists it (fleet.inventory, compacted, key =
@@ -525,6 +586,9 @@ class Inventory(Event, frozen=True, kw_only=True, tag_field="schema", tag="inven
         dict[ShortText, ShortText], Meta(description="Free-form labels from the owner.")
     ] = {}
     source: Annotated[ShortText, Meta(description="Where the inventory came from.")] = "file"
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "name", "pool", "zone", "leaf_switch", "rail")
 
 
 class PolicyRelease(
@@ -623,6 +687,9 @@ class CapacityEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="c
 
 # --- derived ------------------------------------------------------------------------------
 
+    def __post_init__(self) -> None:
+        NAMES.check(self, "region", "zone", "cluster", "pool", "target")
+
 
 class Target(Event, frozen=True, kw_only=True):
     """What an action applies to: a node, a whole TPU slice (repaired as one unit), or a network
@@ -640,6 +707,9 @@ class Target(Event, frozen=True, kw_only=True):
     name: Annotated[Name, Meta(description="Node, slice, switch or link name.")]
     pool: Pool
     zone: Zone
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "name", "pool", "zone")
 
 
 def host_kind(target: Target) -> TargetKind:
@@ -863,6 +933,9 @@ class Utilization(Event, frozen=True, kw_only=True, tag_field="schema", tag="uti
     ]
     power_w_mean: Annotated[float | None, Meta(description="Mean power draw, watts.")] = None
     samples: Annotated[int, Meta(ge=1, description="Samples in the window.")]
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "pool", "zone", "node", "slice", "job")
 
 
 class DeadLetter(Event, frozen=True, kw_only=True, tag_field="schema", tag="dead_letter/2"):

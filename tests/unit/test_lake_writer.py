@@ -262,8 +262,8 @@ def _reference_arrow(spec: TableSpec, events: list[Event]) -> pa.Table:
 UTILIZATION_ROWS = st.builds(
     Utilization, window_start=st.integers(fx.T0, fx.END), window_s=st.sampled_from([60, 300]),
     cluster=st.just("c1"), pool=st.sampled_from(["train", "serve"]), zone=st.just("z-a"),
-    node=st.sampled_from(["g1", "g2", "ü-7"]), slice=st.none() | st.just("s1"),
-    device=st.sampled_from(["0", "7", "chip-3"]), accelerator=st.just("NVIDIA H100"),
+    node=st.sampled_from(["g1", "g2", "g-7"]), slice=st.none() | st.just("s1"),
+    device=st.sampled_from(["0", "7", "chip-3", "gpü-1"]), accelerator=st.just("NVIDIA H100"),
     job=st.none() | st.just("job-1"), allocated=st.booleans(),
     util_mean=st.floats(0, 100), util_max=st.floats(0, 100), mem_used_frac=st.floats(0, 1),
     power_w_mean=st.none() | st.floats(0, 1000), samples=st.integers(1, 2**31 - 1),
