@@ -145,11 +145,12 @@ class MetricNames:
 
 
 class KnownNames:
-    """Name fields (cluster, pool, zone, node, slice, job, ...) checked against NAME_PATTERN
-    once per distinct name, for the reason MetricNames gives: msgspec would run the regex on
-    every name field of every value (five per utilization row: half the lake sink's decode),
-    and a fleet's names are a vocabulary that repeats. At most `MAX_KNOWN` are remembered, so
-    hostile input cannot grow the set without bound; past it, names are still checked.
+    """Name fields (cluster, pool, zone, node, slice, job; a GPU's uuid and PCI id; a NIC's
+    name) checked against their pattern once per distinct name, for the reason MetricNames
+    gives: msgspec would run the regex on every such field of every value (five per
+    utilization row: half the lake sink's decode; two per GPU of a scrape), and a fleet's
+    names are a vocabulary that repeats. At most `MAX_KNOWN` are remembered, so hostile input
+    cannot grow the set without bound; past it, names are still checked.
 
     The error (InvalidNameError) reads `$.<field>: expected ..., got ...`; decoding, the codec
     puts the field after msgspec's path, so a bad node reads `$.node` as msgspec's own pattern
@@ -157,8 +158,9 @@ class KnownNames:
 
     MAX_KNOWN = 1 << 17
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, pattern: str, what: str) -> None:
         self.pattern = pattern
+        self.what = what
         self._regex = re.compile(pattern)
         self._known: set[str] = set()
 
@@ -172,12 +174,16 @@ class KnownNames:
     def _admit(self, field: str, value: str) -> None:
         if self._regex.search(value) is None:  # search, as msgspec's `pattern` does
             shown = msgspec.json.encode(value).decode()
-            raise InvalidNameError(field, f"a name matching regex {self.pattern!r}", shown)
+            raise InvalidNameError(field, f"{self.what} matching regex {self.pattern!r}", shown)
         if len(self._known) < self.MAX_KNOWN:
             self._known.add(value)
 
 
-NAMES = KnownNames(NAME_PATTERN)
+NAMES = KnownNames(NAME_PATTERN, "a name")
+GPU_UUIDS = KnownNames(r"^GPU-[0-9a-fA-F-]{8,60}$", "a GPU UUID")
+PCI_IDS = KnownNames(r"^[0-9a-fA-F:.]+$", "a PCI bus id")
+NIC_NAMES = KnownNames(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", "an HCA or NIC name")
+NETDEVS = KnownNames(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$", "a network interface name")
 DCGM_NAMES = MetricNames(r"^DCGM_[A-Z0-9_]+$", "a dcgm-exporter field name")
 LIBTPU_NAMES = MetricNames(r"^[a-z0-9_]+$", "a libtpu metric name")
 FABRIC_NAMES = MetricNames(r"^node_(infiniband|network)_[a-z0-9_]+$", "a node_exporter metric name")
@@ -201,12 +207,13 @@ class GpuReading(Event, frozen=True, kw_only=True):
         str,
         Meta(
             max_length=64,
-            pattern=r"^GPU-[0-9a-fA-F-]{8,60}$",
+            extra_json_schema={"pattern": GPU_UUIDS.pattern},
             description="GPU UUID as NVML reports it.",
         ),
     ]
     pci_bus_id: Annotated[
-        Annotated[str, Meta(max_length=32, pattern=r"^[0-9a-fA-F:.]+$")] | None,
+        Annotated[str, Meta(max_length=32, extra_json_schema={"pattern": PCI_IDS.pattern})]
+        | None,
         Meta(
             description="PCI bus id of the GPU; null when the exporter does not say "
             "(dcgm-exporter before 2024 has no pci_bus_id label).",
@@ -241,6 +248,8 @@ class GpuReading(Event, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         NAMES.check(self, "job")
+        GPU_UUIDS.check(self, "uuid")
+        PCI_IDS.check(self, "pci_bus_id")
         DCGM_NAMES.validate(self._where, self.metrics)
 
     def _where(self) -> str:
@@ -381,7 +390,7 @@ class FabricPort(Event, frozen=True, kw_only=True):
         Meta(
             min_length=1,
             max_length=64,
-            pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+            extra_json_schema={"pattern": NIC_NAMES.pattern},
             description='HCA or NIC name, e.g. "mlx5_0" (node_exporter\'s `device` label).',
         ),
     ]
@@ -389,7 +398,8 @@ class FabricPort(Event, frozen=True, kw_only=True):
         int, Meta(ge=0, le=255, description="Port number on the HCA (IB ports count from 1).")
     ]
     netdev: Annotated[
-        Annotated[str, Meta(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")] | None,
+        Annotated[str, Meta(max_length=64, extra_json_schema={"pattern": NETDEVS.pattern})]
+        | None,
         Meta(description='Network interface of the port (e.g. "ib0"), when known.'),
     ] = None
     link_layer: Annotated[
@@ -408,6 +418,8 @@ class FabricPort(Event, frozen=True, kw_only=True):
     ]
 
     def __post_init__(self) -> None:
+        NIC_NAMES.check(self, "device")
+        NETDEVS.check(self, "netdev")
         FABRIC_NAMES.validate(self._where, self.metrics)
 
     def _where(self) -> str:

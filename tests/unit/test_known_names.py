@@ -104,6 +104,34 @@ def test_a_bad_name_in_a_nested_struct_is_named_by_its_path() -> None:
     assert caught.value.got == '"a/b"'
 
 
+@pytest.mark.parametrize(
+    ("topic", "readings", "field", "bad", "what"),
+    [
+        ("gpu_sample", "gpus", "uuid", "GPU-xyz", "a GPU UUID"),
+        ("gpu_sample", "gpus", "pci_bus_id", "PCI:18", "a PCI bus id"),
+        ("fabric_sample", "ports", "device", "-mlx5_0", "an HCA or NIC name"),
+        ("fabric_sample", "ports", "netdev", "ib 0", "a network interface name"),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["json", "msgpack"])
+def test_a_reading_s_device_names_are_checked_once_known_or_not(
+    topic: str, readings: str, field: str, bad: str, what: str, fmt: str
+) -> None:
+    value = _sample(topic)
+    good = value[readings][0][field]
+    value[readings][-1][field] = bad
+    encode = msgspec.msgpack.encode if fmt == "msgpack" else msgspec.json.encode
+    content_type = codec.MSGPACK if fmt == "msgpack" else None
+    for _ in range(2):  # the good names are known the second time
+        with pytest.raises(DecodeError) as caught:
+            codec.decode(encode(value), TOPIC_VALUES[topic], content_type=content_type)
+        assert caught.value.field == f"$.{readings}[{len(value[readings]) - 1}].{field}"
+        assert caught.value.expected.startswith(f"{what} matching regex")
+        assert caught.value.got == msgspec.json.encode(bad).decode()
+    value[readings][-1][field] = good
+    codec.decode(encode(value), TOPIC_VALUES[topic], content_type=content_type)
+
+
 def test_a_struct_built_with_a_bad_name_is_a_decode_error_for_the_source_to_dead_letter() -> None:
     # sources build events from what an API said and dead-letter a DecodeError
     with pytest.raises(DecodeError) as caught:
@@ -118,7 +146,7 @@ def test_the_schema_still_states_the_name_pattern() -> None:
 
 
 def test_known_names_stop_growing_at_their_bound() -> None:
-    names = model.KnownNames(NAME_PATTERN)
+    names = model.KnownNames(NAME_PATTERN, "a name")
     names.MAX_KNOWN = 3
     row = types.SimpleNamespace(node="")
     for i in range(10):
