@@ -206,7 +206,7 @@ def _flaps(
                     f"{len(ps.flaps)} scrapes within {settings.fabric_flap_window_s} s",
                 )
             )
-    elif not ps.flaps:  # no toggle for a whole window: the episode is over
+    elif not ps.flaps and book.open:  # no toggle for a whole window: the episode is over
         for check in (PORT_FLAP, PORT_FLAP_PERSISTENT):
             out.append(clear_episode(book, check, ts, port.key, f"port {port.key} stable again"))
     return out
