@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -32,6 +33,8 @@ from pipeline.model import Event
 from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.output import topic_for
+from streams.batches import PRODUCER_BATCHED, group_by_partition
+from streams.batches import headers as batch_headers
 
 
 class Record(NamedTuple):
@@ -125,19 +128,34 @@ def producer(settings: Settings, linger_ms: int = 20) -> KafkaProducer:
     )
 
 
-def produce(settings: Settings, batch: list[Record]) -> None:
-    """Send every record and wait until the broker has acknowledged all of them."""
+def produce(settings: Settings, batch: list[Record], batched: bool = False) -> None:
+    """Send every record and wait until the broker has acknowledged all of them. `batched`:
+    each run of telemetry records of one topic (a scrape: the simulator writes a tick's
+    records topic by topic) goes as batch records, one per partition (streams/batches.py)."""
     kafka = producer(settings)
     try:
         futures = [
-            kafka.send(t, key=k.encode(), value=v, headers=codec.record_headers(c))
-            for t, k, v, c in batch
+            kafka.send(t, key=k.encode(), value=v, headers=headers, partition=p)
+            for t, k, v, headers, p in (_batched(settings, batch) if batched else
+                                        ((t, k, v, codec.record_headers(c), None)
+                                         for t, k, v, c in batch))
         ]
         kafka.flush()
         for future in futures:
             future.get(timeout=60)
     finally:
         kafka.close()
+
+
+def _batched(settings: Settings, batch: list[Record]) -> Iterator[tuple[Any, ...]]:
+    prefix = settings.kafka.topic_prefix + "."
+    for topic, run in itertools.groupby(batch, key=lambda r: r.topic):
+        if topic.removeprefix(prefix) not in PRODUCER_BATCHED:
+            yield from ((t, k, v, codec.record_headers(c), None) for t, k, v, c in run)
+            continue
+        values = [(k, c, v) for _, k, v, c in run]
+        for partition, key, packed in group_by_partition(values, settings.kafka.partitions):
+            yield topic, key, packed, batch_headers(), partition
 
 
 def end_offsets(settings: Settings, topics: Iterable[str]) -> dict[TopicPartition, int]:

@@ -143,9 +143,17 @@ def bench_pipeline(quick: bool) -> dict[str, Any]:
         figures["kafka_pipeline_take"] = {
             "take": TAKE, **rates(run_worker(settings, ends, repeat, Path(tmp), TAKE),
                                   len(batch), samples)}
+    figures["kafka_pipeline_producer_batched"] = run_producer_batched(batch, samples, repeat)
     limit, pipe, emb = figures["limit"], figures["kafka_pipeline"], figures["embedded"]
     take = figures["kafka_pipeline_take"]
+    batched = figures["kafka_pipeline_producer_batched"]
     figures["ratios"] = {
+        "kafka_pipeline_producer_batched_vs_embedded_per_core": ratio(
+            batched["samples_per_core_s"], emb["samples_per_core_s"]),
+        "kafka_pipeline_producer_batched_vs_limit_per_core": ratio(
+            batched["samples_per_core_s"], limit["samples_per_core_s"]),
+        "kafka_pipeline_producer_batched_vs_per_record_per_core": ratio(
+            batched["samples_per_core_s"], pipe["samples_per_core_s"]),
         "kafka_pipeline_take_vs_limit_per_core": ratio(take["samples_per_core_s"],
                                                        limit["samples_per_core_s"]),
         "kafka_pipeline_take_vs_embedded_per_core": ratio(take["samples_per_core_s"],
@@ -162,6 +170,23 @@ def bench_pipeline(quick: bool) -> dict[str, Any]:
         "kafka_pipeline_vs_embedded_per_core": ratio(pipe["samples_per_core_s"],
                                                      emb["samples_per_core_s"]),
     }
+    return figures
+
+
+def run_producer_batched(batch: list[broker.Record], samples: int, repeat: int
+                         ) -> dict[str, Any]:
+    """The worker on the same telemetry written as producer batches (streams/batches.py): one
+    record per partition and scrape, in topics of its own."""
+    settings = broker.bench_settings("throughput-batched")
+    prefix = batch[0].topic.split(".", 1)[0] + "."
+    renamed = [r._replace(topic=settings.kafka.topic_prefix + "." + r.topic.removeprefix(prefix))
+               for r in batch]  # fmt: skip
+    with broker.private_topics(settings), tempfile.TemporaryDirectory() as tmp:
+        broker.produce(settings, renamed, batched=True)
+        ends = broker.end_offsets(settings, sorted({r.topic for r in renamed}))
+        figures = rates(run_worker(settings, ends, repeat, Path(tmp)), sum(ends.values()),
+                        samples)
+    figures["records_in"] = sum(ends.values())
     return figures
 
 

@@ -29,12 +29,13 @@ from pipeline.runtime import route, topology
 from pipeline.runtime.align import Aligner
 from pipeline.runtime.clock import RobustClock
 from pipeline.runtime.route import ClockName, Family, Refusal
+from pipeline.runtime.topics import record_key
 from pipeline.runtime.topology import HEALTH_TOPICS as HEALTH_TOPICS
 from pipeline.runtime.topology import INVENTORY as INVENTORY
 from pipeline.runtime.topology import TELEMETRY_TOPICS as TELEMETRY_TOPICS
 from pipeline.runtime.topology import Out
 from streams.acks import Ack
-from streams.batches import BATCHED, is_batch, unpack
+from streams.batches import BATCHED, is_batch, partition_of, unpack
 from streams.context import Context, Futures
 from streams.records import Record, decode_value, key_text, unexpected_error
 
@@ -129,8 +130,11 @@ def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) ->
     return send_all(ctx, outs, None)
 
 
-def handle(ctx: Context, stage: topology.Stage, record: Record, event: Event | None) -> Futures:
-    key = stage.key(event, key_text(record))
+def handle(
+    ctx: Context, stage: topology.Stage, record: Record, event: Event | None, own_key: bool = False
+) -> Futures:
+    """`own_key`: a value of a producer's batch (streams/batches.py), keyed by its own target."""
+    key = stage.key(event, _own_key(ctx, record, event) if own_key else key_text(record))
     part = KafkaPart(ctx, stage.table, record.partition)
     outs = stage.on_item(part, event, key)
     ctx.handled(stage.table, functools.partial(stage.on_item, part, event, key))
@@ -181,7 +185,21 @@ def _handle_packed(
 ) -> Futures:
     limit = ctx.settings.kafka.max_value_bytes
     value = decode(raw, ctx.value_types[record.topic], limit, content_type)
-    return handle(ctx, stage, record, value)
+    return handle(ctx, stage, record, value, own_key=record.topic in ctx.producer_batched)
+
+
+def _own_key(ctx: Context, record: Record, event: Event | None) -> str:
+    """The value's own key, if it belongs to the record's partition: a target's state lives in
+    the partition its key picks, whoever batched its values."""
+    key = record_key(event) if event is not None else ""
+    home = partition_of(key, ctx.settings.kafka.partitions)
+    if home != record.partition:
+        raise DecodeError(
+            field="key",
+            expected=f"a value of partition {record.partition}, as the batch record",
+            got=f"{key!r}, of partition {home} (keys decide partitions)",
+        )
+    return key
 
 
 def _guarded(
@@ -227,11 +245,15 @@ class Agent:
             return
         try:
             limit = ctx.settings.kafka.max_value_bytes
-            value = decode_value(record, ctx.value_types[record.topic], limit)
+            if is_batch(record):  # held at its first value's time (a producer's, in order)
+                content_type, raw = unpack(record.value)[0]
+                value = decode(raw, ctx.value_types[record.topic], limit, content_type)
+            else:
+                value = decode_value(record, ctx.value_types[record.topic], limit)
+                ctx.decoded[(record.topic, record.partition, record.offset)] = value
         except Exception:  # handle_record makes it a dead letter with the reason
             self.process([(record, ack)])  # order is moot: it goes to the dead letters
             return
-        ctx.decoded[(record.topic, record.partition, record.offset)] = value
         ts = getattr(value, "ts", 0)
         self.aligner.hold(record.topic, record.partition, ts, (record, ack), time.monotonic())
         self.release()

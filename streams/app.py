@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaError as AioKafkaError
 from pipeline.config import Settings
 from pipeline.kafka_client import client_kwargs
 from pipeline.runtime.group_topics import TABLES, group_name, table_partitions
-from streams import agents
+from streams import agents, batches
 from streams.acks import Settler
 from streams.clock import Family, PartitionClocks
 from streams.context import Context, declare_topics
@@ -77,6 +77,7 @@ def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Cont
     ctx.clocks = PartitionClocks(settings.clock)
     settler.flush = ctx.flush
     ctx.topics, ctx.value_types = declare_topics(app, settings)
+    ctx.producer_batched = frozenset(ctx.name(t) for t in batches.PRODUCER_BATCHED)
     for name in TABLES:
         # fenced by the group's generation: a worker cut off past its session cannot fork a
         # key's state with its late writes (tables.py)

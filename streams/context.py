@@ -74,6 +74,8 @@ class Context:
     topics: dict[str, Any] = field(default_factory=dict)  # faust Topics by suffix/internal
     tables: dict[str, Any] = field(default_factory=dict)  # faust Tables
     value_types: dict[str, type[Event]] = field(default_factory=dict)  # by full topic name
+    # full names of the input topics whose batch records hold many keys (batches.py)
+    producer_batched: frozenset[str] = frozenset()
     next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
     # decoded states of the keys in use; states changed since the last flush, with their
     # partition and (telemetry only) msgpack snapshot, taken once the record that changed them

@@ -31,6 +31,8 @@ from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import ForcedFault
+from streams.batches import group_by_partition, partition_of
+from streams.batches import headers as batch_headers
 
 E = TypeVar("E", bound=Event)
 # the topics an ingest adapter writes (the simulator also writes the fleet's inventory)
@@ -226,18 +228,48 @@ def producer(kafka: str | KafkaSettings) -> KafkaProducer:
 
 
 def produce_events(
-    settings: Settings, events: Iterable[Event], kafka: KafkaProducer | None = None
+    settings: Settings, events: Iterable[Event], kafka: KafkaProducer | None = None,
+    batched: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """Send input events to their topics, keyed and encoded as the ingest adapters do
-    (`kafka.telemetry_format`); return the partition each key went to."""
+    (`kafka.telemetry_format`); return the partition each key went to. The events of the
+    topic suffixes in `batched` go as batch records (streams/batches.py), one per partition
+    and timestamp, as a producer batching each scrape would write them."""
     own = kafka is None
     kafka = kafka or producer(settings.kafka)
-    futures = [(key_of(e), _send(kafka, settings, e)) for e in events]
+    futures = []
+    scrape: list[Event] = []  # of a batched topic, one timestamp
+    for event in [*events, None]:
+        if scrape and (event is None or _scrape_of(event) != _scrape_of(scrape[0])):
+            futures += _send_batches(kafka, settings, scrape)
+            scrape = []
+        if event is not None and INPUT_SUFFIX[type(event)] in batched:
+            scrape.append(event)
+        elif event is not None:
+            futures.append((key_of(event), _send(kafka, settings, event)))
     kafka.flush()
     partitions = {key: fut.get(timeout=60).partition for key, fut in futures}
     if own:
         kafka.close()
     return partitions
+
+
+def _scrape_of(event: Event) -> tuple[str, int]:
+    return INPUT_SUFFIX[type(event)], int(getattr(event, "ts", 0))
+
+
+def _send_batches(kafka: KafkaProducer, settings: Settings, events: list[Event]) -> list[Any]:
+    topic = topic_of(settings, events[0])
+    values: list[tuple[str, str, bytes]] = []
+    for event in events:
+        value, content_type = encode_as(event, settings.kafka.telemetry_format)
+        values.append((key_of(event), content_type, value))
+    partitions, futures = settings.kafka.partitions, []
+    for partition, key, packed in group_by_partition(values, partitions):
+        future = kafka.send(topic, key=key.encode(), value=packed, partition=partition,
+                            headers=batch_headers())  # fmt: skip
+        futures += [(k, future) for k, _, _ in values if partition_of(k, partitions) == partition]
+    return futures
 
 
 def _send(kafka: KafkaProducer, settings: Settings, event: Event) -> Any:

@@ -3,8 +3,11 @@ runtime does, and cordons no node for it.
 
 The fleet stage that localises fabric faults reads the worker's own fleet-input topic: port
 findings and fabric samples of every node of a cluster, which the Kafka driver writes in
-batches (streams/batches.py). What the embedded runtime decides from the same events is the
-reference: the same findings and the same actions, with the same ids.
+batches (streams/batches.py). The fabric samples themselves arrive batched too, as a producer
+batching each scrape writes them: one record per partition and scrape, holding the samples of
+every node of that partition; the GPU samples come one record per node. What the embedded
+runtime decides from the same events is the reference: the same findings and the same
+actions, with the same ids.
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 
+from pipeline.codec import encode_as
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, DeadLetter, Event, FabricSample, Finding
-from pipeline.runtime.topics import topic_name
+from pipeline.runtime.topics import record_key, topic_name
 from pipeline.runtime.topology import FLEET_INPUT
 from pipeline.score import REMOVALS
 from pipeline.sim import Simulation, parse_forced
 from streams.app import LAG_INTERVAL_S, app_id
-from streams.batches import BATCH_HEADER
+from streams.batches import BATCH_HEADER, partition_of
 from streams.testing import (
     TopicReader,
     WorkerProcess,
@@ -89,7 +93,15 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         for value in POISON_BATCHES:  # before the fleet's records, on the cluster's key
             kafka_producer.send(fleet_input, key=b"fp-us-central1", value=value,
                                 headers=[(BATCH_HEADER, b"1")]).get(60)  # fmt: skip
-        produce_events(settings, events, kafka_producer)
+        produce_events(settings, events, kafka_producer, batched=frozenset({"telemetry.fabric"}))
+        # a batch holding a sample of another partition's node: its state would split
+        stray = next(e for e in events if isinstance(e, FabricSample))
+        home = partition_of(record_key(stray), kafka.partitions)
+        value, content_type = encode_as(stray, settings.kafka.telemetry_format)
+        kafka_producer.send(topic_name(kafka, "telemetry.fabric"), key=record_key(stray).encode(),
+                            value=msgspec.msgpack.encode([[content_type, value]]),
+                            partition=(home + 1) % kafka.partitions, headers=[(BATCH_HEADER, b"1")],
+                            ).get(60)  # fmt: skip
         kafka_producer.close()
 
         def outputs() -> int:
@@ -97,11 +109,13 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             return sum(len(records) for records in reader.records.values())
 
         port = worker.metrics_port()
-        wait_worked_off(port, r"\.telemetry\.|\.events\.|\.inventory\b", len(events),
+        fabric = [e for e in events if isinstance(e, FabricSample)]
+        scrapes = {(e.ts, partition_of(record_key(e), kafka.partitions)) for e in fabric}
+        records = len(events) - len(fabric) + len(scrapes) + 1  # and the stray batch
+        wait_worked_off(port, r"\.telemetry\.|\.events\.|\.inventory\b", records,
                         timeout=240, quiet_s=2 * LAG_INTERVAL_S + 1, outputs=outputs,
                         why=worker.tail)  # fmt: skip
-        fabric = sum(isinstance(e, FabricSample) for e in events)
-        yield Run(settings, expected, reader, port, fabric)
+        yield Run(settings, expected, reader, port, len(fabric))
     finally:
         reader.close()
         code = worker.stop()
@@ -130,8 +144,17 @@ def test_findings_are_the_embedded_ones_each_written_once(run: Run) -> None:
 
 def test_batches_that_cannot_be_read_are_dead_lettered_and_the_rest_goes_on(run: Run) -> None:
     letters = [d for d in run.values("dlq", DeadLetter) if isinstance(d, DeadLetter)]
-    assert sorted(d.error.split(":")[0] for d in letters) == ["$", "value 0"], letters
-    assert all(d.topic.endswith(FLEET_INPUT) for d in letters)
+    internal = [d for d in letters if d.topic.endswith(FLEET_INPUT)]
+    assert sorted(d.error.split(":")[0] for d in internal) == ["$", "value 0"], letters
+    stray = [d for d in letters if d not in internal]
+    assert [d.topic.endswith(".telemetry.fabric") for d in stray] == [True], letters
+    assert stray[0].error.startswith("value 0: key: expected a value of partition"), stray
+    assert "keys decide partitions" in stray[0].error
+
+
+def test_fabric_samples_arrived_in_batches(run: Run) -> None:
+    records = metric_sum(run.port, "fleetpulse_worker_records_in_total", r"\.telemetry\.fabric\"")
+    assert 0 < records < run.fabric_samples / 2
 
 
 def test_fleet_input_travels_in_batches(run: Run) -> None:

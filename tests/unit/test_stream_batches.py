@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import DecodeError
-from streams.batches import BATCH_HEADER, Batches, is_batch, unpack
+from streams.batches import (
+    BATCH_HEADER,
+    Batches,
+    group_by_partition,
+    is_batch,
+    partition_of,
+    unpack,
+)
 
 Item = tuple[str, str, bytes]  # (key, content type, value)
 
@@ -76,3 +83,42 @@ def test_only_records_with_the_header_are_batches() -> None:
     assert is_batch(Record({BATCH_HEADER: b"1"}))
     assert not is_batch(Record([("content-type", b"application/msgpack")]))
     assert not is_batch(Record(None))
+
+
+# --- batches a producer writes on the telemetry topics: many keys, one partition ------------
+
+KEYS = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=1, max_size=40)
+
+
+@given(key=KEYS, partitions=st.integers(1, 64))
+def test_a_key_s_partition_is_the_one_the_worker_s_kafka_client_picks(
+    key: str, partitions: int
+) -> None:
+    # partition_of is kafka-python's murmur2 (the ingest adapters' producer); the worker
+    # produces with aiokafka: a batched value must land where a record of its own would have
+    from aiokafka.partitioner import DefaultPartitioner
+
+    every = list(range(partitions))
+    assert DefaultPartitioner()(key.encode(), every, every) == partition_of(key, partitions)
+
+
+@given(
+    st.lists(
+        st.tuples(KEYS, st.sampled_from(["application/msgpack"]), st.binary(max_size=64)),
+        max_size=80,
+    ),
+    st.integers(1, 6),
+)
+def test_grouped_values_come_out_once_each_in_its_key_s_partition_in_order(
+    items: list[Item], partitions: int
+) -> None:
+    out: dict[int, list[tuple[str, bytes]]] = {}
+    for partition, key, packed in group_by_partition(items, partitions, max_items=5):
+        assert partition_of(key, partitions) == partition  # the record's key is one of its own
+        values = unpack(packed)
+        assert 0 < len(values) <= 5
+        out.setdefault(partition, []).extend(values)
+    expected: dict[int, list[tuple[str, bytes]]] = {}
+    for key, content_type, value in items:
+        expected.setdefault(partition_of(key, partitions), []).append((content_type, value))
+    assert out == expected
