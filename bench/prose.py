@@ -162,7 +162,15 @@ def _take(results: Results) -> str:
     else:
         tail = (f"fatal XID → action p99 {_s(batched)} against {_s(one)} one at a time "
                 f"({_when(results, 'latency-take')}; {_when(results, 'latency')})")
-    return f"Batching the telemetry stage (`worker.take`): {speed}; {tail}."
+    producer = _get(_figures(results, "throughput"), "pipeline", "ratios",
+                    "kafka_pipeline_producer_batched_vs_per_record_per_core")
+    records = _get(_figures(results, "throughput"), "pipeline",
+                   "kafka_pipeline_producer_batched", "records_in")
+    batches = ("" if producer is None or records is None else
+               f" Telemetry batched by the producer (a record per partition and scrape, "
+               f"{_n(records)} records for the same samples): {_x(producer)} the "
+               f"one-at-a-time throughput per core.")
+    return f"Batching the telemetry stage (`worker.take`): {speed}; {tail}.{batches}"
 
 
 def limit_bullet(results: Results) -> str:
