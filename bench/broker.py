@@ -30,11 +30,11 @@ from pipeline import codec
 from pipeline.config import Settings, load_settings
 from pipeline.kafka_client import client_kwargs
 from pipeline.model import Event
+from pipeline.runtime.batches import PRODUCER_BATCHED, group_by_partition
+from pipeline.runtime.batches import headers as batch_headers
 from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.output import topic_for
-from streams.batches import PRODUCER_BATCHED, group_by_partition
-from streams.batches import headers as batch_headers
 
 
 class Record(NamedTuple):
@@ -131,7 +131,8 @@ def producer(settings: Settings, linger_ms: int = 20) -> KafkaProducer:
 def produce(settings: Settings, batch: list[Record], batched: bool = False) -> None:
     """Send every record and wait until the broker has acknowledged all of them. `batched`:
     each run of telemetry records of one topic (a scrape: the simulator writes a tick's
-    records topic by topic) goes as batch records, one per partition (streams/batches.py)."""
+    records topic by topic) goes as batch records, one per partition
+    (pipeline/runtime/batches.py)."""
     kafka = producer(settings)
     try:
         futures = [

@@ -175,7 +175,7 @@ def bench_pipeline(quick: bool) -> dict[str, Any]:
 
 def run_producer_batched(batch: list[broker.Record], samples: int, repeat: int
                          ) -> dict[str, Any]:
-    """The worker on the same telemetry written as producer batches (streams/batches.py): one
+    """The worker on the same telemetry written as producer batches (pipeline/runtime/batches.py): one
     record per partition and scrape, in topics of its own."""
     settings = broker.bench_settings("throughput-batched")
     prefix = batch[0].topic.split(".", 1)[0] + "."

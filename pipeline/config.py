@@ -53,6 +53,12 @@ class KafkaSettings(Section, frozen=True):
     # smaller, and cheaper to decode) or JSON. Consumers accept both on every topic; actions,
     # alerts, node states and findings are always JSON (pipeline/codec.py).
     telemetry_format: Literal["msgpack", "json"] = "msgpack"
+    # Write each poll's (the simulator: each tick's) telemetry as batch records, one per topic
+    # and partition holding many nodes' samples, instead of one record per node or slice: the
+    # worker's per-record cost is then paid once per batch (pipeline/runtime/batches.py; the
+    # README's throughput table). The worker reads both. Needs the telemetry topics to have
+    # `partitions` partitions, as `fleetpulse topics create` makes them.
+    telemetry_batch: bool = False
     # Security, one section for every client (pipeline/kafka_client.py builds each library's
     # arguments from it). The password comes from sasl_password (e.g. from
     # FLEETPULSE_KAFKA__SASL_PASSWORD) or, better, sasl_password_file (a mounted secret).

@@ -27,6 +27,7 @@ from pipeline.errors import DecodeError
 from pipeline.model import Action, Alert, Event, Finding
 from pipeline.runtime import route, topology
 from pipeline.runtime.align import Aligner
+from pipeline.runtime.batches import BATCHED, is_batch, partition_of, unpack
 from pipeline.runtime.clock import RobustClock
 from pipeline.runtime.route import ClockName, Family, Refusal
 from pipeline.runtime.topics import record_key
@@ -35,7 +36,6 @@ from pipeline.runtime.topology import INVENTORY as INVENTORY
 from pipeline.runtime.topology import TELEMETRY_TOPICS as TELEMETRY_TOPICS
 from pipeline.runtime.topology import Out
 from streams.acks import Ack
-from streams.batches import BATCHED, is_batch, partition_of, unpack
 from streams.context import Context, Futures
 from streams.records import Record, decode_value, key_text, unexpected_error
 
@@ -133,7 +133,8 @@ def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) ->
 def handle(
     ctx: Context, stage: topology.Stage, record: Record, event: Event | None, own_key: bool = False
 ) -> Futures:
-    """`own_key`: a value of a producer's batch (streams/batches.py), keyed by its own target."""
+    """`own_key`: a value of a producer's batch (pipeline/runtime/batches.py), keyed by its own
+    target."""
     key = stage.key(event, _own_key(ctx, record, event) if own_key else key_text(record))
     part = KafkaPart(ctx, stage.table, record.partition)
     outs = stage.on_item(part, event, key)
@@ -170,9 +171,9 @@ def _value(ctx: Context, record: Record) -> Event | None:
 
 
 def handle_batch(ctx: Context, stage: topology.Stage, record: Record) -> Futures:
-    """Each value of a batch record in turn (streams/batches.py), as if each were a record;
-    one that cannot be handled is a dead letter (of the whole record, naming the value), and
-    the others go on."""
+    """Each value of a batch record in turn (pipeline/runtime/batches.py), as if each were a
+    record; one that cannot be handled is a dead letter (of the whole record, naming the
+    value), and the others go on."""
     futures: Futures = []
     for index, (content_type, raw) in enumerate(unpack(record.value)):
         run = functools.partial(_handle_packed, ctx, stage, record, content_type, raw)

@@ -23,8 +23,9 @@ from aiokafka.errors import KafkaError as AioKafkaError
 
 from pipeline.config import Settings
 from pipeline.kafka_client import client_kwargs
+from pipeline.runtime import batches
 from pipeline.runtime.group_topics import TABLES, group_name, table_partitions
-from streams import agents, batches
+from streams import agents
 from streams.acks import Settler
 from streams.clock import Family, PartitionClocks
 from streams.context import Context, declare_topics

@@ -40,13 +40,13 @@ from pipeline import cloudevents_headers
 from pipeline.codec import JSON, encode_as, record_headers
 from pipeline.config import Settings
 from pipeline.model import Action, Alert, DeadLetter, Event, Finding
-from pipeline.runtime import route
+from pipeline.runtime import batches, route
 from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.runtime.topology import ANNOUNCE_INPUT as ANNOUNCE_INPUT
 from pipeline.runtime.topology import INTERNAL
 from pipeline.runtime.topology import POLICY_INPUT as POLICY_INPUT
 from pipeline.runtime.topology import ZONE_INPUT as ZONE_INPUT
-from streams import batches, tables
+from streams import tables
 from streams.acks import Settler
 from streams.clock import PartitionClocks
 from streams.metrics import WorkerMetrics

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+import msgspec
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from pipeline.codec import content_type_of, decode, encode_as, record_headers
@@ -27,12 +28,11 @@ from pipeline.config import KafkaSettings, Settings, SimSettings
 from pipeline.errors import DecodeError
 from pipeline.kafka_client import client_kwargs
 from pipeline.model import Action, Event
+from pipeline.runtime.batches import input_records, partition_of
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import ForcedFault
-from streams.batches import group_by_partition, partition_of
-from streams.batches import headers as batch_headers
 
 E = TypeVar("E", bound=Event)
 # the topics an ingest adapter writes (the simulator also writes the fleet's inventory)
@@ -233,7 +233,7 @@ def produce_events(
 ) -> dict[str, int]:
     """Send input events to their topics, keyed and encoded as the ingest adapters do
     (`kafka.telemetry_format`); return the partition each key went to. The events of the
-    topic suffixes in `batched` go as batch records (streams/batches.py), one per partition
+    topic suffixes in `batched` go as batch records (pipeline/runtime/batches.py), one per partition
     and timestamp, as a producer batching each scrape would write them."""
     own = kafka is None
     kafka = kafka or producer(settings.kafka)
@@ -259,16 +259,13 @@ def _scrape_of(event: Event) -> tuple[str, int]:
 
 
 def _send_batches(kafka: KafkaProducer, settings: Settings, events: list[Event]) -> list[Any]:
-    topic = topic_of(settings, events[0])
-    values: list[tuple[str, str, bytes]] = []
-    for event in events:
-        value, content_type = encode_as(event, settings.kafka.telemetry_format)
-        values.append((key_of(event), content_type, value))
-    partitions, futures = settings.kafka.partitions, []
-    for partition, key, packed in group_by_partition(values, partitions):
-        future = kafka.send(topic, key=key.encode(), value=packed, partition=partition,
-                            headers=batch_headers())  # fmt: skip
-        futures += [(k, future) for k, _, _ in values if partition_of(k, partitions) == partition]
+    batching = msgspec.structs.replace(settings.kafka, telemetry_batch=True)
+    futures = []
+    for record in input_records(events, batching):
+        future = kafka.send(record.topic, key=record.key.encode(), value=record.value,
+                            headers=record.headers, partition=record.partition)  # fmt: skip
+        futures += [(key_of(e), future) for e in events
+                    if partition_of(key_of(e), settings.kafka.partitions) == record.partition]
     return futures
 
 

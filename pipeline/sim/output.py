@@ -19,7 +19,8 @@ from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs, un
 from pipeline.model import (
     Event,
 )
-from pipeline.runtime.topics import TOPICS, record_key, topic_name
+from pipeline.runtime.batches import input_records
+from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import InjectedFault
 
@@ -101,21 +102,15 @@ def produce_kafka(
         settings, "simulate",
     )
     assert producer is not None  # without a stop event it returns only once connected
-    topics = {spec.value: topic_name(settings, spec.suffix) for spec in TOPICS}
     sent = 0
     failures: list[BaseException] = []
     try:
         for i, tick in enumerate(sim.ticks()):
-            for event in tick:
-                value, content_type = codec.encode_as(event, settings.telemetry_format)
-                future = producer.send(
-                    topics[type(event)],
-                    key=record_key(event),
-                    value=value,
-                    headers=codec.record_headers(content_type),
-                )
+            for record in input_records(tick, settings):
+                future = producer.send(record.topic, key=record.key, value=record.value,
+                                       headers=record.headers, partition=record.partition)
                 future.add_errback(failures.append)
-                sent += 1
+            sent += len(tick)
             if failures:
                 break
             if progress is not None:

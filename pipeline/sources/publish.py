@@ -4,7 +4,8 @@ Keys follow the partitioning rules of DESIGN §1: GPU samples and XID events by 
 and ICI samples by slice, capacity events by zone. Rejected inputs go to fleet.dlq with the
 source name in place of a topic (they never were on one) and partition/offset -1. Telemetry
 values are written in `kafka.telemetry_format` (msgpack by default, with its content-type
-header; pipeline/codec.py), everything else as JSON.
+header; pipeline/codec.py), everything else as JSON; with `kafka.telemetry_batch`, a poll's
+telemetry goes as one batch record per topic and partition (pipeline/runtime/batches.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from pipeline.codec import encode, encode_as, record_headers
+from pipeline.codec import encode
 from pipeline.config import KafkaSettings
 from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs
@@ -24,7 +25,8 @@ from pipeline.model import (
     Event,
     RawRecord,
 )
-from pipeline.runtime.topics import TOPICS, record_key, topic_name
+from pipeline.runtime.batches import input_records
+from pipeline.runtime.topics import topic_name
 from pipeline.sources.base import BadRecord
 
 _SEND_TIMEOUT_S = 30.0
@@ -47,7 +49,6 @@ class KafkaPublisher:
         self._error = KafkaError
         self._settings = settings
         self._client_id = client_id
-        self._topics = {spec.value: topic_name(settings, spec.suffix) for spec in TOPICS}
         check_login(settings)  # a refused login fails here, not after a bootstrap timeout
         self._producer: Any = None
         self._ready = (False, f"not connected to {settings.bootstrap} yet")
@@ -80,7 +81,11 @@ class KafkaPublisher:
     def publish(self, source: str, events: Sequence[Event], bad: Sequence[BadRecord]) -> None:
         producer = self._connect()
         now_ms = int(time.time() * 1000)
-        futures = [self._send(event) for event in events]
+        futures = [
+            producer.send(r.topic, key=r.key.encode(), value=r.value, headers=r.headers,
+                          partition=r.partition)
+            for r in input_records(events, self._settings)
+        ]  # fmt: skip
         dlq = topic_name(self._settings, "dlq")
         futures += [
             producer.send(dlq, value=encode(dead_letter(source, record, now_ms)))
@@ -94,15 +99,6 @@ class KafkaPublisher:
             msg = f"{source}: Kafka did not acknowledge the batch: {exc}"
             raise BrokerUnavailableError(msg) from exc
         self._ready = (True, f"connected to {self._settings.bootstrap}")
-
-    def _send(self, event: Event) -> Any:
-        value, content_type = encode_as(event, self._settings.telemetry_format)
-        return self._producer.send(
-            self._topics[type(event)],
-            key=record_key(event).encode(),
-            value=value,
-            headers=record_headers(content_type),
-        )
 
     def readiness(self) -> tuple[bool, str]:
         """/readyz: the broker answered, and acknowledged the last batch."""

@@ -16,6 +16,7 @@ import pytest
 
 from pipeline import codec
 from pipeline.model import TOPIC_VALUES
+from pipeline.runtime.batches import is_batch, partition_of, unpack
 from pipeline.sim import read_truth
 
 SMALL = ["--duration", "300", "--gpu-nodes", "4", "--tpu-slices", "1", "--intensity", "3000",
@@ -150,3 +151,47 @@ def test_kafka_run_lands_every_event_on_its_topic_with_its_key(tmp_path: Path) -
     assert sum(received.values()) > 20
     assert received == expected
     assert (tmp_path / "k" / "events.truth.jsonl").exists()
+
+
+@pytest.mark.kafka
+def test_kafka_run_with_telemetry_batches_puts_each_sample_in_its_key_s_partition(
+    tmp_path: Path,
+) -> None:
+    from kafka import KafkaConsumer
+
+    bootstrap = _kafka_bootstrap()
+    env = {"FLEETPULSE_KAFKA__BOOTSTRAP": bootstrap,
+           "FLEETPULSE_KAFKA__TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}",
+           "FLEETPULSE_KAFKA__PARTITIONS": "3", "FLEETPULSE_KAFKA__TELEMETRY_BATCH": "true"}
+    created = subprocess.run([sys.executable, "-m", "pipeline.cli", "topics", "create"],
+                             capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", **env})
+    assert created.returncode == 0, created.stderr
+    args = ["--duration", "60", "--gpu-nodes", "6", "--tpu-slices", "1", "--seed", "3", "--quiet"]
+    run = _simulate("--to", "kafka", "--out", str(tmp_path / "k"), *args, env=env)
+    assert run.returncode == 0, run.stderr
+    reference = _simulate("--to", "jsonl", "--out", str(tmp_path / "j"), *args)
+    assert reference.returncode == 0, reference.stderr
+    expected: Counter[str] = Counter()
+    for line in (tmp_path / "j" / "events.jsonl").read_bytes().splitlines():
+        expected[json.loads(line)["schema"].split("/")[0]] += 1
+    prefix = env["FLEETPULSE_KAFKA__TOPIC_PREFIX"]
+    suffixes = ("telemetry.gpu", "telemetry.tpu", "telemetry.ici", "telemetry.fabric", "events.xid",
+                "events.node", "events.capacity", "inventory")
+    consumer = KafkaConsumer(*(f"{prefix}.{s}" for s in suffixes), bootstrap_servers=bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    received: Counter[str] = Counter()
+    batch_records = 0
+    for record in consumer:
+        if not is_batch(record):
+            received[json.loads(record.value)["schema"].split("/")[0]] += 1
+            continue
+        batch_records += 1
+        for content_type, raw in unpack(record.value):
+            value = msgspec.msgpack.decode(raw) if content_type == codec.MSGPACK else json.loads(raw)
+            key = f"{value['cluster']}/{value['slice'] if 'slice' in value else value['node']}"
+            assert partition_of(key, 3) == record.partition, (key, record.partition)
+            received[value["schema"].split("/")[0]] += 1
+    consumer.close()
+    assert received == expected
+    samples = sum(n for name, n in expected.items() if name.endswith("_sample"))
+    assert 0 < batch_records < samples / 2

@@ -3,8 +3,8 @@ runtime does, and cordons no node for it.
 
 The fleet stage that localises fabric faults reads the worker's own fleet-input topic: port
 findings and fabric samples of every node of a cluster, which the Kafka driver writes in
-batches (streams/batches.py). The fabric samples themselves arrive batched too, as a producer
-batching each scrape writes them: one record per partition and scrape, holding the samples of
+batches (pipeline/runtime/batches.py). The fabric samples themselves arrive batched too, as a
+producer batching each scrape writes them: one record per partition and scrape, holding the samples of
 every node of that partition; the GPU samples come one record per node. What the embedded
 runtime decides from the same events is the reference: the same findings and the same
 actions, with the same ids.
@@ -23,12 +23,12 @@ import pytest
 from pipeline.codec import encode_as
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, DeadLetter, Event, FabricSample, Finding
+from pipeline.runtime.batches import BATCH_HEADER, partition_of
 from pipeline.runtime.topics import record_key, topic_name
 from pipeline.runtime.topology import FLEET_INPUT
 from pipeline.score import REMOVALS
 from pipeline.sim import Simulation, parse_forced
 from streams.app import LAG_INTERVAL_S, app_id
-from streams.batches import BATCH_HEADER, partition_of
 from streams.testing import (
     TopicReader,
     WorkerProcess,

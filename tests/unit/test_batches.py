@@ -1,5 +1,6 @@
-"""The fleet-input batches of the Kafka driver (streams/batches.py): what goes in comes out, in
-order, split where a record would grow too big; a malformed batch is a clear DecodeError."""
+"""Batch records (pipeline/runtime/batches.py), the worker's fleet-input ones and producers'
+telemetry ones: what goes in comes out, in order, split where a record would grow too big; a
+malformed batch is a clear DecodeError; a value lands in its own key's partition."""
 
 from __future__ import annotations
 
@@ -7,15 +8,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.codec import decode
+from pipeline.config import KafkaSettings, SimSettings
 from pipeline.errors import DecodeError
-from streams.batches import (
+from pipeline.model import Event
+from pipeline.runtime.batches import (
     BATCH_HEADER,
+    PRODUCER_BATCHED,
     Batches,
     group_by_partition,
+    input_records,
     is_batch,
     partition_of,
     unpack,
 )
+from pipeline.runtime.topics import TOPICS, record_key, topic_name
+from pipeline.sim import Simulation
 
 Item = tuple[str, str, bytes]  # (key, content type, value)
 
@@ -122,3 +130,50 @@ def test_grouped_values_come_out_once_each_in_its_key_s_partition_in_order(
     for key, content_type, value in items:
         expected.setdefault(partition_of(key, partitions), []).append((content_type, value))
     assert out == expected
+
+
+_SUFFIX = {spec.value: spec.suffix for spec in TOPICS}
+TOPIC_OF = {topic_name(KafkaSettings(), spec.suffix): spec.value for spec in TOPICS}
+
+
+def topic_suffix(event: Event) -> str:
+    return _SUFFIX[type(event)]
+
+
+def _tick_events() -> list[Event]:
+    sim = Simulation(SimSettings(duration_s=120, gpu_nodes=6, tpu_slices=1, seed=5))
+    events: list[Event] = []
+    for tick in sim.ticks():
+        events += tick
+    return events
+
+
+def test_producers_write_a_record_per_event_unless_asked_to_batch() -> None:
+    events = _tick_events()
+    records = input_records(events, KafkaSettings(partitions=3))
+    assert [r.key for r in records] == [record_key(e) for e in events]
+    assert {r.partition for r in records} == {None}
+    assert not any(is_batch(r) for r in records)
+
+
+def test_batched_telemetry_keeps_every_value_in_its_key_s_partition_and_order() -> None:
+    events = _tick_events()
+    settings = KafkaSettings(partitions=3, telemetry_batch=True)
+    records = input_records(events, settings)
+    batched = [r for r in records if is_batch(r)]
+    # the telemetry is batched, the other inputs (inventory, events) go one record each
+    telemetry = [e for e in events if topic_suffix(e) in PRODUCER_BATCHED]
+    assert telemetry and len(batched) < len(telemetry)
+    assert len(records) - len(batched) == len(events) - len(telemetry)
+    got: dict[tuple[str, int], list[Event]] = {}
+    for record in batched:
+        assert record.partition is not None
+        assert partition_of(record.key, 3) == record.partition
+        values = [decode(v, TOPIC_OF[record.topic], content_type=c) for c, v in unpack(record.value)]
+        assert {partition_of(record_key(v), 3) for v in values} == {record.partition}
+        got.setdefault((record.topic, record.partition), []).extend(values)
+    expected: dict[tuple[str, int], list[Event]] = {}
+    for e in telemetry:
+        topic = topic_name(settings, topic_suffix(e))
+        expected.setdefault((topic, partition_of(record_key(e), 3)), []).append(e)
+    assert got == expected

@@ -1,4 +1,4 @@
-"""Many values in one record, on the worker's own fleet-input topic.
+"""Many values in one record: the worker's own fleet-input topic, and producers' telemetry.
 
 The telemetry stage passes much of what it reads on to the fleet stage (each GPU sample of a
 node at work, each fabric sample: the largest share of what the worker reads), and every
@@ -22,14 +22,16 @@ both). `group_by_partition` builds such records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import msgspec
-from kafka.partitioner.default import murmur2
 
-from pipeline.codec import header_of
+from pipeline.codec import encode_as, header_of, record_headers
+from pipeline.config import KafkaSettings
 from pipeline.errors import DecodeError
+from pipeline.model import Event
+from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.runtime.topology import FLEET_INPUT, TELEMETRY_TOPICS
 
 BATCH_HEADER = "fleetpulse-batch"
@@ -107,6 +109,8 @@ def _chunks(
 def partition_of(key: str, partitions: int) -> int:
     """The partition the producers' default partitioner puts `key` in: murmur2 of its bytes,
     as the Java client, kafka-python and aiokafka all compute it."""
+    from kafka.partitioner.default import murmur2  # the kafka client only where Kafka is used
+
     hashed: int = murmur2(key.encode())
     return (hashed & 0x7FFFFFFF) % partitions
 
@@ -127,3 +131,39 @@ def group_by_partition(
     for partition, items in queued.items():
         for chunk in _chunks(items, max_items, max_bytes):
             yield partition, first[partition], _PACKER.encode(chunk)
+
+
+class OutRecord(NamedTuple):
+    """A record as a producer sends it; `partition` None: the key picks it."""
+
+    topic: str
+    key: str
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    partition: int | None = None
+
+
+_SUFFIX: dict[type[Event], str] = {spec.value: spec.suffix for spec in TOPICS}
+
+
+def input_records(events: Sequence[Event], settings: KafkaSettings) -> list[OutRecord]:
+    """FleetPulse's producers' records for input events (one poll of an ingest adapter, one
+    tick of the simulator): a record per event, keyed by its target and encoded in
+    `telemetry_format`; with `telemetry_batch`, the telemetry events as batch records instead,
+    one per topic and partition (in `settings.partitions` partitions, as the topics are made),
+    each partition's values in the events' order."""
+    out: list[OutRecord] = []
+    batched: dict[str, list[tuple[str, str, bytes]]] = {}
+    for event in events:
+        suffix = _SUFFIX[type(event)]
+        value, content_type = encode_as(event, settings.telemetry_format)
+        if settings.telemetry_batch and suffix in PRODUCER_BATCHED:
+            batched.setdefault(suffix, []).append((record_key(event), content_type, value))
+        else:
+            out.append(OutRecord(topic_name(settings, suffix), record_key(event), value,
+                                 record_headers(content_type)))  # fmt: skip
+    for suffix, values in batched.items():
+        topic = topic_name(settings, suffix)
+        out += [OutRecord(topic, key, packed, headers(), partition)
+                for partition, key, packed in group_by_partition(values, settings.partitions)]
+    return out
