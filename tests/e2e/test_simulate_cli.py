@@ -105,18 +105,20 @@ def _kafka_bootstrap() -> str:
     return bootstrap
 
 
-@pytest.mark.kafka
-def test_kafka_run_lands_every_event_on_its_topic_with_its_key(tmp_path: Path) -> None:
-    from kafka import KafkaConsumer
-
+def _simulated_to_kafka(
+    tmp_path: Path, gpu_nodes: int, partitions: int, **extra: str
+) -> tuple[str, str, Counter[str]]:
+    """`simulate --to kafka` into fresh topics: (bootstrap, topic prefix, the number of events
+    of each schema, from the same run written to JSON lines)."""
     bootstrap = _kafka_bootstrap()
     env = {"FLEETPULSE_KAFKA__BOOTSTRAP": bootstrap,
            "FLEETPULSE_KAFKA__TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}",
-           "FLEETPULSE_KAFKA__PARTITIONS": "2"}
+           "FLEETPULSE_KAFKA__PARTITIONS": str(partitions), **extra}
     created = subprocess.run([sys.executable, "-m", "pipeline.cli", "topics", "create"],
                              capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", **env})
     assert created.returncode == 0, created.stderr
-    args = ["--duration", "60", "--gpu-nodes", "2", "--tpu-slices", "1", "--seed", "3", "--quiet"]
+    args = ["--duration", "60", "--gpu-nodes", str(gpu_nodes), "--tpu-slices", "1", "--seed", "3",
+            "--quiet"]
     run = _simulate("--to", "kafka", "--out", str(tmp_path / "k"), *args, env=env)
     assert run.returncode == 0, run.stderr
     reference = _simulate("--to", "jsonl", "--out", str(tmp_path / "j"), *args)
@@ -124,7 +126,14 @@ def test_kafka_run_lands_every_event_on_its_topic_with_its_key(tmp_path: Path) -
     expected: Counter[str] = Counter()
     for line in (tmp_path / "j" / "events.jsonl").read_bytes().splitlines():
         expected[json.loads(line)["schema"].split("/")[0]] += 1
-    prefix = env["FLEETPULSE_KAFKA__TOPIC_PREFIX"]
+    return bootstrap, env["FLEETPULSE_KAFKA__TOPIC_PREFIX"], expected
+
+
+@pytest.mark.kafka
+def test_kafka_run_lands_every_event_on_its_topic_with_its_key(tmp_path: Path) -> None:
+    from kafka import KafkaConsumer
+
+    bootstrap, prefix, expected = _simulated_to_kafka(tmp_path, gpu_nodes=2, partitions=2)
     suffix = {"gpu_sample": "telemetry.gpu", "tpu_sample": "telemetry.tpu", "ici_sample": "telemetry.ici",
               "xid_event": "events.xid", "node_event": "events.node", "capacity_event": "events.capacity",
               "fabric_sample": "telemetry.fabric", "inventory": "inventory"}
@@ -159,22 +168,9 @@ def test_kafka_run_with_telemetry_batches_puts_each_sample_in_its_key_s_partitio
 ) -> None:
     from kafka import KafkaConsumer
 
-    bootstrap = _kafka_bootstrap()
-    env = {"FLEETPULSE_KAFKA__BOOTSTRAP": bootstrap,
-           "FLEETPULSE_KAFKA__TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}",
-           "FLEETPULSE_KAFKA__PARTITIONS": "3", "FLEETPULSE_KAFKA__TELEMETRY_BATCH": "true"}
-    created = subprocess.run([sys.executable, "-m", "pipeline.cli", "topics", "create"],
-                             capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", **env})
-    assert created.returncode == 0, created.stderr
-    args = ["--duration", "60", "--gpu-nodes", "6", "--tpu-slices", "1", "--seed", "3", "--quiet"]
-    run = _simulate("--to", "kafka", "--out", str(tmp_path / "k"), *args, env=env)
-    assert run.returncode == 0, run.stderr
-    reference = _simulate("--to", "jsonl", "--out", str(tmp_path / "j"), *args)
-    assert reference.returncode == 0, reference.stderr
-    expected: Counter[str] = Counter()
-    for line in (tmp_path / "j" / "events.jsonl").read_bytes().splitlines():
-        expected[json.loads(line)["schema"].split("/")[0]] += 1
-    prefix = env["FLEETPULSE_KAFKA__TOPIC_PREFIX"]
+    bootstrap, prefix, expected = _simulated_to_kafka(
+        tmp_path, gpu_nodes=6, partitions=3, FLEETPULSE_KAFKA__TELEMETRY_BATCH="true"
+    )
     suffixes = ("telemetry.gpu", "telemetry.tpu", "telemetry.ici", "telemetry.fabric", "events.xid",
                 "events.node", "events.capacity", "inventory")
     consumer = KafkaConsumer(*(f"{prefix}.{s}" for s in suffixes), bootstrap_servers=bootstrap,
