@@ -243,7 +243,7 @@ def write_xids(log: Path, first: int, count: int) -> list[XidEvent]:
     writer = KernelLogWriter(log, XID_NODE, boot_ms=T0 - 60_000)
     events = []
     for n in range(first, first + count):
-        event = XidEvent(ts=T0 + 1000 * n, cluster="c1", node=XID_NODE, pool="", zone="",
+        event = XidEvent(ts=T0 + 1000 * n, cluster="c1", node=XID_NODE, pool="p1", zone="z1",
                          pci_bus_id=f"0000:{0x18 + n % 8:02x}:00", xid=(13, 31, 43)[n % 3],
                          pid=4000 + n, process="train.py", message=f"event {n}",
                          source="kernel_log")
