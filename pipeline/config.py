@@ -17,7 +17,13 @@ import msgspec
 from msgspec import Meta
 
 from pipeline.errors import ConfigError
+from pipeline.model import NAME_PATTERN
 from pipeline.redact import redact
+
+# The names the sources stamp on every event, which the events check as they are built: a
+# bad one is a start-up error naming the key, not a dead letter per event.
+FleetName = Annotated[str, Meta(pattern=NAME_PATTERN)]
+FleetNameOrEmpty = Annotated[str, Meta(pattern=f"{NAME_PATTERN}|^$")]
 
 ENV_PREFIX = "FLEETPULSE_"
 DEFAULT_CONFIG = Path("fleetpulse.toml")
@@ -193,10 +199,10 @@ class SourcesSettings(Section, frozen=True):
     """
 
     state_dir: str = ".cache/sources"  # checkpoint files, one JSON per source
-    cluster: str = "local"
-    pool: str = "default"
-    zone: str = "local-a"
-    node: str = ""  # this host (xid, tpu_runtime); "" = the host name
+    cluster: FleetName = "local"
+    pool: FleetName = "default"
+    zone: FleetName = "local-a"
+    node: FleetNameOrEmpty = ""  # this host (xid, tpu_runtime); "" = the host name
     poll_interval_s: Annotated[float, Meta(gt=0)] = 15.0
     backoff_initial_s: Annotated[float, Meta(gt=0)] = 1.0
     backoff_max_s: Annotated[float, Meta(gt=0)] = 60.0
@@ -757,7 +763,7 @@ class KubernetesSettings(Section, frozen=True):
     kubeconfig: str = ""
     context: str = ""
     in_cluster: bool = False
-    cluster: str = ""
+    cluster: FleetNameOrEmpty = ""
     pool_label: str = ""
     slice_label: str = "cloud.google.com/gke-nodepool"  # a TPU slice's nodes share this label
     held_annotation: str = "fleetpulse.io/hold"

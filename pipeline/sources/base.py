@@ -58,6 +58,18 @@ class Parsed:
         self.bad.extend(other.bad)
 
 
+def add_validated(parsed: Parsed, make: Callable[[], Event], raw: str) -> bool:
+    """Build an event from what an endpoint said (`make`) and add it to `parsed` validated; a
+    bad value (a name that is not one is refused as the struct is built) becomes a BadRecord
+    of `raw`, a few words saying what it was built from. False then."""
+    try:
+        parsed.events.append(validated(make()))
+    except DecodeError as exc:
+        parsed.bad.append(BadRecord(raw.encode(), exc))
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Batch:
     """One poll: what to publish, and the position to commit once it is published."""

@@ -15,12 +15,13 @@ The policy cordons and drains maintenance_lead_s before the window and releases 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 
 from pipeline.errors import DecodeError
 from pipeline.ids import stable_id
 from pipeline.model import CapacityEvent, MaintenanceWindow
-from pipeline.sources.base import BadRecord, Parsed, validated
+from pipeline.sources.base import BadRecord, Parsed, add_validated
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,10 @@ def maintenance_events(
         if upcoming is None:
             if before is not None:
                 del seen[member.key]
-                _add(parsed, _event(member, "MAINTENANCE_DONE", now_ms, source, before, None))
+                done = functools.partial(
+                    _event, member, "MAINTENANCE_DONE", now_ms, source, before, None
+                )
+                add_validated(parsed, done, f"{member.key} MAINTENANCE_DONE")
             continue
         if before == upcoming.signature:
             continue
@@ -96,19 +100,12 @@ def maintenance_events(
             seen[member.key] = upcoming.signature
             continue
         kind = "MAINTENANCE_STARTED" if ongoing else "MAINTENANCE_SCHEDULED"
-        event = _event(member, kind, now_ms, source, upcoming.signature, window, upcoming.kind)
-        if _add(parsed, event):
+        make = functools.partial(
+            _event, member, kind, now_ms, source, upcoming.signature, window, upcoming.kind
+        )
+        if add_validated(parsed, make, f"{member.key} {kind} {upcoming.signature}"):
             seen[member.key] = upcoming.signature
     return parsed
-
-
-def _add(parsed: Parsed, event: CapacityEvent) -> bool:
-    try:
-        parsed.events.append(validated(event))
-    except DecodeError as exc:
-        parsed.bad.append(BadRecord(event.message.encode(), exc))
-        return False
-    return True
 
 
 def _event(

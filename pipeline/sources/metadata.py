@@ -18,6 +18,7 @@ Google client libraries), else http://metadata.google.internal.
 
 from __future__ import annotations
 
+import functools
 import os
 import urllib.error
 import urllib.parse
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pipeline.errors import DecodeError, SourceError
 from pipeline.ids import stable_id
 from pipeline.model import CapacityEvent
-from pipeline.sources.base import BadRecord, Parsed, validated
+from pipeline.sources.base import BadRecord, Parsed, add_validated
 
 SOURCE = "gcp.compute.metadata"
 FLAVOR = ("Metadata-Flavor", "Google")
@@ -127,7 +128,8 @@ def notice_events(
         seen["maintenance-event"] = maintenance
         if maintenance != before:
             kind = "MAINTENANCE_DONE" if maintenance == "NONE" else "MAINTENANCE_STARTED"
-            _add(parsed, _event(me, kind, now_ms, maintenance, before))
+            make = functools.partial(_event, me, kind, now_ms, maintenance, before)
+            add_validated(parsed, make, f"{me.node} {kind} {maintenance}")
     if preempted not in ("TRUE", "FALSE"):
         error = DecodeError(
             field="instance/preempted", expected="TRUE or FALSE", got=repr(preempted)
@@ -137,15 +139,9 @@ def notice_events(
         before = seen.get("preempted", "FALSE")
         seen["preempted"] = preempted
         if preempted == "TRUE" and before != "TRUE":
-            _add(parsed, _event(me, "PREEMPTION", now_ms, "TRUE", before))
+            make = functools.partial(_event, me, "PREEMPTION", now_ms, "TRUE", before)
+            add_validated(parsed, make, f"{me.node} PREEMPTION")
     return parsed
-
-
-def _add(parsed: Parsed, event: CapacityEvent) -> None:
-    try:
-        parsed.events.append(validated(event))
-    except DecodeError as exc:
-        parsed.bad.append(BadRecord(event.message.encode(), exc))
 
 
 def _event(me: Identity, kind: str, now_ms: int, value: str, before: str) -> CapacityEvent:

@@ -106,7 +106,7 @@ def parse_quota_series(
             previous = limits.get(quota_key(location, metric))
             if previous is not None and previous != limit:
                 events += _events(
-                    "QUOTA_CHANGED", location, metric, ts, limit, None, limit_name, zones,
+                    parsed, "QUOTA_CHANGED", location, metric, ts, limit, None, limit_name, zones,
                     f"Quota '{limit_name or metric}' changed from {previous:g} to {limit:g}",
                 )
             limits[quota_key(location, metric)] = limit
@@ -122,14 +122,14 @@ def parse_quota_series(
             parsed.bad.append(BadRecord(f"{location} {metric} {ts} {used}".encode(), error))
             continue
         events += _events(
-            "QUOTA_USAGE", location, metric, ts, in_force, used, "", zones,
+            parsed, "QUOTA_USAGE", location, metric, ts, in_force, used, "", zones,
             f"{metric}: {used:g} of {in_force:g} in use",
         )
     for location, metric, ts, limit_name in sorted(exceeded):
         limit = limits.get(quota_key(location, metric), 0.0)
         used = usage.get((location, metric, ts), limit)
         events += _events(
-            "QUOTA_EXCEEDED", location, metric, ts, limit, used, limit_name, zones,
+            parsed, "QUOTA_EXCEEDED", location, metric, ts, limit, used, limit_name, zones,
             f"Quota '{limit_name or metric}' exceeded. Limit: {limit:.1f} in {location}.",
         )
     for event in sorted(events, key=lambda e: (e.ts, e.zone, e.kind)):
@@ -171,6 +171,7 @@ def _limit_at(points: list[tuple[int, float, str]], ts: int) -> float | None:
 
 
 def _events(
+    parsed: Parsed,
     kind: str,
     location: str,
     metric: str,
@@ -181,9 +182,22 @@ def _events(
     zones: Sequence[str],
     message: str,
 ) -> list[CapacityEvent]:
-    covered = zones_of(location, zones)
-    return [
-        CapacityEvent(
+    """The event of `kind` for each zone `location` covers; one that cannot be built (a zone
+    name that is not one) is a BadRecord in `parsed`."""
+    out = []
+    for zone in zones_of(location, zones):
+        try:
+            out.append(_event(kind, zone, metric, ts, limit, used, limit_name, message))
+        except DecodeError as exc:
+            parsed.bad.append(BadRecord(f"{location} {metric} {ts} {zone}".encode(), exc))
+    return out
+
+
+def _event(
+    kind: str, zone: str, metric: str, ts: int, limit: float, used: float | None,
+    limit_name: str, message: str,
+) -> CapacityEvent:
+    return CapacityEvent(
             event_id=stable_id("cap", SOURCE, zone, metric, kind, ts),
             ts=ts,
             provider="gcp",
@@ -199,8 +213,6 @@ def _events(
             message=message if kind == "QUOTA_EXCEEDED" or not limit_name
             else f"{message} ({limit_name})",
         )
-        for zone in covered
-    ]
 
 
 def _end_ms(end: Any) -> int:

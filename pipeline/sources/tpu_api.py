@@ -11,14 +11,14 @@ STOCKOUT of its accelerator type in its zone.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.errors import DecodeError
 from pipeline.ids import stable_id
 from pipeline.model import CapacityEvent
-from pipeline.sources.base import BadRecord, Parsed, validated
+from pipeline.sources.base import Parsed, add_validated
 from pipeline.sources.gcp_clients import api_call
 from pipeline.sources.maintenance import Member, Upcoming
 
@@ -76,7 +76,8 @@ def preemptions(
         # numbered, so a second preemption is a new event and a re-read one is the same
         number = int(seen.get(f"{member.key}#preemptions", "0")) + 1
         seen[f"{member.key}#preemptions"] = str(number)
-        event = CapacityEvent(
+        make = functools.partial(
+            CapacityEvent,
             event_id=stable_id("cap", source, member.key, "PREEMPTION", number),
             ts=now_ms,
             provider="gcp",
@@ -94,7 +95,7 @@ def preemptions(
             previous_state=before,
             message=f"{member.kind} {member.name} was preempted",
         )
-        _add(parsed, event)
+        add_validated(parsed, make, f"{member.key} PREEMPTION")
     return parsed
 
 
@@ -118,7 +119,8 @@ def queued_resource_events(seen: dict[str, str], queued: list[Any], now_ms: int)
             "zone": zone,
             "accelerator_type": accelerator or None,
         }
-        transition = CapacityEvent(
+        transition = functools.partial(
+            CapacityEvent,
             event_id=stable_id("cap", QUEUED_SOURCE, resource.name, state, before or ""),
             ts=now_ms,
             source=QUEUED_SOURCE,
@@ -138,7 +140,8 @@ def queued_resource_events(seen: dict[str, str], queued: list[Any], now_ms: int)
         events = [transition]
         if code == RESOURCE_EXHAUSTED:
             events.append(
-                CapacityEvent(
+                functools.partial(
+                    CapacityEvent,
                     event_id=stable_id("cap", QUEUED_SOURCE, resource.name, "STOCKOUT"),
                     ts=now_ms,
                     source=QUEUED_SOURCE,
@@ -150,18 +153,9 @@ def queued_resource_events(seen: dict[str, str], queued: list[Any], now_ms: int)
                     **base,  # type: ignore[arg-type]
                 )
             )
-        if all(_add(parsed, event) for event in events):
+        if all(add_validated(parsed, make, f"{resource.name} {state}") for make in events):
             seen[resource.name] = state
     return parsed
-
-
-def _add(parsed: Parsed, event: CapacityEvent) -> bool:
-    try:
-        parsed.events.append(validated(event))
-    except DecodeError as exc:
-        parsed.bad.append(BadRecord(event.message.encode(), exc))
-        return False
-    return True
 
 
 def _code_name(code: int) -> str:

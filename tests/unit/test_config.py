@@ -38,6 +38,10 @@ def test_settings_are_frozen() -> None:
         ({"FLEETPULSE_KAFKA__PARTITIONS": "many"}, "kafka.partitions"),
         ({"FLEETPULSE_KAFKA__BOOTSTRAPP": "x:1"}, "bootstrapp"),
         ({"FLEETPULSE_KAFKA": "x"}, "FLEETPULSE_<SECTION>__<KEY>"),
+        # names stamped on every event: refused at start, not dead-lettered event by event
+        ({"FLEETPULSE_SOURCES__POOL": "GPU pool"}, "sources.pool"),
+        ({"FLEETPULSE_SOURCES__CLUSTER": ""}, "sources.cluster"),
+        ({"FLEETPULSE_KUBERNETES__CLUSTER": "a/b"}, "kubernetes.cluster"),
     ],
 )
 def test_bad_overrides_name_the_key(

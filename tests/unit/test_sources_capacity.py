@@ -89,6 +89,22 @@ def test_a_bad_window_time_is_a_bad_record_and_is_not_remembered() -> None:
     assert "RFC 3339" in str(record.error) and "next tuesday" in str(record.error)
 
 
+def test_a_name_that_is_not_one_is_a_bad_record_not_a_failed_poll() -> None:
+    # the struct refuses it as it is built (model.KnownNames), before it is validated
+    seen: dict[str, str] = {}
+    odd = Member(cluster="c1", pool="GPU pool", zone="us-east5-a", kind="node", name="n2",
+                 accelerator="nvidia-h100-80gb", capacity=8, labels={})  # fmt: skip
+    upcoming = Upcoming("PENDING", "SCHEDULED", "2026-12-02T05:00:00Z", "2026-12-02T07:00:00Z")
+    parsed = maintenance_events(seen, [(odd, upcoming), (NODE, upcoming)], T0, "t")
+    assert [e.target for e in parsed.events] == ["n1"]  # type: ignore[attr-defined]
+    [record] = parsed.bad
+    assert record.error.field == "$.pool" and record.error.got == '"GPU pool"'
+    assert "c1/n2" not in seen  # asked again at the next poll
+    me = Identity(cluster="c1", pool="p1", zone="zone a", node="n1")
+    metadata = notice_events({}, me, "TERMINATE_ON_HOST_MAINTENANCE", "FALSE", T0)
+    assert metadata.events == [] and metadata.bad[0].error.got == "\"zone a\""
+
+
 ME = Identity(cluster="c1", pool="p1", zone="us-east5-a", node="n1")
 
 
