@@ -170,14 +170,15 @@ def profile_embedded(quick: bool) -> tuple[dict[str, Any], str]:
 
 
 def profile_worker(quick: bool) -> tuple[dict[str, Any], str]:
-    """The Kafka worker under pyinstrument while it drains the throughput fleet."""
+    """The Kafka worker under pyinstrument while it drains the throughput fleet, its telemetry
+    in producer batches (`kafka.telemetry_batch`, the default)."""
     settings = broker.bench_settings("profile")
     unreachable = broker.reachable(settings)
     if unreachable is not None:
         return {"skipped": unreachable}, ""
     batch = broker.records(settings, Simulation(fleet(quick)).events())
     with broker.private_topics(settings), tempfile.TemporaryDirectory() as tmp:
-        broker.produce(settings, batch)
+        broker.produce(settings, batch, batched=True)  # as FleetPulse's producers write it
         ends = broker.end_offsets(settings, sorted({record.topic for record in batch}))
         session = Path(tmp) / "worker.pyisession"
         worker = broker.Worker(settings, Path(tmp), command=[

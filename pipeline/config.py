@@ -62,9 +62,10 @@ class KafkaSettings(Section, frozen=True):
     # Write each poll's (the simulator: each tick's) telemetry as batch records, one per topic
     # and partition holding many nodes' samples, instead of one record per node or slice: the
     # worker's per-record cost is then paid once per batch (pipeline/runtime/batches.py; the
-    # README's throughput table). The worker reads both. Needs the telemetry topics to have
-    # `partitions` partitions, as `fleetpulse topics create` makes them.
-    telemetry_batch: bool = False
+    # README's throughput table). The worker reads both; set false where another consumer of
+    # the telemetry topics expects a record per node. Each value goes to the partition its
+    # key's own record would (the producer asks the broker how many the topic has).
+    telemetry_batch: bool = True
     # Security, one section for every client (pipeline/kafka_client.py builds each library's
     # arguments from it). The password comes from sasl_password (e.g. from
     # FLEETPULSE_KAFKA__SASL_PASSWORD) or, better, sasl_password_file (a mounted secret).

@@ -148,6 +148,20 @@ def until_connected(
     return None
 
 
+def partition_count(producer: Any) -> Callable[[str], int]:
+    """How many partitions a topic has, as a kafka-python producer knows from the broker's
+    metadata (it waits for it, as a send would): a batch of values is sent to the partition
+    the producer's default partitioner gives each value's key (pipeline/runtime/batches.py)."""
+    counts: dict[str, int] = {}
+
+    def count(topic: str) -> int:
+        if topic not in counts:
+            counts[topic] = len(producer.partitions_for(topic))
+        return counts[topic]
+
+    return count
+
+
 def broker_urls(bootstrap: str) -> list[str]:
     """faust's broker list: `kafka://host:port` each (TLS/SASL come from the credentials)."""
     return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]

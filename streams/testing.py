@@ -28,7 +28,7 @@ from pipeline.config import KafkaSettings, Settings, SimSettings
 from pipeline.errors import DecodeError
 from pipeline.kafka_client import client_kwargs
 from pipeline.model import Action, Event
-from pipeline.runtime.batches import input_records, partition_of
+from pipeline.runtime.batches import input_records, is_batch, partition_of, unpack
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sim.engine import Simulation
@@ -320,14 +320,23 @@ class TopicReader:
                 raise AssertionError(f"not within {timeout}s: {what} (records so far: {counts})")
             self.poll()
 
-    def values(self, topic: str, cls: type[E]) -> list[E]:
-        """The records of `topic` that are `cls` values (a test's own poison is left out)."""
-        values = []
+    def payloads(self, topic: str) -> list[tuple[str | None, bytes]]:
+        """Each value of `topic` as (content type, bytes): a producer's batch record gives each
+        of its values (pipeline/runtime/batches.py), any other record its own."""
+        found: list[tuple[str | None, bytes]] = []
         for record in self.records[topic]:
+            if is_batch(record):
+                found += unpack(record.value)
+            else:  # msgpack telemetry says so in its content-type header
+                found.append((content_type_of(record.headers), record.value))
+        return found
+
+    def values(self, topic: str, cls: type[E]) -> list[E]:
+        """The values of `topic` that are `cls` values (a test's own poison is left out)."""
+        values = []
+        for content_type, raw in self.payloads(topic):
             with contextlib.suppress(DecodeError):
-                # msgpack telemetry says so in its content-type header
-                values.append(decode(record.value, cls,
-                                     content_type=content_type_of(record.headers)))
+                values.append(decode(raw, cls, content_type=content_type))
         return values
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ both). `group_by_partition` builds such records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -146,12 +146,18 @@ class OutRecord(NamedTuple):
 _SUFFIX: dict[type[Event], str] = {spec.value: spec.suffix for spec in TOPICS}
 
 
-def input_records(events: Sequence[Event], settings: KafkaSettings) -> list[OutRecord]:
+def input_records(
+    events: Sequence[Event], settings: KafkaSettings,
+    partitions: Callable[[str], int] | None = None,
+) -> list[OutRecord]:
     """FleetPulse's producers' records for input events (one poll of an ingest adapter, one
     tick of the simulator): a record per event, keyed by its target and encoded in
     `telemetry_format`; with `telemetry_batch`, the telemetry events as batch records instead,
-    one per topic and partition (in `settings.partitions` partitions, as the topics are made),
-    each partition's values in the events' order."""
+    one per topic and partition, each partition's values in the events' order.
+
+    `partitions(topic)`: how many partitions the topic has (a producer asks the broker, so a
+    topic made with another count still gets each value where its key's record would go);
+    `settings.partitions`, as `fleetpulse topics create` makes them, when not given."""
     out: list[OutRecord] = []
     batched: dict[str, list[tuple[str, str, bytes]]] = {}
     for event in events:
@@ -164,6 +170,7 @@ def input_records(events: Sequence[Event], settings: KafkaSettings) -> list[OutR
                                  record_headers(content_type)))  # fmt: skip
     for suffix, values in batched.items():
         topic = topic_name(settings, suffix)
+        count = partitions(topic) if partitions is not None else settings.partitions
         out += [OutRecord(topic, key, packed, headers(), partition)
-                for partition, key, packed in group_by_partition(values, settings.partitions)]
+                for partition, key, packed in group_by_partition(values, count)]
     return out

@@ -15,7 +15,13 @@ import msgspec
 from pipeline import codec
 from pipeline.config import KafkaSettings
 from pipeline.errors import SinkError
-from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs, until_connected
+from pipeline.kafka_client import (
+    STAY_CONNECTED,
+    check_login,
+    client_kwargs,
+    partition_count,
+    until_connected,
+)
 from pipeline.model import (
     Event,
 )
@@ -104,9 +110,10 @@ def produce_kafka(
     assert producer is not None  # without a stop event it returns only once connected
     sent = 0
     failures: list[BaseException] = []
+    partitions = partition_count(producer)
     try:
         for i, tick in enumerate(sim.ticks()):
-            for record in input_records(tick, settings):
+            for record in input_records(tick, settings, partitions):
                 future = producer.send(record.topic, key=record.key, value=record.value,
                                        headers=record.headers, partition=record.partition)
                 future.add_errback(failures.append)

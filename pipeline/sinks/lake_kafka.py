@@ -30,10 +30,11 @@ from os import strerror as os_strerror
 from pathlib import Path
 from typing import Any
 
-from pipeline.codec import decode
+from pipeline.codec import content_type_of, decode
 from pipeline.config import Settings
 from pipeline.edge import EdgeOptions, EdgeStats, run_edge, stop_on_signals
 from pipeline.errors import DecodeError, SinkError
+from pipeline.runtime.batches import is_batch, unpack
 from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.selfmetrics import Readiness, serve_stats
 from pipeline.sinks.lake import LakeWriter, Positions, read_committed
@@ -80,13 +81,40 @@ class LakeSink:
             # row is there already; writing it again would be a duplicate
             self.stats.already_in_lake += 1
             return
+        if is_batch(record):
+            self._add_batch(spec, record)
+            return
+        limit = self.settings.kafka.max_value_bytes
         try:
-            event = decode(record.value, spec.event, self.settings.kafka.max_value_bytes)
+            event = decode(record.value, spec.event, limit,
+                           content_type_of(getattr(record, "headers", None)))
         except DecodeError as exc:
             if exc.reason == "tombstone" and record.topic in self._compacted_topics:
                 self.stats.tombstones += 1  # compaction's delete marker: there is no row
                 return
             raise
+        self._row(spec, event, record)
+
+    def _add_batch(self, spec: TableSpec, record: Any) -> None:
+        """A producer's batch record (pipeline/runtime/batches.py; the XID adapter's and the
+        simulator's events.xid): a row per value, all at the record's offset. A value that
+        cannot be decoded makes the record a dead letter naming it; the others are rows."""
+        limit = self.settings.kafka.max_value_bytes
+        bad: list[str] = []
+        first: DecodeError | None = None
+        for index, (content_type, raw) in enumerate(unpack(record.value)):
+            try:
+                event = decode(raw, spec.event, limit, content_type)
+            except DecodeError as exc:
+                bad.append(str(index))
+                first = first or exc
+                continue
+            self._row(spec, event, record)
+        if first is not None:
+            raise DecodeError(f"value {bad[0]}: {first.field}", first.expected, first.got,
+                              f"{len(bad)} bad values: {', '.join(bad[:10])}", first.reason)
+
+    def _row(self, spec: TableSpec, event: Any, record: Any) -> None:
         self.writer.add(spec.name, event, (record.topic, record.partition, record.offset))
         self.stats.tables[spec.name] = self.stats.tables.get(spec.name, 0) + 1
 

@@ -4,8 +4,9 @@ Keys follow the partitioning rules of DESIGN §1: GPU samples and XID events by 
 and ICI samples by slice, capacity events by zone. Rejected inputs go to fleet.dlq with the
 source name in place of a topic (they never were on one) and partition/offset -1. Telemetry
 values are written in `kafka.telemetry_format` (msgpack by default, with its content-type
-header; pipeline/codec.py), everything else as JSON; with `kafka.telemetry_batch`, a poll's
-telemetry goes as one batch record per topic and partition (pipeline/runtime/batches.py).
+header; pipeline/codec.py), everything else as JSON; a poll's telemetry goes as one batch
+record per topic and partition (pipeline/runtime/batches.py) unless `kafka.telemetry_batch` is
+false.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import IO, Any
 from pipeline.codec import encode
 from pipeline.config import KafkaSettings
 from pipeline.errors import BrokerUnavailableError
-from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs
+from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs, partition_count
 from pipeline.model import (
     DeadLetter,
     Event,
@@ -84,7 +85,7 @@ class KafkaPublisher:
         futures = [
             producer.send(r.topic, key=r.key.encode(), value=r.value, headers=r.headers,
                           partition=r.partition)
-            for r in input_records(events, self._settings)
+            for r in input_records(events, self._settings, partition_count(producer))
         ]  # fmt: skip
         dlq = topic_name(self._settings, "dlq")
         futures += [

@@ -133,7 +133,10 @@ def _simulated_to_kafka(
 def test_kafka_run_lands_every_event_on_its_topic_with_its_key(tmp_path: Path) -> None:
     from kafka import KafkaConsumer
 
-    bootstrap, prefix, expected = _simulated_to_kafka(tmp_path, gpu_nodes=2, partitions=2)
+    # a record per sample, as other producers write them (the worker reads both)
+    bootstrap, prefix, expected = _simulated_to_kafka(
+        tmp_path, gpu_nodes=2, partitions=2, FLEETPULSE_KAFKA__TELEMETRY_BATCH="false"
+    )
     suffix = {"gpu_sample": "telemetry.gpu", "tpu_sample": "telemetry.tpu", "ici_sample": "telemetry.ici",
               "xid_event": "events.xid", "node_event": "events.node", "capacity_event": "events.capacity",
               "fabric_sample": "telemetry.fabric", "inventory": "inventory"}
@@ -168,9 +171,7 @@ def test_kafka_run_with_telemetry_batches_puts_each_sample_in_its_key_s_partitio
 ) -> None:
     from kafka import KafkaConsumer
 
-    bootstrap, prefix, expected = _simulated_to_kafka(
-        tmp_path, gpu_nodes=6, partitions=3, FLEETPULSE_KAFKA__TELEMETRY_BATCH="true"
-    )
+    bootstrap, prefix, expected = _simulated_to_kafka(tmp_path, gpu_nodes=6, partitions=3)  # the default
     suffixes = ("telemetry.gpu", "telemetry.tpu", "telemetry.ici", "telemetry.fabric", "events.xid",
                 "events.node", "events.capacity", "inventory")
     consumer = KafkaConsumer(*(f"{prefix}.{s}" for s in suffixes), bootstrap_servers=bootstrap,

@@ -19,6 +19,7 @@ from pipeline import cli, codec
 from pipeline.codec import decode
 from pipeline.config import Settings, SimSettings
 from pipeline.model import IciSample, TpuSample
+from pipeline.runtime.batches import is_batch, unpack
 from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import topic_name
 from pipeline.sim.endpoints.tpu_runtime import TpuRuntimeStandIn
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.kafka
 
 
 def _read(settings: Settings, suffixes: list[str], count: int) -> dict[str, list[Any]]:
-    """The first `count` records of the topics, by topic suffix (waits at most 20 s)."""
+    """The first `count` values of the topics, by topic suffix (waits at most 20 s): a batch
+    record's values each count (pipeline/runtime/batches.py)."""
     topics = {topic_name(settings.kafka, suffix): suffix for suffix in suffixes}
     consumer = KafkaConsumer(
         *topics, bootstrap_servers=settings.kafka.bootstrap, auto_offset_reset="earliest"
@@ -39,9 +41,9 @@ def _read(settings: Settings, suffixes: list[str], count: int) -> dict[str, list
         while sum(map(len, found.values())) < count and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=500).values():
                 for record in records:
-                    found[topics[record.topic]].append(
-                        (record.key, record.value, codec.content_type_of(record.headers))
-                    )
+                    values = unpack(record.value) if is_batch(record) else \
+                        [(codec.content_type_of(record.headers), record.value)]
+                    found[topics[record.topic]] += [(record.key, raw, ct) for ct, raw in values]
     finally:
         consumer.close()
     return found

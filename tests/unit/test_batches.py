@@ -148,9 +148,9 @@ def _tick_events() -> list[Event]:
     return events
 
 
-def test_producers_write_a_record_per_event_unless_asked_to_batch() -> None:
+def test_producers_write_a_record_per_event_when_not_batching() -> None:
     events = _tick_events()
-    records = input_records(events, KafkaSettings(partitions=3))
+    records = input_records(events, KafkaSettings(partitions=3, telemetry_batch=False))
     assert [r.key for r in records] == [record_key(e) for e in events]
     assert {r.partition for r in records} == {None}
     assert not any(is_batch(r) for r in records)
@@ -158,7 +158,7 @@ def test_producers_write_a_record_per_event_unless_asked_to_batch() -> None:
 
 def test_batched_telemetry_keeps_every_value_in_its_key_s_partition_and_order() -> None:
     events = _tick_events()
-    settings = KafkaSettings(partitions=3, telemetry_batch=True)
+    settings = KafkaSettings(partitions=3)  # batching is the default
     records = input_records(events, settings)
     batched = [r for r in records if is_batch(r)]
     # the telemetry is batched, the other inputs (inventory, events) go one record each
@@ -177,3 +177,23 @@ def test_batched_telemetry_keeps_every_value_in_its_key_s_partition_and_order() 
         topic = topic_name(settings, topic_suffix(e))
         expected.setdefault((topic, partition_of(record_key(e), 3)), []).append(e)
     assert got == expected
+
+
+def test_batched_telemetry_follows_the_topic_s_own_partition_count() -> None:
+    """A topic made with another count than `kafka.partitions`: the producer asks the broker,
+    and each value still goes where a record of its own would."""
+    events = _tick_events()
+    settings = KafkaSettings(partitions=3, telemetry_batch=True)
+    asked: list[str] = []
+
+    def five(topic: str) -> int:
+        asked.append(topic)
+        return 5
+
+    batched = [r for r in input_records(events, settings, five) if is_batch(r)]
+    assert batched and set(asked) == {r.topic for r in batched}
+    for record in batched:
+        for content_type, raw in unpack(record.value):
+            value = decode(raw, TOPIC_OF[record.topic], content_type=content_type)
+            assert partition_of(record_key(value), 5) == record.partition
+    assert {r.partition for r in batched} - {0, 1, 2}, "partitions 3 and 4 are used too"

@@ -1,0 +1,71 @@
+"""The lake sink takes producers' batch records (pipeline/runtime/batches.py): the XID adapter
+and the simulator write events.xid that way by default, and the lake's xid table reads it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pipeline.codec import encode
+from pipeline.config import load_settings
+from pipeline.errors import DecodeError
+from pipeline.lake import Lake
+from pipeline.runtime.batches import group_by_partition, headers
+from pipeline.runtime.topics import topic_name
+from pipeline.sinks.lake_kafka import LakeSink
+from tests import lake_fixture as fx
+
+SETTINGS = load_settings(environ={})
+XID_TOPIC = topic_name(SETTINGS.kafka, "events.xid")
+
+
+@dataclass
+class Record:
+    """What the edge runner hands a sink: a consumed record's coordinates, value, headers."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=headers)
+    key: bytes = b"k"
+
+
+def _batch(values: list[bytes], offset: int) -> Record:
+    [(_, _, packed)] = group_by_partition(
+        [("c1/g1", "application/json", v) for v in values], partitions=1
+    )
+    return Record(XID_TOPIC, 0, offset, packed)
+
+
+def _xid_rows(lake: Path) -> list[tuple[object, ...]]:
+    with Lake(lake) as reader:
+        return reader.sql("SELECT node, xid, epoch_ms(ts) FROM xid ORDER BY ts").rows
+
+
+def test_each_value_of_a_batch_record_is_a_row(tmp_path: Path) -> None:
+    sink = LakeSink(SETTINGS, tmp_path)
+    sink.add(_batch([encode(x) for x in fx.XIDS[:3]], offset=0))
+    sink.add(_batch([encode(x) for x in fx.XIDS[3:]], offset=1))
+    sink.flush()
+    assert _xid_rows(tmp_path) == [(x.node, x.xid, x.ts) for x in fx.XIDS]
+    assert sink.stats.tables == {"xid": len(fx.XIDS)}
+
+
+def test_a_bad_value_is_named_and_the_good_ones_are_kept(tmp_path: Path) -> None:
+    sink = LakeSink(SETTINGS, tmp_path)
+    values = [encode(fx.XIDS[0]), b"not json", encode(fx.XIDS[1]), b'{"schema": "xid_event/1"}']
+    with pytest.raises(DecodeError) as raised:
+        sink.add(_batch(values, offset=0))  # the edge runner dead-letters the record
+    assert str(raised.value).startswith("value 1: $: expected a JSON object")
+    assert "2 bad values: 1, 3" in str(raised.value)
+    sink.flush()
+    assert _xid_rows(tmp_path) == [(x.node, x.xid, x.ts) for x in fx.XIDS[:2]]
+
+
+def test_a_batch_that_is_not_one_is_a_clear_error(tmp_path: Path) -> None:
+    sink = LakeSink(SETTINGS, tmp_path)
+    with pytest.raises(DecodeError, match="expected a batch"):
+        sink.add(Record(XID_TOPIC, 0, 0, b"\x01garbage"))
