@@ -130,16 +130,12 @@ def producer(settings: Settings, linger_ms: int = 20) -> KafkaProducer:
 
 def produce(settings: Settings, batch: list[Record], batched: bool = False) -> None:
     """Send every record and wait until the broker has acknowledged all of them. `batched`:
-    each run of telemetry records of one topic (a scrape: the simulator writes a tick's
-    records topic by topic) goes as batch records, one per partition
-    (pipeline/runtime/batches.py)."""
+    the telemetry as batch records (`wire_records`)."""
     kafka = producer(settings)
     try:
         futures = [
             kafka.send(t, key=k.encode(), value=v, headers=headers, partition=p)
-            for t, k, v, headers, p in (_batched(settings, batch) if batched else
-                                        ((t, k, v, codec.record_headers(c), None)
-                                         for t, k, v, c in batch))
+            for t, k, v, headers, p in wire_records(settings, batch, batched)
         ]
         kafka.flush()
         for future in futures:
@@ -148,10 +144,16 @@ def produce(settings: Settings, batch: list[Record], batched: bool = False) -> N
         kafka.close()
 
 
-def _batched(settings: Settings, batch: list[Record]) -> Iterator[tuple[Any, ...]]:
+def wire_records(
+    settings: Settings, batch: list[Record], batched: bool
+) -> Iterator[tuple[str, str, bytes, list[tuple[str, bytes]], int | None]]:
+    """(topic, key, value, headers, partition) to send. `batched`: each run of telemetry
+    records of one topic (a scrape: the simulator writes a tick's records topic by topic) goes
+    as batch records, one per partition, as FleetPulse's producers write it by default
+    (`kafka.telemetry_batch`; pipeline/runtime/batches.py); else a record each."""
     prefix = settings.kafka.topic_prefix + "."
     for topic, run in itertools.groupby(batch, key=lambda r: r.topic):
-        if topic.removeprefix(prefix) not in PRODUCER_BATCHED:
+        if not batched or topic.removeprefix(prefix) not in PRODUCER_BATCHED:
             yield from ((t, k, v, codec.record_headers(c), None) for t, k, v, c in run)
             continue
         values = [(k, c, v) for _, k, v, c in run]

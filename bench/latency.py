@@ -6,7 +6,8 @@
 
 One `fleetpulse worker` runs under a steady background load paced in real time: 10,000
 simulated GPUs (1,250 nodes) scraped every 10 s plus TPU slices (chip and ICI samples), each
-interval's records spread evenly over it, as scrapes of many targets are. After a warm-up, fatal
+interval's samples spread evenly over it, as scrapes of many targets are, and written as
+FleetPulse's producers write them by default: a batch record per topic and partition. After a warm-up, fatal
 XIDs (79, GPU fallen off the bus) are injected one at a time on distinct nodes, round robin
 over the pools. Both the XID topic and the actions topic are set to LogAppendTime, so every
 latency is two timestamps of the broker's own clock: the XID's append and its action's append.
@@ -43,6 +44,7 @@ from pipeline import codec
 from pipeline.config import Settings, SimSettings
 from pipeline.kafka_client import client_kwargs
 from pipeline.model import Action, Event, Finding, GpuSample, Proposal, XidEvent
+from pipeline.runtime.batches import is_batch
 from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.messages import xid_line
@@ -129,10 +131,13 @@ class Load:
             else:
                 tick = self.ticks[a]
                 share = len(tick) // SLICES_PER_INTERVAL + 1
-                for topic, key, value, content_type in tick[b * share:(b + 1) * share]:
-                    kafka.send(topic, key=key.encode(), value=value,
-                               headers=codec.record_headers(content_type))
-                    self.sent += 1
+                records = tick[b * share:(b + 1) * share]
+                # as FleetPulse's producers write it by default: a batch per topic and partition
+                for topic, key, value, headers, partition in broker.wire_records(
+                        self.settings, records, batched=True):
+                    kafka.send(topic, key=key.encode(), value=value, headers=headers,
+                               partition=partition)
+                self.sent += len(records)
         kafka.flush()
         for injection, future in self._futures:
             injection.appended_ms = future.get(timeout=60).timestamp
@@ -192,6 +197,8 @@ def watch(settings: Settings, load: Load, producer: threading.Thread, tail_s: fl
                 got_ms = int(time.time() * 1000)
                 for record in batch:
                     if record.topic == xid_topic:  # keyed cluster/node: the node is in the value
+                        if is_batch(record):  # the background's own XIDs, not an injection
+                            continue
                         delivered.setdefault(codec.decode(record.value, XidEvent).node, got_ms)
                     elif record.topic in hops:
                         node = _hop_node(hops[record.topic], record.value)
@@ -293,7 +300,7 @@ def bench_latency(quick: bool, take: int = 0) -> dict[str, Any]:
             "gpus": GPUS, "tpu_chips": sum(len(s.coords) for s in sim.fleet.slices),
             "records_per_s": round(len(ticks[1]) / INTERVAL_S, 1),
             "samples_per_s": round(samples / INTERVAL_S),
-            "records_sent": load.sent,
+            "values_sent": load.sent,
             "producer_late_s": round(load.late_s, 3),
         },
         "worker_cpu_share": round(cpu_share, 3),

@@ -111,6 +111,8 @@ class EdgeStats:
     commits: int = 0
     # offset commits refused: "broker_unavailable" (retried), "rebalanced" (replayed)
     commit_errors: dict[str, int] = field(default_factory=dict, metadata={"label": "reason"})
+    # polls that failed because the broker could not be reached (the loop goes on)
+    poll_errors: int = 0
     # records read but not yet committed (a restart now would read them again)
     commit_lag: int = field(default=0, metadata={"gauge": True})
 
@@ -242,7 +244,7 @@ class Edge:
         idle_exit_s = self.options.idle_exit_s
         self.last_activity = time.monotonic()
         while not self.stop.is_set():
-            polled = self._consumer.poll(timeout_ms=POLL_MS)
+            polled = self._poll()
             now = time.monotonic()
             for records in polled.values():
                 for record in records:
@@ -262,6 +264,24 @@ class Edge:
                 if self._caught_up():
                     return
                 self.last_activity = now  # a slow first fetch on a busy machine is not idle
+
+    def _poll(self) -> dict[Any, list[ConsumerRecord]]:
+        """The next records; none while the broker cannot be reached. kafka-python 3 may raise
+        a lost connection out of poll (a metadata refresh while the coordinator is looked for
+        again, seen when the broker stops): the client reconnects, so the loop goes on, and
+        /readyz says why (the coordinator's silence)."""
+        from kafka.errors import KafkaError
+
+        try:
+            polled: dict[Any, list[ConsumerRecord]] = self._consumer.poll(timeout_ms=POLL_MS)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            self.stats.poll_errors += 1
+            log.warning("%s: poll: %s; trying again", self.name, exc)
+            self.stop.wait(POLL_MS / 1000)
+            return {}
+        return polled
 
     def _caught_up(self) -> bool:
         """Every assigned partition read to its end (idle means nothing left, not a slow
