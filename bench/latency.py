@@ -298,7 +298,7 @@ def bench_latency(quick: bool, take: int = 0) -> dict[str, Any]:
         "missing": [i.node for i in load.injections if i.action_ms is None],
         "background": {
             "gpus": GPUS, "tpu_chips": sum(len(s.coords) for s in sim.fleet.slices),
-            "records_per_s": round(len(ticks[1]) / INTERVAL_S, 1),
+            "values_per_s": round(len(ticks[1]) / INTERVAL_S, 1),  # events (a value each)
             "samples_per_s": round(samples / INTERVAL_S),
             "values_sent": load.sent,
             "producer_late_s": round(load.late_s, 3),

@@ -103,6 +103,12 @@ def throughput_rows(f: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _batched(background: dict[str, Any]) -> str:
+    """How the latency benchmark's background was written (runs before 12-05 sent a record per
+    sample; they have no `values_sent`)."""
+    return " in producer batches" if "values_sent" in background else ""
+
+
 def take_rows(p: dict[str, Any]) -> list[Row]:
     """The worker with `worker.take` (batches from faust) and on producer-batched telemetry,
     beside the one-at-a-time default."""
@@ -120,7 +126,7 @@ def take_rows(p: dict[str, Any]) -> list[Row]:
     if batched is not None and "kafka_pipeline_producer_batched_vs_limit_per_core" in r:
         rows.append(Row(
             "throughput", "Kafka pipeline: fleetpulse worker, telemetry batched by the producer "
-            "(a record per partition and scrape)",
+            "(a record per partition and scrape, as FleetPulse's producers write it by default)",
             f"{_n(batched['samples_per_core_s'])} samples/s/core "
             f"({_n(batched['records_in'])} records in)", _n(lim),
             _x(r["kafka_pipeline_producer_batched_vs_limit_per_core"]), "≥ 0.25× limit",
@@ -146,7 +152,7 @@ def latency_rows(f: dict[str, Any], name: str = "latency") -> list[Row]:
             "p99 < 1 s", q["p99"] is not None and q["p99"] < 1.0 and not f["missing"]),
         Row(name, "background load on the worker",
             f"{_n(bg['gpus'])} GPUs + {_n(bg['tpu_chips'])} TPU chips, {_n(bg['samples_per_s'])} "
-            f"samples/s; worker CPU {_pct(f['worker_cpu_share'])}, backlog at end "
+            f"samples/s{_batched(bg)}; worker CPU {_pct(f['worker_cpu_share'])}, backlog at end "
             f"{_n(f['worker_backlog_at_end'])} records"),
         *_hop_rows(f, name),
     ]
