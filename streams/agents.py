@@ -174,18 +174,23 @@ def handle_batch(ctx: Context, stage: topology.Stage, record: Record) -> Futures
     """Each value of a batch record in turn (pipeline/runtime/batches.py), as if each were a
     record; one that cannot be handled is a dead letter (of the whole record, naming the
     value), and the others go on."""
+    held = ctx.unpacked.pop((record.topic, record.partition, record.offset), None)
+    pairs, first = held if held is not None else (unpack(record.value), None)
     futures: Futures = []
-    for index, (content_type, raw) in enumerate(unpack(record.value)):
-        run = functools.partial(_handle_packed, ctx, stage, record, content_type, raw)
+    for index, (content_type, raw) in enumerate(pairs):
+        value = first if index == 0 else None  # decoded already by Agent.receive
+        run = functools.partial(_handle_packed, ctx, stage, record, content_type, raw, value)
         futures += _guarded(ctx, stage, record, run, f"value {index}: ")
     return futures
 
 
 def _handle_packed(
-    ctx: Context, stage: topology.Stage, record: Record, content_type: str, raw: bytes
+    ctx: Context, stage: topology.Stage, record: Record, content_type: str, raw: bytes,
+    value: Event | None,
 ) -> Futures:
-    limit = ctx.settings.kafka.max_value_bytes
-    value = decode(raw, ctx.value_types[record.topic], limit, content_type)
+    if value is None:
+        limit = ctx.settings.kafka.max_value_bytes
+        value = decode(raw, ctx.value_types[record.topic], limit, content_type)
     return handle(ctx, stage, record, value, own_key=record.topic in ctx.producer_batched)
 
 
@@ -247,8 +252,10 @@ class Agent:
         try:
             limit = ctx.settings.kafka.max_value_bytes
             if is_batch(record):  # held at its first value's time (a producer's, in order)
-                content_type, raw = unpack(record.value)[0]
+                pairs = unpack(record.value)
+                content_type, raw = pairs[0]
                 value = decode(raw, ctx.value_types[record.topic], limit, content_type)
+                ctx.unpacked[(record.topic, record.partition, record.offset)] = (pairs, value)
             else:
                 value = decode_value(record, ctx.value_types[record.topic], limit)
                 ctx.decoded[(record.topic, record.partition, record.offset)] = value

@@ -88,6 +88,10 @@ class Context:
     written: dict[tuple[str, bytes], tuple[int, bytes]] = field(default_factory=dict)
     # values decoded on arrival (for their timestamps) and held by an Aligner, by coordinates
     decoded: dict[tuple[str, int, int], Event] = field(default_factory=dict)
+    # the same for producers' batch records: their (content type, value) pairs, and the first
+    # value decoded (its time is the batch's), so neither is decoded twice
+    unpacked: dict[tuple[str, int, int], tuple[list[tuple[str, bytes]], Event]] = field(
+        default_factory=dict)
     stages: list[Any] = field(default_factory=list)  # agents.Agent, in registration order
     backlog: dict[tuple[str, int], int] = field(default_factory=dict)  # from the lag timer
     backlog_at: float = 0.0  # monotonic time the lag timer last measured it
@@ -218,6 +222,7 @@ class Context:
         self.touched.clear()
         self.cache.clear()
         self.decoded.clear()
+        self.unpacked.clear()
         self.queued.clear()
         for replays in self.journal.values():
             replays.clear()
