@@ -152,6 +152,7 @@ def handle_record(ctx: Context, stage: topology.Stage, record: Record) -> Future
     try:
         if is_batch(record):
             return _guarded(ctx, stage, record, lambda: handle_batch(ctx, stage, record))
+        ctx.metrics.values_in.labels(record.topic).inc()
         return _guarded(ctx, stage, record, lambda: handle(ctx, stage, record, _value(ctx, record)))
     finally:
         ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
@@ -176,6 +177,7 @@ def handle_batch(ctx: Context, stage: topology.Stage, record: Record) -> Futures
     value), and the others go on."""
     held = ctx.unpacked.pop((record.topic, record.partition, record.offset), None)
     pairs, first = held if held is not None else (unpack(record.value), None)
+    ctx.metrics.values_in.labels(record.topic).inc(len(pairs))
     futures: Futures = []
     for index, (content_type, raw) in enumerate(pairs):
         value = first if index == 0 else None  # decoded already by Agent.receive

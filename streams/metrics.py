@@ -31,6 +31,11 @@ class WorkerMetrics:
         self.records_in = Counter(
             "fleetpulse_worker_records_in", "Records consumed", ["topic"], registry=r
         )
+        self.values_in = Counter(
+            "fleetpulse_worker_values_in",
+            "Values handled: a record's own, or each of a batch record's (producers batch their "
+            "telemetry by default, so records_in counts far fewer)", ["topic"], registry=r
+        )
         self.records_out = Counter(
             "fleetpulse_worker_records_out", "Records produced", ["topic"], registry=r
         )

@@ -155,6 +155,9 @@ def test_batches_that_cannot_be_read_are_dead_lettered_and_the_rest_goes_on(run:
 def test_fabric_samples_arrived_in_batches(run: Run) -> None:
     records = metric_sum(run.port, "fleetpulse_worker_records_in_total", r"\.telemetry\.fabric\"")
     assert 0 < records < run.fabric_samples / 2
+    # each value is counted, the stray one too (it was handled: dead-lettered)
+    values = metric_sum(run.port, "fleetpulse_worker_values_in_total", r"\.telemetry\.fabric\"")
+    assert values == run.fabric_samples + 1
 
 
 def test_fleet_input_travels_in_batches(run: Run) -> None:
