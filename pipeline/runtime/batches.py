@@ -22,6 +22,7 @@ both). `group_by_partition` builds such records.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -109,10 +110,17 @@ def _chunks(
 def partition_of(key: str, partitions: int) -> int:
     """The partition the producers' default partitioner puts `key` in: murmur2 of its bytes,
     as the Java client, kafka-python and aiokafka all compute it."""
+    return (_murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _murmur2(key: str) -> int:
+    # kafka-python's murmur2 is pure Python (microseconds a key), asked for every value of a
+    # batch; the keys are the fleet's nodes and slices, a bounded set
     from kafka.partitioner.default import murmur2  # the kafka client only where Kafka is used
 
     hashed: int = murmur2(key.encode())
-    return (hashed & 0x7FFFFFFF) % partitions
+    return hashed
 
 
 def group_by_partition(
