@@ -279,6 +279,15 @@ def _send(kafka: KafkaProducer, settings: Settings, event: Event) -> Any:
     )
 
 
+def payloads_of(record: Any) -> list[tuple[str | None, bytes]]:
+    """A consumed record's values as (content type, bytes): a producer's batch record gives
+    each of its values (pipeline/runtime/batches.py), any other record its own (msgpack
+    telemetry says so in its content-type header)."""
+    if is_batch(record):
+        return list(unpack(record.value))
+    return [(content_type_of(record.headers), record.value)]
+
+
 @dataclass
 class TopicReader:
     """Reads topics from the beginning and keeps every record it has seen."""
@@ -321,15 +330,8 @@ class TopicReader:
             self.poll()
 
     def payloads(self, topic: str) -> list[tuple[str | None, bytes]]:
-        """Each value of `topic` as (content type, bytes): a producer's batch record gives each
-        of its values (pipeline/runtime/batches.py), any other record its own."""
-        found: list[tuple[str | None, bytes]] = []
-        for record in self.records[topic]:
-            if is_batch(record):
-                found += unpack(record.value)
-            else:  # msgpack telemetry says so in its content-type header
-                found.append((content_type_of(record.headers), record.value))
-        return found
+        """Each value of `topic` as (content type, bytes) (`payloads_of` each record)."""
+        return [found for record in self.records[topic] for found in payloads_of(record)]
 
     def values(self, topic: str, cls: type[E]) -> list[E]:
         """The values of `topic` that are `cls` values (a test's own poison is left out)."""

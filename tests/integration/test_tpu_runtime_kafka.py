@@ -19,11 +19,11 @@ from pipeline import cli, codec
 from pipeline.codec import decode
 from pipeline.config import Settings, SimSettings
 from pipeline.model import IciSample, TpuSample
-from pipeline.runtime.batches import is_batch, unpack
 from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import topic_name
 from pipeline.sim.endpoints.tpu_runtime import TpuRuntimeStandIn
 from pipeline.sim.engine import Simulation
+from streams.testing import payloads_of
 
 pytestmark = pytest.mark.kafka
 
@@ -41,9 +41,8 @@ def _read(settings: Settings, suffixes: list[str], count: int) -> dict[str, list
         while sum(map(len, found.values())) < count and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=500).values():
                 for record in records:
-                    values = unpack(record.value) if is_batch(record) else \
-                        [(codec.content_type_of(record.headers), record.value)]
-                    found[topics[record.topic]] += [(record.key, raw, ct) for ct, raw in values]
+                    found[topics[record.topic]] += [
+                        (record.key, raw, ct) for ct, raw in payloads_of(record)]
     finally:
         consumer.close()
     return found
