@@ -6,6 +6,12 @@ check's persistence (catalog spec, overridable per check in `[detect.checks."<na
 returns OPEN or CLEAR at the edges. `open_episode` / `clear_episode` then build the finding from
 the spec: severity, action, fatality and entity kind are never written at a call site.
 
+An open episode is silent until it clears, so a second fault on top of the first (a rank slowed
+further on a node already slow) would go unsaid. `deepened` follows the open episode's signal
+and says when it has fallen a further fraction below the level it held, for the check's own
+open persistence; `deepen_episode` then announces it again (a new unhealthy finding of the same
+episode, which the health machine takes as a refresh).
+
 A `Run` exists only while its condition is bad, open, or on its way back to good (until the
 clear limit), so a healthy device costs one failed dict lookup per check.
 """
@@ -18,11 +24,14 @@ import msgspec
 
 from pipeline.config import DetectSettings
 from pipeline.detect.catalog import spec_of
-from pipeline.detect.findings import Book, clear_check, open_check
+from pipeline.detect.findings import Book, clear_check, deepen_check, open_check
 from pipeline.detect.spec import CheckSpec, Unit
 from pipeline.model import Evidence, Finding, RecommendedAction, Severity
 
 OPEN, CLEAR = 1, -1
+# How fast an open episode's mark follows its signal while it is not deeper: about five
+# samples, so a slow drift or a recovery moves the mark and only a step down is news.
+MARK_FOLLOW = 0.2
 
 
 class Run(msgspec.Struct, kw_only=True, gc=False):
@@ -32,6 +41,9 @@ class Run(msgspec.Struct, kw_only=True, gc=False):
     good_since: int = 0  # event time the good stretch began (0: bad now)
     streak: int = 0  # > 0 consecutive bad samples, < 0 consecutive good ones
     open: bool = False
+    mark: float = 0.0  # open: the level the signal holds (0: not yet seen), see deepened
+    deeper_since: int = 0  # open: event time the signal fell below the mark (0: it is not)
+    deeper: int = 0  # ... and for how many consecutive samples
 
 
 class Rule(NamedTuple):
@@ -86,6 +98,40 @@ def watched(runs: dict[str, Run], key: str) -> bool:
     (once watched, half the threshold holds the longer run)."""
     run = runs.get(key)
     return run is not None and run.open
+
+
+def deepened(
+    runs: dict[str, Run], key: str, ts: int, value: float, frac: float, rule: Rule
+) -> float | None:
+    """Feed the signal of an open episode (lower is worse) each judged sample. Returns the
+    mark it fell from once it has stayed `frac` below it for the rule's open persistence (the
+    mark is then the new level), else None. The mark follows the signal while it is not below
+    it, and starts again when the episode does."""
+    run = runs.get(key)
+    if run is None or not run.open:
+        return None
+    if run.mark <= 0.0:
+        run.mark = value
+        return None
+    if value > run.mark * (1.0 - frac):
+        run.mark += MARK_FOLLOW * (value - run.mark)
+        run.deeper_since = run.deeper = 0
+        return None
+    run.deeper_since = run.deeper_since or ts
+    run.deeper += 1
+    if not _held(rule.open_after, rule.open_ms, run.deeper, ts - run.deeper_since):
+        return None
+    fell_from = run.mark
+    run.mark, run.deeper_since, run.deeper = value, 0, 0
+    return fell_from
+
+
+def forget_mark(runs: dict[str, Run], key: str) -> None:
+    """The signal's level changes for a known reason (a new job sets its own clocks): the
+    next sample is the new mark, not a deepening."""
+    run = runs.get(key)
+    if run is not None:
+        run.mark, run.deeper_since, run.deeper = 0.0, 0, 0
 
 
 def onset(runs: dict[str, Run], key: str) -> int:
@@ -178,6 +224,25 @@ def open_episode(
         message=message,
         key=key,
         start_ts=start_ts,
+    )
+
+
+def deepen_episode(
+    book: Book,
+    check: str,
+    ts: int,
+    *,
+    device: str | None,
+    evidence: Evidence | None,
+    message: str,
+    key: str | None = None,
+) -> Finding | None:
+    """Announce an open episode of `check` again because its signal got worse (`deepened`):
+    an unhealthy finding with the spec's severity and action, None when none is open."""
+    spec = spec_of(check)
+    return deepen_check(
+        book, ts, check=check, device=device, severity=spec.severity, action=spec.action,
+        evidence=evidence, message=message, key=key,
     )
 
 

@@ -1,8 +1,9 @@
 """Open / clear / heartbeat findings with deterministic ids, and the episode book-keeping.
 
-A check on one device is an episode: one unhealthy finding when it opens, one healthy finding
-when it clears. Ids come from (target, device, check, episode start), so a replay or a burst
-inside the same episode produces the same id and consumers drop the duplicate.
+A check on one device is an episode: one unhealthy finding when it opens (and again each time
+it gets markedly worse, see episodes.deepened), one healthy finding when it clears. Ids come
+from (target, device, check, episode start), so a replay or a burst inside the same episode
+produces the same id and consumers drop the duplicate.
 """
 
 from __future__ import annotations
@@ -122,6 +123,38 @@ def open_check(
         severity=severity,
         healthy=False,
         fatal=fatal,
+        recommended_action=action,
+        evidence=evidence,
+        message=message,
+    )
+
+
+def deepen_check(
+    book: Book,
+    ts: int,
+    *,
+    check: str,
+    device: str | None,
+    severity: Severity,
+    action: RecommendedAction,
+    evidence: Evidence | None,
+    message: str,
+    key: str | None = None,
+) -> Finding | None:
+    """An open episode announced again because it got worse: an unhealthy finding whose id
+    comes from the episode and the event time it deepened (a replay gives the same one)."""
+    episode = book.open.get(key or episode_key(check, device))
+    if episode is None:
+        return None
+    parts = (book.cluster, book.kind, book.name, episode.device or "", check, episode.start_ts)
+    return Finding(
+        finding_id=stable_id("fnd", *parts, "deeper", ts),
+        ts=ts,
+        entity=Entity(kind=episode.kind, target=target_of(book), device=episode.device),
+        check=check,
+        severity=severity,
+        healthy=False,
+        fatal=episode.fatal,
         recommended_action=action,
         evidence=evidence,
         message=message,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.detect import episodes
 from pipeline.detect import gpu_metrics as gm
-from pipeline.detect.episodes import CLEAR, OPEN, clear_episode, open_episode
+from pipeline.detect.episodes import CLEAR, OPEN, clear_episode, deepen_episode, open_episode
 from pipeline.detect.findings import evidence
 from pipeline.model import Finding, RecommendedAction
 
@@ -126,6 +126,30 @@ def edge(
                 ctx.book, check, ctx.ts, device, f"GPU {device}: {check} back to normal", proof
             )
         )
+
+
+def deepen(
+    ctx: Ctx, dev: GpuDevice, device: str, check: str, *, metric: str, value: float, frac: float,
+    what: str, unit: str,
+) -> None:
+    """Announce an open episode of `check` again once `value` (lower is worse) has fallen a
+    further `frac` below the level it held, for the check's persistence (episodes.deepened)."""
+    rule = episodes.rule(ctx.settings, check)
+    fell_from = episodes.deepened(dev.runs, check, ctx.ts, value, frac, rule)
+    if fell_from is None:
+        return
+    fall = (fell_from - value) / fell_from
+    ctx.emit(
+        deepen_episode(
+            ctx.book,
+            check,
+            ctx.ts,
+            device=device,
+            evidence=evidence(metric, value, fell_from, fall, rule.open_after * ctx.interval_s),
+            message=f"GPU {device}: {check} worse: {what} {value:.0f} {unit}, a further "
+            f"{100 * fall:.0f} % below the {fell_from:.0f} {unit} it held in this episode",
+        )
+    )
 
 
 def unjudged(ctx: Ctx, dev: GpuDevice, device: str, check: str) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.detect import gpu_metrics as gm
-from pipeline.detect.episodes import watched
-from pipeline.detect.gpu_context import Ctx, Peers, View, edge, step, unjudged
+from pipeline.detect.episodes import forget_mark, watched
+from pipeline.detect.gpu_context import Ctx, Peers, View, deepen, edge, step, unjudged
 from pipeline.detect.gpu_counters import Signs
 from pipeline.detect.stats import MAD_TO_SIGMA, Baseline, cusum, learn, scale_of
 
@@ -159,6 +159,10 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
             message=f"SM clock {clock:.0f} MHz, {100 * drop:.0f} % below its usual "
             f"{dev.clock_own.mean:.0f} MHz on this job, no hardware evidence yet",
         )
+    # A slowdown on top of an open one (a rank slowed on a node already slow) is news too.
+    for check, tuned in ((CLOCK, s), (SLOW, as_slow)):
+        deepen(ctx, dev, view.device, check, metric=gm.SM_CLOCK, value=clock,
+               frac=tuned.clock_drop_frac, what="SM clock", unit="MHz")  # fmt: skip
     return bad
 
 
@@ -194,6 +198,8 @@ def _own_drop(ctx: Ctx, dev: GpuDevice, view: View, clock: float, slow_peer: boo
     s = ctx.settings.tuned(CLOCK)
     if view.job != dev.clock_job:
         dev.clock_job, dev.clock_own, dev.slow_since = view.job, Baseline(), 0
+        for check in (CLOCK, SLOW):  # the new job sets its own clocks
+            forget_mark(dev.runs, check)
     own = dev.clock_own
     drop = (own.mean - clock) / own.mean if own.n >= s.warmup_samples and own.mean > 0 else 0.0
     slowing = slow_peer or drop >= s.clock_drop_frac
