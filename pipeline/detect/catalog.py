@@ -152,7 +152,8 @@ GPU: tuple[CheckSpec, ...] = (
     ),
     CheckSpec(
         name="gpu.clock.throttle", detector="gpu", entity="gpu",
-        signal="SM clock while busy; throttle reasons", baseline="busy peers, or its own "
+        signal="SM clock while busy (an idle scrape between the same job's peaks is skipped); "
+        "throttle reasons", baseline="busy peers, or its own "
         "same-job history", threshold="`clock_alone_frac` below peers (or `clock_drop_frac` below "
         "its usual gap), below its history with heat evidence (`violation_frac`), hardware "
         "slowdown reasons, or a plain slowdown lasting `slow_escalate_s`; announced again once "
@@ -164,7 +165,8 @@ GPU: tuple[CheckSpec, ...] = (
     ),
     CheckSpec(
         name="gpu.clock.slow", detector="gpu", entity="gpu",
-        signal="SM clock while busy", baseline="its own same-job history",
+        signal="SM clock while busy (an idle scrape between the same job's peaks is skipped)",
+        baseline="its own same-job history",
         threshold="`clock_own_frac` below it with no hardware evidence (becomes "
         "gpu.clock.throttle after `slow_escalate_s`); announced again once the clock falls a "
         "further `clock_drop_frac` below the level it held",

@@ -94,10 +94,16 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     if clock is None or not view.busy:
         # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
         # Nor does it end a slow run: a serving GPU slow whenever it is busy, idle between
-        # peaks, is slow all along (only a busy scrape at its usual clock ends the run).
-        unjudged(ctx, dev, view.device, SLOW)
+        # peaks, is slow all along (only a busy scrape at its usual clock ends the run). So
+        # between the peaks of the job its baseline was learned on, an idle scrape neither
+        # counts towards a clock episode nor towards clearing one; without that job (drained,
+        # repaired, another job) it counts towards clearing.
+        between_peaks = clock is not None and view.job is not None and view.job == dev.clock_job
+        if not between_peaks:
+            unjudged(ctx, dev, view.device, SLOW)
         if not signs.slowdown:
-            unjudged(ctx, dev, view.device, CLOCK)
+            if not between_peaks:
+                unjudged(ctx, dev, view.device, CLOCK)
             return False
         transition = step(ctx, dev, CLOCK, True)
         if transition:

@@ -348,3 +348,49 @@ def test_a_repaired_gpu_is_not_repaired_again_for_strikes_from_before_its_repair
     after = [a for a in mine if a.ts > fault.end_ms]
     assert [a.kind for a in after if a.kind in REMOVALS] == [], after
     assert "uncordon" in [a.kind for a in after]
+
+
+# A serving GPU busy only at its peaks: a100-serve-001 runs one serving job all along under
+# seed 3; from minute 5 two scrapes in three fall below busy_util_pct (between peaks).
+SERVING = "fp-us-central1-a100-serve-001"
+
+
+def _between_peaks(event: Event, start: int, clock_factor: float) -> Event:
+    if not isinstance(event, GpuSample) or event.node != SERVING or event.ts < start:
+        return event
+    trough = (event.ts - start) // 10_000 % 3 != 0
+    gpus = []
+    for g in event.gpus:
+        metrics = dict(g.metrics)
+        metrics["DCGM_FI_DEV_SM_CLOCK"] = round(metrics["DCGM_FI_DEV_SM_CLOCK"] * clock_factor)
+        if trough:
+            metrics["DCGM_FI_DEV_GPU_UTIL"] = BASE.detect.busy_util_pct - 15
+        gpus.append(msgspec.structs.replace(g, metrics=metrics))
+    return msgspec.structs.replace(event, gpus=gpus)
+
+
+@pytest.mark.parametrize("clock_factor", [0.82, 1.0])
+def test_a_serving_gpu_slow_at_every_peak_is_cordoned_and_its_troughs_do_not_hide_it(
+    clock_factor: float,
+) -> None:
+    # The idle scrapes between peaks neither end the slow run nor break its persistence; a
+    # serving GPU at its usual clock, idle as often, is never flagged.
+    sim_settings = msgspec.structs.replace(
+        BASE.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=40 * 60,
+        random_faults=False, diurnal=True, seed=3,
+    )  # fmt: skip
+    events = list(Simulation(sim_settings, []).events())
+    start = events[0].ts + LOWERED_FROM_MS
+    served = [_between_peaks(e, start, clock_factor) for e in events]
+    out = collect(msgspec.structs.replace(BASE, sim=sim_settings), iter(served))
+    found = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy
+             and f.entity.target.name == SERVING and f.check.startswith("gpu.clock")]  # fmt: skip
+    removals = [a for a in out.get("actions", []) if isinstance(a, Action)
+                and a.kind in REMOVALS and a.target.name == SERVING]  # fmt: skip
+    if clock_factor == 1.0:
+        assert not found and not removals
+        return
+    throttled = [f for f in found if f.check == "gpu.clock.throttle"]
+    assert throttled, [(f.check, f.ts - start) for f in found]
+    assert min(f.ts for f in throttled) >= start + BASE.detect.slow_escalate_s * 1000
+    assert removals and "gpu.clock.throttle" in removals[0].reason.checks
