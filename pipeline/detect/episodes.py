@@ -34,8 +34,9 @@ OPEN, CLEAR = 1, -1
 MARK_FOLLOW = 0.2
 
 
-class Run(msgspec.Struct, kw_only=True, gc=False):
-    """The current bad or good stretch of one condition."""
+class Run(msgspec.Struct, kw_only=True, gc=False, omit_defaults=True):
+    """The current bad or good stretch of one condition (zero fields are left out of the
+    stored state: most runs never get a mark)."""
 
     bad_since: int = 0  # event time the bad stretch began (0: good now)
     good_since: int = 0  # event time the good stretch began (0: bad now)

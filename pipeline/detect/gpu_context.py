@@ -134,6 +134,8 @@ def deepen(
 ) -> None:
     """Announce an open episode of `check` again once `value` (lower is worse) has fallen a
     further `frac` below the level it held, for the check's persistence (episodes.deepened)."""
+    if check not in dev.runs:
+        return  # the common case: no episode at all
     rule = episodes.rule(ctx.settings, check)
     fell_from = episodes.deepened(dev.runs, check, ctx.ts, value, frac, rule)
     if fell_from is None:
