@@ -14,10 +14,13 @@
   a run of hits no more than `xid_dedupe_s` apart (13, 43, 45 of one crash are one strike).
   The same job restarted on the same GPU is what a bad GPU under a long training job looks
   like; a bug tied to a rank can follow it there too, so one job's repeats need one strike
-  more than distinct jobs do. A job that hits several GPUs of the node is its own bug (it
-  moves with the job) and does not count against any of them. Lines whose job is not known
-  (no pod for the process) count as one unknown job: their strikes count, but never as a
-  distinct job, and not when they hit several GPUs.
+  more than distinct jobs do. Strikes are judged one by one: a strike in which the job also
+  hit another GPU of the node is its own bug (it moves with the job) and counts against none
+  of them, and so does every strike of a job that has also struck another GPU alone (its bug
+  moves between ranks). A job's earlier job-wide crash does not hide its later strikes on one
+  GPU alone: those are what a bad GPU under a buggy job looks like. Lines whose job is not
+  known (no pod for the process) count as one unknown job: their strikes count, but never as
+  a distinct job, and not when they hit several GPUs.
 - XID 154 opens a fatal finding with the action the driver asks for (its new recovery
   action: reset, reboot, drain); a change back to 0 clears it.
 - Other catalogued XIDs open a finding with the catalog's severity and action when the
@@ -35,7 +38,6 @@
 from __future__ import annotations
 
 import re
-from itertools import pairwise
 
 import msgspec
 
@@ -262,9 +264,41 @@ def _struck(
 
 
 def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tuple[set[str], int]:
-    """The jobs blamed on `device` and their separate strikes on it."""
-    jobs = _blamed_jobs(hits, device)
-    return jobs, _strikes(hits, device, jobs, settings.xid_dedupe_s * 1000)
+    """The jobs whose strikes count against `device`, and how many strikes count: those on
+    this GPU alone, by jobs that struck no other GPU alone (see the module docstring)."""
+    gap_ms = settings.xid_dedupe_s * 1000
+    alone = _strikes_alone(hits, gap_ms)
+    elsewhere = {job for d, strikes in alone.items() if d != device for jobs in strikes
+                 for job in jobs}  # fmt: skip
+    counted = [jobs for jobs in alone.get(device, []) if not jobs & elsewhere]
+    return set().union(*counted), len(counted)
+
+
+def _strikes_alone(hits: list[AppHit], gap_ms: int) -> dict[str, list[set[str]]]:
+    """Per GPU, the jobs of each of its strikes (runs of hits no more than `gap_ms` apart)
+    in which no job also hit another GPU of the node."""
+    by_device: dict[str, list[AppHit]] = {}
+    for hit in sorted(hits, key=lambda h: h.ts):
+        by_device.setdefault(hit.device, []).append(hit)
+    out: dict[str, list[set[str]]] = {}
+    for device, own in by_device.items():
+        runs: list[list[AppHit]] = []
+        for hit in own:
+            if runs and hit.ts - runs[-1][-1].ts <= gap_ms:
+                runs[-1].append(hit)
+            else:
+                runs.append([hit])
+        out[device] = [
+            {hit.job for hit in run} for run in runs if not _job_wide(run, hits, gap_ms)
+        ]
+    return out
+
+
+def _job_wide(run: list[AppHit], hits: list[AppHit], gap_ms: int) -> bool:
+    """Whether a job of this strike also hit another GPU of the node during it."""
+    jobs, device = {hit.job for hit in run}, run[0].device
+    start, end = run[0].ts - gap_ms, run[-1].ts + gap_ms
+    return any(h.device != device and h.job in jobs and start <= h.ts <= end for h in hits)
 
 
 def _recurs(jobs: set[str], strikes: int, settings: DetectSettings) -> bool:
@@ -277,16 +311,3 @@ def _repeats(strikes: int, settings: DetectSettings) -> bool:
     return strikes >= settings.tuned(APP_REPEAT).app_xid_watch_strikes
 
 
-def _strikes(hits: list[AppHit], device: str, jobs: set[str], gap_ms: int) -> int:
-    """Separate strikes on `device` by the blamed jobs: hits more than `gap_ms` apart."""
-    times = sorted(hit.ts for hit in hits if hit.device == device and hit.job in jobs)
-    gaps = (later - earlier for earlier, later in pairwise(times))
-    return (1 if times else 0) + sum(1 for gap in gaps if gap > gap_ms)
-
-
-def _blamed_jobs(hits: list[AppHit], device: str) -> set[str]:
-    """Jobs that hit `device` and no other GPU of the node (a job-wide XID is the job's bug)."""
-    devices_of: dict[str, set[str]] = {}
-    for hit in hits:
-        devices_of.setdefault(hit.job, set()).add(hit.device)
-    return {job for job, devices in devices_of.items() if devices == {device}}

@@ -194,11 +194,26 @@ def test_a_job_hitting_several_gpus_is_its_own_bug() -> None:
     found = feed(events)[1]
     assert blamed(found) == []
     assert watched(found) == [("5", 2)]  # jobs b and c struck GPU 5 alone: watched
-    events += crash(6000, job="a") + crash(8000, job="a") + crash(10_000, job="a")
-    events += crash(12_000, job="a")
-    found = feed(events)[1]
-    assert blamed(found) == []  # four strikes on GPU 0, but job a is everywhere
+    # job a's strikes alone on GPU 0 and GPU 1 by turns: its bug moves between ranks
+    moving = [e for i, t in enumerate((6000, 8000, 10_000, 12_000, 14_000, 16_000))
+              for e in crash(t, gpu=i % 2, job="a")]  # fmt: skip
+    found = feed(events + moving)[1]
+    assert blamed(found) == []
     assert watched(found) == [("5", 2)]
+
+
+def test_a_gpu_struck_alone_again_and_again_is_blamed_under_a_job_that_crashed_job_wide() -> None:
+    # A long training job's one job-wide crash (its own bug, on GPUs 0-7 at once) does not
+    # hide the bad GPU that keeps striking under it afterwards, alone.
+    job_wide = [e for g in range(8) for e in crash(10 + g, gpu=g, job="a")]
+    alone = [e for t in (2000, 4000, 6000, 8000) for e in crash(t, gpu=6, job="a")]
+    found = feed(job_wide + alone[:9])[1]
+    assert blamed(found) == []
+    assert watched(found) == [("6", 2)]  # the job-wide strike counts against no GPU
+    (finding,) = blamed(feed(job_wide + alone)[1])
+    assert (finding.check, finding.entity.device) == ("xid.app_recurrence", "6")
+    assert finding.evidence is not None and finding.evidence.value == 4
+    assert finding.ts == T0 + 8_000_000
 
 
 def test_application_xids_without_a_job_count_as_one_unknown_job() -> None:
