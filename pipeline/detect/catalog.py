@@ -242,8 +242,8 @@ XID: tuple[CheckSpec, ...] = (
         name="xid.app_repeat", detector="xid", entity="gpu",
         signal="application XIDs (13, 31, 43, 45 ...) on one GPU", baseline="the jobs hitting it",
         threshold="`app_xid_watch_strikes` strikes by any jobs within `app_xid_window_s`, each "
-        "on this GPU alone, by a job that struck no other GPU alone: the recurrence has begun, "
-        "the GPU is not yet blamed",
+        "on this GPU alone, by a job with two in three of its lone strikes here: the "
+        "recurrence has begun, the GPU is not yet blamed",
         settings=("app_xid_watch_strikes", "xid_dedupe_s", "app_xid_window_s"),
         persistence=Persistence(window="opens at the repeat; clears when fewer strikes remain "
                                 "in the window"),
@@ -254,7 +254,7 @@ XID: tuple[CheckSpec, ...] = (
         signal="application XIDs (13, 31, 43, 45 ...) on one GPU", baseline="the jobs hitting it",
         threshold="`app_xid_min_jobs` distinct jobs, or `app_xid_min_strikes` strikes (hits "
         "more than `xid_dedupe_s` apart) by any jobs, within `app_xid_window_s`, each strike "
-        "on this GPU alone, by a job that struck no other GPU alone",
+        "on this GPU alone, by a job with two in three of its lone strikes here",
         settings=("app_xid_min_jobs", "app_xid_min_strikes", "xid_dedupe_s", "app_xid_window_s"),
         persistence=Persistence(window="opens at the recurrence; clears when fewer jobs and "
                                 "strikes remain in the window"),

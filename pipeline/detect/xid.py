@@ -16,11 +16,12 @@
   like; a bug tied to a rank can follow it there too, so one job's repeats need one strike
   more than distinct jobs do. Strikes are judged one by one: a strike in which the job also
   hit another GPU of the node is its own bug (it moves with the job) and counts against none
-  of them, and so does every strike of a job that has also struck another GPU alone (its bug
-  moves between ranks). A job's earlier job-wide crash does not hide its later strikes on one
-  GPU alone: those are what a bad GPU under a buggy job looks like. Lines whose job is not
-  known (no pod for the process) count as one unknown job: their strikes count, but never as
-  a distinct job, and not when they hit several GPUs.
+  of them. A job's strikes on one GPU alone count against it only while at least two in three
+  of the job's lone strikes on the node are there: a bug that moves between ranks spreads
+  them, a bad GPU gathers them. So neither a job's earlier job-wide crash nor a stray strike
+  elsewhere hides a GPU that keeps striking alone under it. Lines whose job is
+  not known (no pod for the process) count as one unknown job: their strikes count, but never
+  as a distinct job, and not when they hit several GPUs.
 - XID 154 opens a fatal finding with the action the driver asks for (its new recovery
   action: reset, reboot, drain); a change back to 0 clears it.
 - Other catalogued XIDs open a finding with the catalog's severity and action when the
@@ -265,13 +266,18 @@ def _struck(
 
 def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tuple[set[str], int]:
     """The jobs whose strikes count against `device`, and how many strikes count: those on
-    this GPU alone, by jobs that struck no other GPU alone (see the module docstring)."""
-    gap_ms = settings.xid_dedupe_s * 1000
-    alone = _strikes_alone(hits, gap_ms)
-    elsewhere = {job for d, strikes in alone.items() if d != device for jobs in strikes
-                 for job in jobs}  # fmt: skip
-    counted = [jobs for jobs in alone.get(device, []) if not jobs & elsewhere]
-    return set().union(*counted), len(counted)
+    this GPU alone, by jobs with two in three of their lone strikes here (module docstring)."""
+    alone = _strikes_alone(hits, settings.xid_dedupe_s * 1000)
+    here: dict[str, int] = {}
+    elsewhere: dict[str, int] = {}
+    for d, strikes in alone.items():
+        tally = here if d == device else elsewhere
+        for jobs in strikes:
+            for job in jobs:
+                tally[job] = tally.get(job, 0) + 1
+    gathered = {job for job, n in here.items() if n >= 2 * elsewhere.get(job, 0)}
+    counted = [jobs for jobs in alone.get(device, []) if jobs & gathered]
+    return set().union(*counted) & gathered, len(counted)
 
 
 def _strikes_alone(hits: list[AppHit], gap_ms: int) -> dict[str, list[set[str]]]:
