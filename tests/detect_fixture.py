@@ -9,8 +9,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 
-from pipeline.config import DetectSettings
+import msgspec
+
+from pipeline.config import DetectSettings, Settings, load_settings
 from pipeline.model import (
+    Event,
     Finding,
     GpuReading,
     GpuSample,
@@ -20,6 +23,7 @@ from pipeline.model import (
     TpuSample,
     XidEvent,
 )
+from pipeline.sim import Simulation
 
 T0 = 1_764_424_800_000
 STEP_MS = 10_000
@@ -202,3 +206,17 @@ def unhealthy(findings: Iterable[Finding]) -> list[Finding]:
 def checks(findings: Iterable[Finding]) -> list[tuple[str, str | None, bool]]:
     """(check, device, healthy) of every non-heartbeat finding, in order."""
     return [(f.check, f.entity.device, f.healthy) for f in findings if f.check != "heartbeat"]
+
+
+def quiet_fleet(minutes: int) -> tuple[Settings, list[Event]]:
+    """The default settings running the quiet 12-node GPU fleet of seed 3 (no random faults,
+    the diurnal dip on) for `minutes`, and that fleet's events: the stream the scenario tests
+    edit to inject a condition the simulator has no fault for."""
+    base = load_settings(environ={})
+    sim_settings = msgspec.structs.replace(
+        base.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=minutes * 60,
+        random_faults=False, diurnal=True, seed=3,
+    )  # fmt: skip
+    return msgspec.structs.replace(base, sim=sim_settings), list(
+        Simulation(sim_settings, []).events()
+    )

@@ -8,11 +8,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.config import load_settings
-from pipeline.detect.episodes import OPEN, Rule, Run, deepen_episode, deepened, forget_mark, step
+from pipeline.detect.episodes import (
+    OPEN,
+    Rule,
+    Run,
+    deepen_episode,
+    deepened,
+    forget_mark,
+    open_episode,
+    step,
+)
 from pipeline.detect.findings import Book
 from pipeline.model import Event, Finding, GpuSample
 from pipeline.runtime.embedded import collect
-from pipeline.sim import Simulation
+from tests.detect_fixture import quiet_fleet
 
 RULE = Rule(open_after=4, open_ms=False, clear_after=6, clear_ms=False)
 FRAC = 0.05
@@ -75,8 +84,6 @@ def test_only_an_open_episode_deepens_and_a_forgotten_mark_starts_again() -> Non
 def test_the_deepened_finding_is_the_open_episodes_with_an_id_of_its_own() -> None:
     book = Book(cluster="c", kind="node", name="n", pool="p", zone="z")
     assert deepen_episode(book, "gpu.clock.slow", 5, device="0", evidence=None, message="m") is None
-    from pipeline.detect.episodes import open_episode
-
     opened = open_episode(book, "gpu.clock.slow", 1, device="0", evidence=None, message="m")
     again = deepen_episode(book, "gpu.clock.slow", 5, device="0", evidence=None, message="worse")
     later = deepen_episode(book, "gpu.clock.slow", 9, device="0", evidence=None, message="worse")
@@ -100,18 +107,14 @@ def _slower(event: Event, start: int, end: int, speed: float) -> Event:
 
 
 def _worse_findings(second_step: bool) -> tuple[int, list[Finding]]:
-    sim_settings = msgspec.structs.replace(
-        BASE.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=45 * 60,
-        random_faults=False, diurnal=True, seed=3,
-    )  # fmt: skip
-    events = list(Simulation(sim_settings, []).events())
+    settings, events = quiet_fleet(minutes=45)
     t0 = events[0].ts
     # the node 20 % slower from minute 5 on (a fail-slow node) and, in the first run, a rank
     # transient 15 % slower still from minute 25 to 33
     slowed = [_slower(e, t0 + 5 * MINUTE, t0 + 60 * MINUTE, 0.8) for e in events]
     if second_step:
         slowed = [_slower(e, t0 + 25 * MINUTE, t0 + 33 * MINUTE, 0.85) for e in slowed]
-    out = collect(msgspec.structs.replace(BASE, sim=sim_settings), iter(slowed))
+    out = collect(settings, iter(slowed))
     found = [f for f in out.get("findings", []) if isinstance(f, Finding)
              and f.entity.target.name == NODE and not f.healthy
              and f.check.startswith("gpu.clock")]  # fmt: skip

@@ -21,6 +21,7 @@ from pipeline.runtime.embedded import collect
 from pipeline.score import MAINTENANCE_CHECK, REMOVALS
 from pipeline.sim import ForcedFault, Simulation, parse_forced
 from pipeline.sim.faults import InjectedFault
+from tests.detect_fixture import quiet_fleet
 
 BASE = load_settings(environ={})
 GRACE_MS = 10 * 60_000
@@ -243,15 +244,11 @@ def _lower(event: Event, node: str, start: int, factors: dict[str, float]) -> Ev
 def test_a_node_doing_less_than_its_job_peers_is_found_with_its_signal(
     check: str, factors: dict[str, float], metric: str
 ) -> None:
-    sim_settings = msgspec.structs.replace(
-        BASE.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=20 * 60,
-        random_faults=False, diurnal=True, seed=3,
-    )  # fmt: skip
-    events = list(Simulation(sim_settings, []).events())
+    settings, events = quiet_fleet(minutes=20)
     job, members = _job_with_nodes(events, least=3)
     slow, start = members[0], events[0].ts + LOWERED_FROM_MS
     lowered = [_lower(e, slow, start, factors) for e in events]
-    out = collect(msgspec.structs.replace(BASE, sim=sim_settings), iter(lowered))
+    out = collect(settings, iter(lowered))
     found = [f for f in out.get("findings", []) if isinstance(f, Finding)
              and f.check.startswith("job.straggler") and not f.healthy]  # fmt: skip
     assert [(f.check, f.entity.target.name) for f in found] == [(check, slow)], job
@@ -291,14 +288,10 @@ def test_fail_slow_too_mild_for_the_clock_alone_is_cordoned_on_its_step_time() -
     # its ranks' step compute time changed as S1 changes them): the clock deficit is under
     # clock_drop_frac (5 %), so the clock checks never open; the step compute time, 4.7 % above
     # its peers', with the lower clock, is fail-slow hardware that costs the job time.
-    sim_settings = msgspec.structs.replace(
-        BASE.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=40 * 60,
-        random_faults=False, diurnal=True, seed=3,
-    )  # fmt: skip
-    events = list(Simulation(sim_settings, []).events())
+    settings, events = quiet_fleet(minutes=40)
     start = events[0].ts + LOWERED_FROM_MS
     slower = [_slower(e, THREE_NODE, start, 0.955) for e in events]
-    out = collect(msgspec.structs.replace(BASE, sim=sim_settings), iter(slower))
+    out = collect(settings, iter(slower))
     found = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy]
     named = [(f.check, f.entity.target.name, f.recommended_action) for f in found]
     assert named == [
@@ -375,14 +368,10 @@ def test_a_serving_gpu_slow_at_every_peak_is_cordoned_and_its_troughs_do_not_hid
 ) -> None:
     # The idle scrapes between peaks neither end the slow run nor break its persistence; a
     # serving GPU at its usual clock, idle as often, is never flagged.
-    sim_settings = msgspec.structs.replace(
-        BASE.sim, gpu_nodes=12, clusters=1, tpu_slices=0, duration_s=40 * 60,
-        random_faults=False, diurnal=True, seed=3,
-    )  # fmt: skip
-    events = list(Simulation(sim_settings, []).events())
+    settings, events = quiet_fleet(minutes=40)
     start = events[0].ts + LOWERED_FROM_MS
     served = [_between_peaks(e, start, clock_factor) for e in events]
-    out = collect(msgspec.structs.replace(BASE, sim=sim_settings), iter(served))
+    out = collect(settings, iter(served))
     found = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy
              and f.entity.target.name == SERVING and f.check.startswith("gpu.clock")]  # fmt: skip
     removals = [a for a in out.get("actions", []) if isinstance(a, Action)
