@@ -38,6 +38,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 
 import msgspec
@@ -283,9 +284,12 @@ def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tu
 def _strikes_alone(hits: list[AppHit], gap_ms: int) -> dict[str, list[set[str]]]:
     """Per GPU, the jobs of each of its strikes (runs of hits no more than `gap_ms` apart)
     in which no job also hit another GPU of the node."""
+    ordered = sorted(hits, key=lambda h: h.ts)
     by_device: dict[str, list[AppHit]] = {}
-    for hit in sorted(hits, key=lambda h: h.ts):
+    by_job: dict[str, list[tuple[int, str]]] = {}  # (ts, device), in time order
+    for hit in ordered:
         by_device.setdefault(hit.device, []).append(hit)
+        by_job.setdefault(hit.job, []).append((hit.ts, hit.device))
     out: dict[str, list[set[str]]] = {}
     for device, own in by_device.items():
         runs: list[list[AppHit]] = []
@@ -295,16 +299,24 @@ def _strikes_alone(hits: list[AppHit], gap_ms: int) -> dict[str, list[set[str]]]
             else:
                 runs.append([hit])
         out[device] = [
-            {hit.job for hit in run} for run in runs if not _job_wide(run, hits, gap_ms)
+            {hit.job for hit in run} for run in runs if not _job_wide(run, by_job, gap_ms)
         ]
     return out
 
 
-def _job_wide(run: list[AppHit], hits: list[AppHit], gap_ms: int) -> bool:
-    """Whether a job of this strike also hit another GPU of the node during it."""
-    jobs, device = {hit.job for hit in run}, run[0].device
+def _job_wide(run: list[AppHit], by_job: dict[str, list[tuple[int, str]]], gap_ms: int) -> bool:
+    """Whether a job of this strike also hit another GPU of the node during it (a binary
+    search per job: a storm of lines keeps the window's hits many)."""
+    device = run[0].device
     start, end = run[0].ts - gap_ms, run[-1].ts + gap_ms
-    return any(h.device != device and h.job in jobs and start <= h.ts <= end for h in hits)
+    for job in {hit.job for hit in run}:
+        times = by_job[job]
+        at = bisect.bisect_left(times, (start, ""))
+        while at < len(times) and times[at][0] <= end:
+            if times[at][1] != device:
+                return True
+            at += 1
+    return False
 
 
 def _recurs(jobs: set[str], strikes: int, settings: DetectSettings) -> bool:

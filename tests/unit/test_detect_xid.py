@@ -4,9 +4,12 @@ the recovery action of XID 154, expiry."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.config import DetectSettings
 from pipeline.detect import XidState, detect_xid, expire_xid, note_repair
+from pipeline.detect.xid import AppHit, _strikes_alone
 from pipeline.model import Finding, XidEvent
 from tests.detect_fixture import SETTINGS, T0, checks, unhealthy, xid
 
@@ -285,3 +288,39 @@ def test_without_a_repair_the_blame_stays_open() -> None:
     state, _ = feed(events)
     _, out = expire_xid(state, T0 + 9_060_000, SETTINGS)
     assert [f for f in out if f.check.startswith("xid.app")] == []
+
+
+def _strikes_alone_plainly(hits: list[AppHit], gap_ms: int) -> dict[str, list[set[str]]]:
+    """The lone strikes per GPU in their plainest form: every hit of a strike compared with
+    every hit of the node."""
+    out: dict[str, list[set[str]]] = {}
+    for device in {h.device for h in hits}:
+        own = sorted((h for h in hits if h.device == device), key=lambda h: h.ts)
+        runs: list[list[AppHit]] = []
+        for hit in own:
+            if runs and hit.ts - runs[-1][-1].ts <= gap_ms:
+                runs[-1].append(hit)
+            else:
+                runs.append([hit])
+        out[device] = [
+            {h.job for h in run} for run in runs
+            if not any(o.device != device and o.job in {h.job for h in run}
+                       and run[0].ts - gap_ms <= o.ts <= run[-1].ts + gap_ms for o in hits)
+        ]  # fmt: skip
+    return out
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", ""]), st.sampled_from(["0", "1", "2"]),
+                  st.integers(0, 60).map(lambda minute: minute * 60_000)),
+        max_size=40,
+    )
+)  # fmt: skip
+def test_lone_strikes_are_found_as_the_plain_comparison_finds_them(
+    raw: list[tuple[str, str, int]],
+) -> None:
+    # whole minutes, so hits often fall exactly xid_dedupe_s apart: the window's edges
+    hits = [AppHit(job, device, 13, ts) for job, device, ts in raw]
+    gap_ms = SETTINGS.xid_dedupe_s * 1000
+    assert _strikes_alone(hits, gap_ms) == _strikes_alone_plainly(hits, gap_ms)
