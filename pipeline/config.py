@@ -66,6 +66,11 @@ class KafkaSettings(Section, frozen=True):
     # the telemetry topics expects a record per node. Each value goes to the partition its
     # key's own record would (the producer asks the broker how many the topic has).
     telemetry_batch: bool = True
+    # The worker writes its utilization rows (a row per device and window: most of what it
+    # writes) as batch records too, one per partition and settled batch, each value JSON and
+    # in the partition its own key picks. The lake sink reads both; set false where another
+    # consumer of the utilization topic expects a JSON record per device.
+    utilization_batch: bool = True
     # Security, one section for every client (pipeline/kafka_client.py builds each library's
     # arguments from it). The password comes from sasl_password (e.g. from
     # FLEETPULSE_KAFKA__SASL_PASSWORD) or, better, sasl_password_file (a mounted secret).

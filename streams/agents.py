@@ -27,7 +27,7 @@ from pipeline.errors import DecodeError
 from pipeline.model import Action, Alert, Event, Finding
 from pipeline.runtime import route, topology
 from pipeline.runtime.align import Aligner
-from pipeline.runtime.batches import BATCHED, is_batch, partition_of, unpack
+from pipeline.runtime.batches import BATCHED, OUTPUT_BATCHED, is_batch, partition_of, unpack
 from pipeline.runtime.clock import RobustClock
 from pipeline.runtime.route import ClockName, Family, Refusal
 from pipeline.runtime.topics import record_key
@@ -105,6 +105,10 @@ def send_all(ctx: Context, outs: list[Out], record: Record | None) -> Futures:
             futures.append(ctx.send_dead_letter(record, event.message, event.reason))
         elif out.topic in BATCHED:  # written with the batch, at the next flush
             ctx.queue(out.topic, out.key, event)
+        elif out.topic in OUTPUT_BATCHED and ctx.settings.kafka.utilization_batch:
+            # a record per partition and flush, in the partition the value's own key picks
+            home = partition_of(out.key, ctx.settings.kafka.partitions)
+            ctx.queue(out.topic, out.key, event, group=home)
         elif isinstance(event, Finding) and out.topic == "findings":
             futures.append(ctx.send_finding(event))
         elif isinstance(event, Action) and out.topic == "actions":

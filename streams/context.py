@@ -245,10 +245,11 @@ class Context:
             headers = [*(headers or []), *record_headers(content_type)]
         return self._produce(topic, key, value, headers)
 
-    def queue(self, topic: str, key: str, event: Event) -> None:
-        """Queue a value for a batched internal topic; `flush` writes it with its batch."""
+    def queue(self, topic: str, key: str, event: Event, group: object = None) -> None:
+        """Queue a value for a batched topic; `flush` writes it with its batch (the values of
+        its `group`, by default of its key)."""
         value, content_type = encode_as(event, self.settings.kafka.telemetry_format)
-        self.queued.add(topic, key, value, content_type)
+        self.queued.add(topic, key, value, content_type, group)
 
     def _produce(
         self, topic: str, key: str, value: bytes, headers: list[tuple[str, bytes]] | None

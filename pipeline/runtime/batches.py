@@ -37,6 +37,9 @@ from pipeline.runtime.topology import FLEET_INPUT, TELEMETRY_TOPICS
 
 BATCH_HEADER = "fleetpulse-batch"
 BATCHED = frozenset({FLEET_INPUT})  # topic suffixes whose values the driver batches
+# output topics the driver batches per partition when `kafka.utilization_batch` is set: a
+# record per partition and flush instead of a record per device and window
+OUTPUT_BATCHED = frozenset({"utilization"})
 # input topic suffixes whose batches hold values of many keys, each keyed by its own target
 PRODUCER_BATCHED = frozenset(TELEMETRY_TOPICS)
 MAX_ITEMS = 500  # values per record at most ...
@@ -69,15 +72,22 @@ def unpack(raw: bytes | None) -> list[tuple[str, bytes]]:
 
 
 class Batches:
-    """Values queued per (topic suffix, key) until the driver's next flush, in arrival order."""
+    """Values queued per (topic suffix, group) until the driver's next flush, in arrival order;
+    a group's record is keyed by the key of its first value."""
 
     def __init__(self, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES) -> None:
         self.max_items = max_items
         self.max_bytes = max_bytes
-        self._queued: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
+        self._queued: dict[tuple[str, object], tuple[str, list[tuple[str, bytes]]]] = {}
 
-    def add(self, topic: str, key: str, value: bytes, content_type: str) -> None:
-        self._queued.setdefault((topic, key), []).append((content_type, value))
+    def add(
+        self, topic: str, key: str, value: bytes, content_type: str, group: object = None
+    ) -> None:
+        """Queue a value; `group` (default: its key) picks the values that share records."""
+        slot = self._queued.get((topic, key if group is None else group))
+        if slot is None:
+            slot = self._queued[(topic, key if group is None else group)] = (key, [])
+        slot[1].append((content_type, value))
 
     def clear(self) -> None:
         self._queued.clear()
@@ -86,7 +96,7 @@ class Batches:
         """(topic suffix, key, packed value) for everything queued, emptying the queue: the
         values of a key in order, split where a record would pass max_items or max_bytes."""
         queued, self._queued = self._queued, {}
-        for (topic, key), items in queued.items():
+        for (topic, _), (key, items) in queued.items():
             for chunk in _chunks(items, self.max_items, self.max_bytes):
                 yield topic, key, _PACKER.encode(chunk)
 

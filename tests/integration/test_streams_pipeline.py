@@ -19,9 +19,11 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 
+from pipeline.codec import decode
 from pipeline.config import KafkaSettings, Settings, load_settings
-from pipeline.model import Action, DeadLetter, Event, Finding, NodeState
-from pipeline.runtime.topics import topic_name
+from pipeline.model import Action, DeadLetter, Event, Finding, NodeState, Utilization
+from pipeline.runtime.batches import is_batch, partition_of, unpack
+from pipeline.runtime.topics import scoped, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import InjectedFault
 from streams.app import LAG_INTERVAL_S
@@ -83,7 +85,7 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     env = worker_env(settings, workdir)
     create_topics(env)
     worker = WorkerProcess(env, workdir / "worker.log").start()
-    outputs = ["actions", "dlq", "node-state", "findings", "alerts"]
+    outputs = ["actions", "dlq", "node-state", "findings", "alerts", "utilization"]
     reader = TopicReader(kafka_bootstrap, [topic_name(kafka, s) for s in outputs])
     try:
         worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=120)
@@ -155,6 +157,34 @@ def test_the_kafka_runtime_decides_what_the_embedded_runtime_decides(run: Run) -
     embedded_findings = {f.finding_id for f in run.expected["findings"] if isinstance(f, Finding)}
     assert {f.finding_id for f in findings} == embedded_findings
 
+
+
+def test_utilization_rows_are_the_embedded_ones_in_a_batch_record_per_partition(run: Run) -> None:
+    """`kafka.utilization_batch` (the default): the rows come as batch records, each value in
+    the partition its own key picks, many rows a record; the rows are the embedded runtime's
+    (the last windows may still be open in the worker: its partitions' clocks stop with the
+    input)."""
+    records = [r for r in run.reader.records[run.topic("utilization")] if r.value]
+    assert records and all(is_batch(r) for r in records)
+    rows: list[Utilization] = []
+    for record in records:
+        values = [decode(raw, Utilization, content_type=ct) for ct, raw in unpack(record.value)]
+        keys = {scoped(u.cluster, u.slice or u.node) for u in values}
+        assert {partition_of(k, run.settings.kafka.partitions) for k in keys} == {
+            record.partition
+        }
+        rows += values
+    assert len(rows) > 10 * len(records)  # a flush's windows of many devices in each
+
+    def by_window(values: list[Utilization]) -> dict[tuple[str, str, int], Utilization]:
+        return {(u.node, u.device, u.window_start): u for u in values}
+
+    kafka_rows = by_window(rows)
+    assert len(kafka_rows) == len(rows)  # each window once
+    embedded = by_window([u for u in run.expected["utilization"] if isinstance(u, Utilization)])
+    assert kafka_rows.keys() <= embedded.keys()
+    assert len(kafka_rows) >= 0.9 * len(embedded)
+    assert all(row == embedded[key] for key, row in kafka_rows.items())
 
 
 def test_node_states_end_where_the_embedded_ones_end(run: Run) -> None:

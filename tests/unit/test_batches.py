@@ -197,3 +197,19 @@ def test_batched_telemetry_follows_the_topic_s_own_partition_count() -> None:
             value = decode(raw, TOPIC_OF[record.topic], content_type=content_type)
             assert partition_of(record_key(value), 5) == record.partition
     assert {r.partition for r in batched} - {0, 1, 2}, "partitions 3 and 4 are used too"
+
+
+def test_values_of_a_group_share_records_keyed_by_the_group_s_first_key() -> None:
+    """The worker's utilization rows: one record per partition (the group), whatever the
+    keys, keyed by its first value's key; values of another group never join it."""
+    batches = Batches(max_items=3)
+    rows = [("c/n1", b"1", 0), ("c/n2", b"2", 0), ("c/n3", b"3", 1), ("c/n1", b"4", 0),
+            ("c/n4", b"5", 0)]  # fmt: skip
+    for key, value, group in rows:
+        batches.add("utilization", key, value, "application/json", group=group)
+    taken = [(topic, key, [v for _, v in unpack(packed)]) for topic, key, packed in batches.take()]
+    assert taken == [
+        ("utilization", "c/n1", [b"1", b"2", b"4"]),
+        ("utilization", "c/n1", [b"5"]),  # split at max_items: still the group's key
+        ("utilization", "c/n3", [b"3"]),
+    ]
