@@ -21,14 +21,14 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 
 from bench.common import write_result
-from pipeline.codec import encode
+from pipeline.codec import JSON, encode
 from pipeline.config import LakeSettings, load_settings
 from pipeline.lake import Lake, canned_queries
 from pipeline.model import (
@@ -43,6 +43,8 @@ from pipeline.model import (
     Utilization,
     XidEvent,
 )
+from pipeline.runtime.batches import MAX_ITEMS
+from pipeline.runtime.batches import headers as batch_headers
 from pipeline.runtime.topics import topic_name
 from pipeline.sinks.lake import LakeWriter, compacted_file_name, partition_dir, write_parquet
 from pipeline.sinks.lake_kafka import LakeSink
@@ -69,6 +71,21 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
     return statistics.median(walls), statistics.median(cpus)
+
+
+class BatchRecord(NamedTuple):
+    """A consumed batch record, as the sink sees it (topic, partition, offset, value, headers)."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def packed_values(values: list[bytes]) -> bytes:
+    """A batch record's value holding JSON values (pipeline/runtime/batches.py)."""
+    return msgspec.msgpack.encode([(JSON, value) for value in values])
 
 
 def utilization_rows(count: int, devices: int) -> list[Utilization]:
@@ -125,13 +142,21 @@ def bench_writes(quick: bool) -> dict[str, Any]:
     records = [RawRecord(topic=topic, partition=part_of[i], offset=i, value=encode(row))
                for i, row in enumerate(rows)]
 
-    def sink_from_bytes() -> None:
+    def sink_from_bytes(records: list[Any] = records) -> None:
         root = scratch / "lake"
         shutil.rmtree(root, ignore_errors=True)
         sink = LakeSink(sink_settings, root)
         for record in records:
             sink.add(record)
         sink.flush()
+
+    # ... and from batch records, as the worker writes utilization (kafka.utilization_batch):
+    # each partition's fetch block of 1,000 rows in two records of 500 (batches.MAX_ITEMS)
+    batch_records = [
+        BatchRecord(topic, part_of[i], i, packed_values(
+            [encode(row) for row in rows[i : i + MAX_ITEMS]]), batch_headers())
+        for i in range(0, count, MAX_ITEMS)
+    ]
 
     def lake_writer_batches() -> None:  # one extend per partition's batch
         writer = fresh()
@@ -147,6 +172,7 @@ def bench_writes(quick: bool) -> dict[str, Any]:
         writer_s, writer_cpu_s = timed(lake_writer, repeat)
         batch_s, _ = timed(lake_writer_batches, repeat)
         sink_s, _ = timed(sink_from_bytes, repeat)
+        sink_batches_s, _ = timed(functools.partial(sink_from_bytes, batch_records), repeat)
         raw_again_s, _ = timed(raw_pyarrow, repeat)
         size = sum(p.stat().st_size for p in (scratch / "lake").rglob("*.parquet"))
         choices = compression_choices(table, scratch, repeat)
@@ -164,6 +190,8 @@ def bench_writes(quick: bool) -> dict[str, Any]:
         "lake_writer_cpu_rows_per_s": round(count / writer_cpu_s),
         "sink_from_bytes_rows_per_s": round(count / sink_s),
         "sink_from_bytes_vs_raw_pyarrow": round(raw_s / sink_s, 3),
+        "sink_from_batches_rows_per_s": round(count / sink_batches_s),
+        "sink_from_batches_vs_raw_pyarrow": round(raw_s / sink_batches_s, 3),
         "bytes_per_row": round(size / count, 1),
         "compression_choices": choices,
     }

@@ -312,6 +312,12 @@ def lake_rows(f: dict[str, Any]) -> list[Row]:
                f"raw pyarrow {_n(w['raw_pyarrow_rows_per_s'])}",
                _x(w["sink_from_bytes_vs_raw_pyarrow"]), "", None)]
           if "sink_from_bytes_rows_per_s" in w else []),
+        *([Row("lake", f"the lake sink's whole path from batch records of 500 JSON rows, as the "
+               f"worker writes utilization ({_n(w['rows'])} rows)",
+               f"{_n(w['sink_from_batches_rows_per_s'])} rows/s",
+               f"raw pyarrow {_n(w['raw_pyarrow_rows_per_s'])}",
+               _x(w["sink_from_batches_vs_raw_pyarrow"]), "", None)]
+          if "sink_from_batches_rows_per_s" in w else []),
         Row("lake", f"canned queries under 1 s ({_n(q['utilization_rows'])} utilization rows)",
             f"{q['under_1s']}/{q['queries']} ({q.get('under_1s_on_idle_cores', '?')}/"
             f"{q['queries']} in CPU s per core); slowest {q['slowest']} {slowest:.2f} s",

@@ -141,6 +141,22 @@ def decode(
     return _expect(event, expected)
 
 
+def decode_all(raws: list[bytes], expected: type[E], max_bytes: int = MAX_VALUE_BYTES
+               ) -> list[E] | None:
+    """Many JSON values that are all `expected` values, decoded with no Python of ours per
+    value (a batch record's hundreds of utilization rows); None when any is not one (too
+    large, invalid, another type): `decode` each then says what is wrong with which."""
+    if not raws or max(map(len, raws)) > max_bytes:
+        return None
+    try:
+        events = list(map(_DECODER.decode, raws))
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
+    if set(map(type, events)) != {expected}:
+        return None
+    return events  # type: ignore[return-value]  # every one is an `expected`, checked above
+
+
 def _media_type(content_type: str) -> str:
     # "application/json; charset=utf-8" is JSON
     media = content_type.partition(";")[0].strip().lower()

@@ -30,7 +30,7 @@ from os import strerror as os_strerror
 from pathlib import Path
 from typing import Any
 
-from pipeline.codec import content_type_of, decode
+from pipeline.codec import JSON, content_type_of, decode, decode_all
 from pipeline.config import Settings
 from pipeline.edge import EdgeOptions, EdgeStats, run_edge, stop_on_signals
 from pipeline.errors import DecodeError, SinkError
@@ -96,13 +96,27 @@ class LakeSink:
         self._row(spec, event, record)
 
     def _add_batch(self, spec: TableSpec, record: Any) -> None:
-        """A producer's batch record (pipeline/runtime/batches.py; the XID adapter's and the
-        simulator's events.xid): a row per value, all at the record's offset. A value that
-        cannot be decoded makes the record a dead letter naming it; the others are rows."""
+        """A batch record (pipeline/runtime/batches.py: the worker's utilization, the XID
+        adapter's and the simulator's events.xid): a row per value, all at the record's offset.
+        A value that cannot be decoded makes the record a dead letter naming it; the others are
+        rows."""
+        pairs = unpack(record.value)
+        limit = self.settings.kafka.max_value_bytes
+        events = None
+        if all(content_type == JSON for content_type, _ in pairs):
+            events = decode_all([raw for _, raw in pairs], spec.event, limit)
+        if events is None:
+            self._one_by_one(spec, record, pairs)
+            return
+        offsets = [record.offset] * len(events)
+        self.writer.extend(spec.name, events, record.topic, record.partition, offsets)
+        self.stats.tables[spec.name] = self.stats.tables.get(spec.name, 0) + len(events)
+
+    def _one_by_one(self, spec: TableSpec, record: Any, pairs: list[tuple[str, bytes]]) -> None:
         limit = self.settings.kafka.max_value_bytes
         bad: list[str] = []
         first: DecodeError | None = None
-        for index, (content_type, raw) in enumerate(unpack(record.value)):
+        for index, (content_type, raw) in enumerate(pairs):
             try:
                 event = decode(raw, spec.event, limit, content_type)
             except DecodeError as exc:

@@ -18,6 +18,7 @@ from pipeline.model import TOPIC_VALUES, Event, GpuSample, XidEvent
 from pipeline.runtime.embedded import collect
 from streams.records import decode_value
 from streams.testing import embedded_outputs
+from tests import lake_fixture
 from tests.schema_strategies import from_schema
 
 SCHEMAS = schemas_tool.SCHEMA_DIR
@@ -121,3 +122,17 @@ def test_msgpack_and_json_inputs_make_the_same_decisions() -> None:
     fed_as_objects = collect(SETTINGS, events)  # and finished: its last windows closed
     assert all(packed[topic] == fed_as_objects[topic] for topic in packed if topic != "utilization")
     assert [a.kind for a in packed["actions"]][:1] == ["cordon"]  # type: ignore[attr-defined]
+
+
+def test_decode_all_gives_what_decode_gives_or_none_when_any_value_is_not_one() -> None:
+    """The lake sink's path for a batch of JSON values: all of them `expected` values, or None
+    (then each is decoded on its own to say what is wrong)."""
+    xids = lake_fixture.XIDS
+    raws = [codec.encode(x) for x in xids]
+    assert codec.decode_all(raws, XidEvent) == [codec.decode(r, XidEvent) for r in raws]
+    missing_tag = json.loads(raws[1])
+    del missing_tag["schema"]
+    another = codec.encode(lake_fixture.utilization()[0])
+    for bad in (b"{", json.dumps(missing_tag).encode(), another, b" " * 300 + raws[0]):
+        assert codec.decode_all([raws[0], bad], XidEvent, max_bytes=300) is None
+    assert codec.decode_all([], XidEvent) is None

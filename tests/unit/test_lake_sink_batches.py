@@ -3,9 +3,11 @@ and the simulator write events.xid that way by default, and the lake's xid table
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pipeline.codec import encode
@@ -69,3 +71,55 @@ def test_a_batch_that_is_not_one_is_a_clear_error(tmp_path: Path) -> None:
     sink = LakeSink(SETTINGS, tmp_path)
     with pytest.raises(DecodeError, match="expected a batch"):
         sink.add(Record(XID_TOPIC, 0, 0, b"\x01garbage"))
+
+
+UTIL_TOPIC = topic_name(SETTINGS.kafka, "utilization")
+
+
+def _rows(values: list[bytes], offset: int, partition: int = 0) -> Record:
+    """A batch record as the worker writes utilization: JSON rows (kafka.utilization_batch)."""
+    packed = msgspec.msgpack.encode([("application/json", value) for value in values])
+    return Record(UTIL_TOPIC, partition, offset, packed)
+
+
+def _utilization(lake: Path) -> list[tuple[object, ...]]:
+    with Lake(lake) as reader:
+        return reader.sql(
+            "SELECT node, device, epoch_ms(window_start), util_mean FROM utilization "
+            "ORDER BY window_start, node, device").rows
+
+
+def test_the_worker_s_utilization_batches_are_its_rows(tmp_path: Path) -> None:
+    rows = fx.utilization()
+    sink = LakeSink(SETTINGS, tmp_path)
+    half = len(rows) // 2
+    sink.add(_rows([encode(u) for u in rows[:half]], offset=0))
+    sink.add(_rows([encode(u) for u in rows[half:]], offset=0, partition=1))
+    sink.flush()
+    expected = sorted((u.node, u.device, u.window_start, u.util_mean) for u in rows)
+    assert sorted(_utilization(tmp_path)) == expected
+    assert sink.stats.tables == {"utilization": len(rows)}
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (lambda raw: raw.replace(b'"schema":"utilization/1",', b""), "$.schema"),
+        (lambda raw: raw.replace(b'"samples":', b'"samples":-'), "$.samples"),
+        (lambda raw: encode(fx.XIDS[0]), "$.schema: expected 'utilization/1'"),
+    ],
+)
+def test_one_bad_row_in_a_utilization_batch_is_named_and_the_others_kept(
+    tmp_path: Path, bad: Callable[[bytes], bytes], says: str
+) -> None:
+    rows = fx.utilization()[:5]
+    values = [encode(u) for u in rows]
+    values[2] = bad(values[2])
+    sink = LakeSink(SETTINGS, tmp_path)
+    with pytest.raises(DecodeError) as raised:
+        sink.add(_rows(values, offset=0))
+    assert str(raised.value).startswith(f"value 2: {says}"), str(raised.value)
+    sink.flush()
+    kept = [rows[i] for i in (0, 1, 3, 4)]
+    assert sorted(_utilization(tmp_path)) == sorted(
+        (u.node, u.device, u.window_start, u.util_mean) for u in kept)
