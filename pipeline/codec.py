@@ -27,6 +27,7 @@ from pipeline.model import (
     TOPIC_VALUES,
     Event,
     FabricSample,
+    FabricTick,
     GpuSample,
     GpuSampleV2,
     IciSample,
@@ -40,7 +41,7 @@ JSON = "application/json"
 MSGPACK = "application/msgpack"
 Format = Literal["msgpack", "json"]
 # the values FleetPulse's producers may write as msgpack (KafkaSettings.telemetry_format)
-FAST = (GpuSample, TpuSample, IciSample, FabricSample, PeerSample)
+FAST = (GpuSample, TpuSample, IciSample, FabricSample, PeerSample, FabricTick)
 # earlier versions still read, each upgraded to the current value on decode (`upgraded`)
 OLDER = (GpuSampleV2,)
 

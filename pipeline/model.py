@@ -1038,6 +1038,20 @@ _MAX_TEXT = 4096  # Text
 DEAD_LETTER_MAX_RAW = 512 * 1024
 
 
+class FabricTick(Event, frozen=True, kw_only=True, tag_field="schema", tag="fabric_tick/1"):
+    """A node's fabric scrape, as far as the fleet stage needs it (the worker's internal
+    fleet-input topic, key = cluster): its time and node. That time turns port troubles no
+    switch explains into link verdicts; the port counters stay with the telemetry stage, so
+    the topic carries some 60 bytes for a scrape instead of its ~3 kB."""
+
+    ts: EventTs
+    cluster: Cluster
+    node: NodeName
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "cluster", "node")
+
+
 INPUT_TYPES: tuple[type[Event], ...] = (
     GpuSample,
     TpuSample,
@@ -1055,6 +1069,7 @@ TOPIC_VALUES: dict[str, type[Event]] = {
     "ici_sample": IciSample,
     "fabric_sample": FabricSample,
     "peer_sample": PeerSample,
+    "fabric_tick": FabricTick,
     "xid_event": XidEvent,
     "node_event": NodeEvent,
     "capacity_event": CapacityEvent,

@@ -1,7 +1,7 @@
 """Many values in one record: the worker's own fleet-input topic, and producers' telemetry.
 
-The telemetry stage passes much of what it reads on to the fleet stage (each GPU sample of a
-node at work, each fabric sample: the largest share of what the worker reads), and every
+The telemetry stage passes a value on to the fleet stage for much of what it reads (a peer
+sample for each GPU sample of a node at work, a tick for each fabric sample), and every
 record costs the worker a produce, a fetch and faust's per-event machinery at both ends. So
 the Kafka driver queues these values per key (cluster) and writes them once
 per settled batch (Context.flush), as one record whose `fleetpulse-batch` header says so: a

@@ -41,10 +41,11 @@ import msgspec
 
 from pipeline.config import Settings
 from pipeline.detect import fabric_localise, job_peers
-from pipeline.model import Action, FabricSample, Finding, Inventory, PeerSample
+from pipeline.model import Action, FabricSample, FabricTick, Finding, Inventory, PeerSample
 from pipeline.runtime.topics import record_key, scoped
 
-FleetSignal = Inventory | Finding | FabricSample | PeerSample
+# a FabricSample itself: what workers before FabricTick passed on (their records still read)
+FleetSignal = Inventory | Finding | FabricTick | FabricSample | PeerSample
 
 
 class Held(msgspec.Struct, kw_only=True, gc=False, order=True):
@@ -55,10 +56,10 @@ class Held(msgspec.Struct, kw_only=True, gc=False, order=True):
     ts: int
     node: str  # cluster/node
     # a node's GPU and fabric records of one time may be read in either order (two topics):
-    # peer sample, then the fabric findings, then the fabric sample (_RANK)
+    # peer sample, then the fabric findings, then the fabric tick (_RANK)
     rank: int = 0
     seq: int  # the node's own arrival order (its records keep their order on any runtime)
-    signal: Finding | FabricSample | PeerSample
+    signal: Finding | FabricTick | FabricSample | PeerSample
 
 
 class FleetState(msgspec.Struct, kw_only=True):
@@ -122,7 +123,7 @@ def on_fleet(
     return _release(state, settings, wall_ms)
 
 
-def _node(signal: Finding | FabricSample | PeerSample) -> str:
+def _node(signal: Finding | FabricTick | FabricSample | PeerSample) -> str:
     if isinstance(signal, Finding):
         target = signal.entity.target
         return scoped(target.cluster, target.name)
@@ -187,7 +188,8 @@ def _index(state: FleetState) -> None:
     state.indexed = True
 
 
-_RANK = {PeerSample: 0, Finding: 1, FabricSample: 2}  # a fabric sample's findings precede it
+# a fabric scrape's findings precede its tick
+_RANK = {PeerSample: 0, Finding: 1, FabricTick: 2, FabricSample: 2}
 
 
 def _detect(
@@ -200,7 +202,7 @@ def _detect(
             state.fabric, signal, placement, settings.detect, dry_run
         )
         return found, actions
-    if isinstance(signal, FabricSample):
+    if isinstance(signal, FabricTick | FabricSample):
         state.fabric, found, actions = fabric_localise.advance(
             state.fabric, signal.ts, settings.detect, dry_run
         )

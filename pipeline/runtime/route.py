@@ -23,6 +23,7 @@ from pipeline.model import (
     Entity,
     Evidence,
     FabricSample,
+    FabricTick,
     Finding,
     GpuSample,
     IciSample,
@@ -125,14 +126,16 @@ def fleet_inputs(
     state: TelemetryState, admitted: Telemetry, findings: list[Finding], settings: Settings
 ) -> list[FleetSignal]:
     """What the telemetry stage passes on to the fleet stage for one admitted record: a fabric
-    sample's port findings, after its node's inventory (placement) the first time, and the
-    sample itself (the event time that turns troubles no switch explains into link verdicts);
-    for a GPU sample of a node that runs, or ran until now, a job: its peer sample."""
+    sample's port findings, after its node's inventory (placement) the first time, and its
+    tick (the event time that turns troubles no switch explains into link verdicts; not the
+    sample's port counters, which the fleet stage never reads); for a GPU sample of a node
+    that runs, or ran until now, a job: its peer sample."""
     if isinstance(admitted, FabricSample):
         placed: list[FleetSignal] = []
         if state.inventory is not None and not state.placed:
             placed, state.placed = [state.inventory], True
-        return [*placed, *findings, admitted]
+        tick = FabricTick(ts=admitted.ts, cluster=admitted.cluster, node=admitted.node)
+        return [*placed, *findings, tick]
     if isinstance(admitted, GpuSample):
         in_job = any(gpu.job is not None for gpu in admitted.gpus)
         was_in_job, state.in_job = state.in_job, in_job

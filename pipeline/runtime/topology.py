@@ -25,8 +25,8 @@ runtime stops at the first error, so it keeps none. No stage copies its state.
     telemetry  telemetry.gpu/tpu/ici/fabric, events.xid (node  telemetry  findings, utilization,
                or slice), inventory, announce-input (target)              policy-input,
                                                                          fleet-input, dlq
-    fleet      fleet-input (cluster): fabric samples, their   fleet      findings, actions
-               port findings, placement; GPU samples of                  (switch/link verdicts,
+    fleet      fleet-input (cluster): fabric ticks, their     fleet      findings, actions
+               port findings, placement; peer samples of                 (switch/link verdicts,
                nodes in jobs                                             job stragglers)
     health     findings, events.node, actions (target)        health     proposals, node-state,
                                                                          policy-input, zone-input,
@@ -49,6 +49,7 @@ from pipeline.model import (
     CapacityEvent,
     Event,
     FabricSample,
+    FabricTick,
     Finding,
     Inventory,
     NodeEvent,
@@ -74,8 +75,8 @@ S = TypeVar("S")
 POLICY_INPUT = "policy-input"
 ZONE_INPUT = "zone-input"
 ANNOUNCE_INPUT = "announce-input"
-# The fleet stage's input keyed by cluster: what it takes to see across nodes (fabric samples,
-# their port findings and their nodes' placement; GPU samples of nodes running jobs).
+# The fleet stage's input keyed by cluster: what it takes to see across nodes (fabric samples'
+# times and port findings, their nodes' placement; peer samples of nodes running jobs).
 FLEET_INPUT = "fleet-input"
 INTERNAL: dict[str, type[Event]] = {
     POLICY_INPUT: Event,
@@ -327,7 +328,7 @@ def _network_element(signal: route.HealthSignal) -> bool:
 
 # --- fleet: fabric localisation, job peers ------------------------------------------------
 
-_FLEET_INPUTS = (Inventory, Finding, FabricSample, PeerSample)
+_FLEET_INPUTS = (Inventory, Finding, FabricTick, FabricSample, PeerSample)
 
 
 def fleet_key(signal: Event, got: str | None) -> str:

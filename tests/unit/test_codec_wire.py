@@ -23,7 +23,7 @@ from tests.schema_strategies import from_schema
 
 SCHEMAS = schemas_tool.SCHEMA_DIR
 SETTINGS = load_settings(environ={})
-FAST = ["gpu_sample", "tpu_sample", "ici_sample", "fabric_sample", "peer_sample"]
+FAST = ["gpu_sample", "tpu_sample", "ici_sample", "fabric_sample", "peer_sample", "fabric_tick"]
 
 
 def _sample(name: str) -> Event:

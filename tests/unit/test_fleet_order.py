@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import load_settings
-from pipeline.model import Event, FabricSample, Finding, Inventory, PeerSample
+from pipeline.model import Event, FabricSample, FabricTick, Finding, Inventory, PeerSample
 from pipeline.runtime import fleet, topology
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.sim import Simulation, parse_forced
@@ -62,7 +62,7 @@ def _decisions(signals: list[Signal]) -> tuple[set[str], set[str]]:
     findings: set[str] = set()
     actions: set[str] = set()
     for key, event in signals:
-        assert isinstance(event, Inventory | Finding | FabricSample | PeerSample)
+        assert isinstance(event, Inventory | Finding | FabricTick | FabricSample | PeerSample)
         states[key], found, acted = fleet.on_fleet(states.get(key), event, BASE)
         findings |= {f.finding_id for f in found}
         actions |= {a.action_id for a in acted}
@@ -72,7 +72,7 @@ def _decisions(signals: list[Signal]) -> tuple[set[str], set[str]]:
 def _node(event: Event) -> str:
     if isinstance(event, Finding):
         return event.entity.target.name
-    assert isinstance(event, Inventory | FabricSample | PeerSample)
+    assert isinstance(event, Inventory | FabricTick | PeerSample)
     return event.name if isinstance(event, Inventory) else event.node
 
 
@@ -111,7 +111,7 @@ def test_the_recording_has_switch_link_and_straggler_verdicts() -> None:
     states: dict[str, fleet.FleetState | None] = {}
     found: set[tuple[str, str]] = set()
     for key, event in _fleet_input():
-        assert isinstance(event, Inventory | Finding | FabricSample | PeerSample)
+        assert isinstance(event, Inventory | Finding | FabricTick | FabricSample | PeerSample)
         states[key], findings, _ = fleet.on_fleet(states.get(key), event, BASE)
         found |= {(f.check, f.entity.target.kind) for f in findings if not f.healthy}
     assert {("fabric.switch.down", "switch"), ("fabric.link.down", "link"),
@@ -191,3 +191,19 @@ def test_a_node_unheard_for_minutes_of_the_clusters_time_but_seconds_of_wall_tim
     assert [h.node for h in state.held][:1] == ["c1/a"]  # a's are held, not judged
     later = wall + 2000 + horizon_ms + 1
     assert fleet.watermark(state, horizon_ms, wait_max_ms, later) == 600_000  # silent on both
+
+
+def test_whole_fabric_samples_from_a_worker_before_fabric_ticks_decide_the_same() -> None:
+    """A worker of an earlier release passed each fabric sample on whole; during a rolling
+    upgrade the fleet stage still reads those records, and only their time and node count."""
+    signals = _fleet_input()
+    ticks = [e for _, e in signals if isinstance(e, FabricTick)]
+    assert ticks and not any(isinstance(e, FabricSample) for _, e in signals)
+
+    def whole(event: Event) -> Event:
+        if not isinstance(event, FabricTick):
+            return event
+        return FabricSample(ts=event.ts, cluster=event.cluster, node=event.node, pool="p",
+                            zone="z", ports=[])  # fmt: skip
+
+    assert _decisions([(key, whole(e)) for key, e in signals]) == _decisions(list(signals))
