@@ -126,9 +126,9 @@ def _samples() -> list[tuple[str, Event]]:
 def test_every_sample_survives_kafka_python_to_aiokafka(kafka_settings: KafkaSettings) -> None:
     assert _run_cli(kafka_settings, "topics", "create").returncode == 0
     by_topic = {spec.value: topic_name(kafka_settings, spec.suffix) for spec in TOPICS}
-    # peer samples travel only on the worker's own fleet-input topic (pipeline/runtime)
+    # peer samples and fabric ticks travel only on the worker's own fleet-input topic
     internal = [name for name, event in _samples() if type(event) not in by_topic]
-    assert internal == ["peer_sample"]
+    assert internal == ["peer_sample", "fabric_tick"]
     sent = [(name, event) for name, event in _samples() if type(event) in by_topic]
     producer = KafkaProducer(bootstrap_servers=kafka_settings.bootstrap, acks="all")
     for _, event in sent:
