@@ -337,7 +337,8 @@ def fleet_key(signal: Event, got: str | None) -> str:
     if not isinstance(signal, _FLEET_INPUTS):
         raise DecodeError(
             field="$.schema",
-            expected="'inventory/1', 'finding/2', 'fabric_tick/1', 'fabric_sample/1' or 'peer_sample/1'",
+            expected=("'inventory/1', 'finding/2', 'fabric_tick/1', 'fabric_sample/1' or "
+                      "'peer_sample/1'"),
             got=_tag(signal),
         )
     target = signal.entity.target if isinstance(signal, Finding) else signal
