@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+import warnings
+from collections.abc import Iterator
 
 import msgspec
 import pytest
+from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError
 
 from pipeline.config import KafkaSettings, Settings, load_settings
 
@@ -21,7 +25,7 @@ def _bootstrap() -> str:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> str:
+def kafka_bootstrap() -> Iterator[str]:
     bootstrap = _bootstrap()
     host, _, port = bootstrap.split(",")[0].rpartition(":")
     try:
@@ -31,7 +35,32 @@ def kafka_bootstrap() -> str:
             f"Kafka is not reachable at {bootstrap} ({exc}); run the tests with `make test`, "
             "which starts the broker (deploy/kafka/kafka.sh start)"
         )
-    return bootstrap
+    before = _topics(bootstrap)
+    yield bootstrap
+    _delete_new_topics(bootstrap, before)
+
+
+def _topics(bootstrap: str) -> set[str]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return set(admin.list_topics())
+    finally:
+        admin.close()
+
+
+def _delete_new_topics(bootstrap: str, before: set[str]) -> None:
+    """The topics this session made (every test has a prefix of its own): a broker kept between
+    runs (`make kafka-up`) would otherwise gather thousands, and every client that asks for all
+    topics' metadata (faust's, at start) pays for each of them."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        made = sorted(t for t in set(admin.list_topics()) - before if not t.startswith("__"))
+        for start in range(0, len(made), 200):
+            admin.delete_topics(made[start : start + 200], timeout_ms=60_000)
+    except KafkaError as exc:  # the tests' results stand; the broker is only left fuller
+        warnings.warn(f"could not delete this session's topics: {exc}", stacklevel=1)
+    finally:
+        admin.close()
 
 
 @pytest.fixture
