@@ -94,7 +94,7 @@ class Batches:
 
     def take(self) -> Iterator[tuple[str, str, bytes]]:
         """(topic suffix, key, packed value) for everything queued, emptying the queue: the
-        values of a key in order, split where a record would pass max_items or max_bytes."""
+        values of a group in order, split where a record would pass max_items or max_bytes."""
         queued, self._queued = self._queued, {}
         for (topic, _), (key, items) in queued.items():
             for chunk in _chunks(items, self.max_items, self.max_bytes):
