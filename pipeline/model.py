@@ -1042,7 +1042,7 @@ class FabricTick(Event, frozen=True, kw_only=True, tag_field="schema", tag="fabr
     """A node's fabric scrape, as far as the fleet stage needs it (the worker's internal
     fleet-input topic, key = cluster): its time and node. That time turns port troubles no
     switch explains into link verdicts; the port counters stay with the telemetry stage, so
-    the topic carries some 60 bytes for a scrape instead of its ~3 kB."""
+    the topic carries some 90 bytes for a scrape instead of its ~3 kB."""
 
     ts: EventTs
     cluster: Cluster
