@@ -158,9 +158,10 @@ def expire_xid(
     since = max(now_ms - window_ms, state.repaired_ts)  # hits before this no longer count
     if state.app_hits and state.app_hits[0].ts < since:
         state.app_hits = [hit for hit in state.app_hits if hit.ts >= since]
+        alone = _strikes_alone(state.app_hits, settings.xid_dedupe_s * 1000)  # once, for all
         for opened in [e for e in state.book.open.values() if e.check in APP_CHECKS]:
             device = opened.device or ""
-            jobs, strikes = _recurrence(state.app_hits, device, settings)
+            jobs, strikes = _recurrence(alone, device)
             if opened.check == APP_RECURRENCE and _recurs(jobs, strikes, settings):
                 continue
             if opened.check == APP_REPEAT and _repeats(strikes, settings):
@@ -236,7 +237,8 @@ def _application(
     # Unknown: at worst one job, the most cautious reading (`_recurs` never counts it as a
     # distinct job, only its strikes)
     state.app_hits.append(AppHit(event.job or UNKNOWN_JOB, device, event.xid, event.ts))
-    jobs, strikes = _recurrence(state.app_hits, device, settings)
+    alone = _strikes_alone(state.app_hits, settings.xid_dedupe_s * 1000)
+    jobs, strikes = _recurrence(alone, device)
     codes = sorted({hit.code for hit in state.app_hits if hit.device == device})
     struck = (
         f"GPU {device}: application XIDs {codes} struck {strikes} times in {len(jobs)} job(s) "
@@ -265,10 +267,10 @@ def _struck(
     )  # fmt: skip
 
 
-def _recurrence(hits: list[AppHit], device: str, settings: DetectSettings) -> tuple[set[str], int]:
-    """The jobs whose strikes count against `device`, and how many strikes count: those on
-    this GPU alone, by jobs with two in three of their lone strikes here (module docstring)."""
-    alone = _strikes_alone(hits, settings.xid_dedupe_s * 1000)
+def _recurrence(alone: dict[str, list[set[str]]], device: str) -> tuple[set[str], int]:
+    """The jobs whose strikes count against `device`, and how many strikes count, from every
+    GPU's lone strikes (`_strikes_alone`): those on this GPU alone, by jobs with two in three
+    of their lone strikes here (module docstring)."""
     here: dict[str, int] = {}
     elsewhere: dict[str, int] = {}
     for d, strikes in alone.items():

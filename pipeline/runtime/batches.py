@@ -84,10 +84,11 @@ class Batches:
         self, topic: str, key: str, value: bytes, content_type: str, group: object = None
     ) -> None:
         """Queue a value; `group` (default: its key) picks the values that share records."""
-        slot = self._queued.get((topic, key if group is None else group))
-        if slot is None:
-            slot = self._queued[(topic, key if group is None else group)] = (key, [])
-        slot[1].append((content_type, value))
+        where = (topic, key if group is None else group)
+        queued = self._queued.get(where)
+        if queued is None:
+            queued = self._queued[where] = (key, [])
+        queued[1].append((content_type, value))
 
     def clear(self) -> None:
         self._queued.clear()
