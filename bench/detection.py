@@ -5,8 +5,8 @@
     python -m bench.detection --only nab # one part; the other keeps its last figures
 
 Simulated GPU + TPU fleet runs at the fault model's rates × 10, × 100 and × 1000, several seeds
-each; faults begin in the first hours of a run, then a quiet hour (TAIL_S) lets the pipeline
-finish deciding about the last of them. Each run's events go once through the embedded pipeline and through the static-threshold
+each; faults begin in the first hours of a run, then a quiet tail (TAIL_S, 4.5 h) lets the
+pipeline finish deciding about the last of them. Each run's events go once through the embedded pipeline and through the static-threshold
 baseline (bench/baseline_thresholds.py), and both are scored by pipeline.score against the
 ground truth, by class and by type: found / acted / withheld (with the rule) / missed, time to
 detect, precision, confounder cordons and false cordons per 1,000 node-days with its 95 %
@@ -51,12 +51,13 @@ NAB_BUDGET = 1.3  # false alarms per series-week the goal allows
 PROBATION = 0.15  # NAB: the first 15 % of a series is for learning, not scored by a threshold
 DETECTORS = ("fleetpulse", "baseline")
 FABRIC_TYPES = ("F1", "F3", "N1")  # the issue's fabric goal
-# After the hours in which faults begin, an hour without new ones: a fault found near the end
-# would otherwise be scored "found, not acted" only because the run stopped before its
-# persistence rule (slow_escalate_s, 20 min) or the policy's next decision came due. Longer
-# than every persistence rule; shorter than XID recurrence across jobs (strikes come hours
-# apart), so a G4 that struck once near the end can still be found and not yet acted on.
-TAIL_S = 3600
+# After the hours in which faults begin, a tail without new ones: a fault found near the end
+# would otherwise be scored "found, not acted" only because the run stopped before its rule
+# came due. The slowest rule is XID recurrence: a GPU is blamed at a job's fourth application
+# strike (or the third job's), and a G4's strikes come 15-90 min apart (pipeline/sim/
+# signatures_gpu.py), so up to 4.5 h after onset. With a 1 h tail, 5 G4s at x1000 ended the
+# run found (on their first strikes) and not yet blamed, which says nothing about the policy.
+TAIL_S = 4 * 3600 + 1800
 
 
 def runs(quick: bool) -> tuple[list[int], int]:
@@ -65,7 +66,7 @@ def runs(quick: bool) -> tuple[list[int], int]:
 
 
 def fleet(seed: int, hours: int, intensity: float = HEADLINE_INTENSITY) -> SimSettings:
-    """`hours` in which faults begin, then a quiet hour (TAIL_S)."""
+    """`hours` in which faults begin, then a quiet tail (TAIL_S)."""
     return SimSettings(
         seed=seed, duration_s=hours * 3600 + TAIL_S, faults_for_s=hours * 3600,
         intensity=intensity,
