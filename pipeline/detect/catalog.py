@@ -311,7 +311,9 @@ FABRIC: tuple[CheckSpec, ...] = (
         threshold="`fabric_switch_min_nodes` nodes behind one leaf switch or rail within "
         "`fabric_group_window_s`", settings=("fabric_switch_min_nodes", FABRIC_WINDOW),
         persistence=Persistence(window="opens when the group forms; clears when every port "
-                                "trouble behind it cleared"),
+                                "trouble behind it cleared, or when those left have been of "
+                                "fewer than `fabric_switch_min_nodes` nodes for "
+                                "`fabric_group_window_s` (they are judged again, as links)"),
         severity="critical", action="repair_switch", evidence="nodes affected",
     ),
     *(
@@ -321,7 +323,7 @@ FABRIC: tuple[CheckSpec, ...] = (
             threshold=f"no switch explains it within `{FABRIC_WINDOW}`: its cable or optic",
             settings=(FABRIC_WINDOW,),
             persistence=Persistence(window=f"opens `{FABRIC_WINDOW}` after the port trouble; "
-                                    "clears with it"),
+                                    "clears with it (a verdict per link and check)"),
             severity="warning", action="repair_link", evidence="ports affected",
         )
         for what, trouble in (

@@ -14,8 +14,13 @@ with both ends of a link, troubles are grouped across nodes:
 
 Each element verdict is one finding (target kind switch or link) and one action for the
 network team's actuator; no node is cordoned for it (a vanished NIC is the node detector's,
-and cordons its node). A verdict clears when every port trouble behind it has cleared.
-Nodes without inventory placement get link verdicts only.
+and cordons its node). A link has a verdict per check: a cable that flapped and then went
+dark is news twice. A verdict clears when every port trouble behind it has cleared. A switch
+verdict also clears when the troubles left behind it have been those of fewer than
+`fabric_switch_min_nodes` nodes for `fabric_group_window_s`: a switch that failed brings its
+ports back together, so a port still in trouble then is its own cable's (two independent
+faults side by side look like a switch for as long as both last); those ports are judged
+again, as links. Nodes without inventory placement get link verdicts only.
 
 Pure: no I/O, no clock. `localise` takes one port finding, `advance` the event time.
 """
@@ -74,12 +79,15 @@ class Element(msgspec.Struct, kw_only=True, gc=False):
     pool: str
     zone: str
     members: list[str] = []  # trouble keys it explains
+    # a switch's: since when its troubles are of fewer than `fabric_switch_min_nodes` nodes
+    # (0: they are not)
+    short_since: int = 0
 
 
 class FabricFleetState(msgspec.Struct, kw_only=True):
     clock: int = 0
     troubles: dict[str, Trouble] = {}  # by "cluster/node|port|check"
-    elements: dict[str, Element] = {}  # by "kind|cluster/name"
+    elements: dict[str, Element] = {}  # by "switch|cluster/name", "link|cluster/name|check"
 
 
 class Placement(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,16 +139,18 @@ def advance(
     verdicts."""
     state = state or FabricFleetState()
     state.clock = max(state.clock, now_ms)
-    if not any(t.element is None for t in state.troubles.values()):
+    if not any(t.element is None for t in state.troubles.values()) and not any(
+        e.kind == "switch" for e in state.elements.values()
+    ):
         return state, [], []
     return _judge(state, now_ms, settings, dry_run)
 
 
 def _judge(state: FabricFleetState, now: int, settings: DetectSettings, dry_run: bool) -> Output:
-    findings: list[Finding] = []
     actions: list[Action] = []
     window_ms = settings.fabric_group_window_s * 1000
     min_nodes = settings.tuned(SWITCH_DOWN).fabric_switch_min_nodes
+    findings = _unsupported_switches(state, now, window_ms, min_nodes)
     for group, name in _switch_groups(state, window_ms, min_nodes):
         group = [k for k in group if state.troubles[k].element is None]  # leaf before rail
         if not group:
@@ -156,6 +166,35 @@ def _judge(state: FabricFleetState, now: int, settings: DetectSettings, dry_run:
             findings += f
             actions += a
     return state, findings, actions
+
+
+def _unsupported_switches(
+    state: FabricFleetState, now: int, window_ms: int, min_nodes: int
+) -> list[Finding]:
+    """Clear the switch verdicts whose troubles have been those of fewer than `min_nodes`
+    nodes for `window_ms`, and free those troubles to be judged again (as links, unless a
+    switch pattern forms anew)."""
+    findings = []
+    for key, element in sorted(state.elements.items()):
+        if element.kind != "switch":
+            continue
+        nodes = sorted({state.troubles[m].node for m in element.members})
+        if len(nodes) >= min_nodes:
+            element.short_since = 0
+            continue
+        element.short_since = element.short_since or now
+        if now - element.short_since < window_ms:
+            continue
+        del state.elements[key]
+        for member in element.members:
+            state.troubles[member].element = None
+        left = ", ".join(nodes)
+        findings.append(_finding(
+            element, now, [], [], healthy=True,
+            message=f"switch {element.name}: the ports behind it are back but for those of "
+            f"{left}, too few for a switch; they are judged on their own",
+        ))
+    return findings
 
 
 def _switch_groups(
@@ -198,7 +237,7 @@ def _open_element(
     dry_run: bool,
 ) -> tuple[list[Finding], list[Action]]:
     first = state.troubles[members[0]]
-    key = f"{kind}|{first.cluster}/{name}"
+    key = f"{kind}|{first.cluster}/{name}" + (f"|{check}" if kind == "link" else "")
     element = state.elements.get(key)
     for member in members:
         state.troubles[member].element = key
@@ -230,7 +269,8 @@ def _target(element: Element) -> Target:
 
 
 def _finding(
-    element: Element, now: int, nodes: list[str], ports: list[str], healthy: bool
+    element: Element, now: int, nodes: list[str], ports: list[str], healthy: bool,
+    message: str = "",
 ) -> Finding:
     switch = element.kind == "switch"
     what = (
@@ -255,7 +295,7 @@ def _finding(
         evidence=None
         if healthy
         else evidence("nodes_affected" if switch else "ports_affected", len(nodes), 0.0, None, 0),
-        message=f"{element.kind} {element.name} recovered" if healthy else what,
+        message=message or (f"{element.kind} {element.name} recovered" if healthy else what),
     )
 
 

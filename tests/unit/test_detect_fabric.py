@@ -138,6 +138,63 @@ def test_switch_recovery_clears_the_element() -> None:
         ("fabric.switch.down", False), ("fabric.switch.down", True)]  # fmt: skip
 
 
+def flapping_then(node: str, p: int, step: int, flaps: tuple[int, ...]) -> dict[str, float]:
+    """A port whose link went down and up between the scrapes before each of `flaps`."""
+    count = 2.0 + sum(1.0 for s in flaps if s <= step)
+    return {"node_infiniband_link_downed_total": count,
+            "node_network_carrier_changes_total": 4.0 + 2 * (count - 2.0)}  # fmt: skip
+
+
+def element_changes(findings: list[Finding]) -> list[tuple[str, bool, str]]:
+    return [(f.check, f.healthy, f.entity.target.name) for f in findings]
+
+
+def test_a_dead_cable_beside_a_flapping_one_is_named_once_the_flapping_stops() -> None:
+    # two independent faults behind leaf-a: n0's port 1 flaps twice, n1's port 1 goes dark at
+    # the same time; together they look like the switch, until n0 is quiet again
+    def port(node: str, p: int, step: int) -> dict[str, float]:
+        if node == "n0" and p == 1:
+            return flapping_then(node, p, step, (3, 4))
+        return down({}) if node == "n1" and p == 1 and step >= 4 else {}
+
+    _, elem_out, acts = run_nodes(30, port)
+    assert element_changes(elem_out) == [
+        ("fabric.switch.down", False, "leaf-a"),
+        ("fabric.switch.down", True, "leaf-a"),
+        ("fabric.link.down", False, "n1:mlx5_1:1"),
+    ]
+    assert "n1" in elem_out[1].message
+    assert [(a.kind, a.target.name) for a in acts] == [
+        ("repair_switch", "leaf-a"), ("repair_link", "n1:mlx5_1:1")]  # fmt: skip
+    # not before n0's flap episode ended and a grouping window went by with n1 alone
+    flap_quiet = T0 + (4 * STEP) + SETTINGS.fabric_flap_window_s * 1000
+    assert acts[1].ts >= flap_quiet + SETTINGS.fabric_group_window_s * 1000
+
+
+def test_a_switch_whose_ports_come_back_a_scrape_apart_names_no_link() -> None:
+    def port(node: str, p: int, step: int) -> dict[str, float]:
+        last = {"n0": 8, "n1": 9}.get(node, -1)  # n1's ports come back one scrape later
+        return down({}) if 4 <= step <= last else {}
+
+    _, elem_out, acts = run_nodes(20, port)
+    assert element_changes(elem_out) == [
+        ("fabric.switch.down", False, "leaf-a"), ("fabric.switch.down", True, "leaf-a")]
+    assert [a.kind for a in acts] == ["repair_switch"]
+
+
+def test_a_cable_that_flapped_and_then_went_dark_is_news_twice() -> None:
+    def port(node: str, p: int, step: int) -> dict[str, float]:
+        if node != "n0" or p != 2:
+            return {}
+        return down({}) if step >= 7 else flapping_then(node, p, step, (3, 4))
+
+    _, elem_out, acts = run_nodes(14, port)
+    assert element_changes(elem_out) == [
+        ("fabric.link.flapping", False, "n0:mlx5_2:1"), ("fabric.link.down", False, "n0:mlx5_2:1")]
+    assert [a.kind for a in acts] == ["repair_link", "repair_link"]
+    assert len({a.action_id for a in acts}) == 2
+
+
 def test_vanished_nic_cordons_its_node() -> None:
     def port(node: str, p: int, step: int) -> dict[str, float] | None:
         return None if node == "n2" and p == 3 and step >= 5 else {}
