@@ -139,18 +139,19 @@ def advance(
     verdicts."""
     state = state or FabricFleetState()
     state.clock = max(state.clock, now_ms)
+    min_nodes = settings.tuned(SWITCH_DOWN).fabric_switch_min_nodes
     if not any(t.element is None for t in state.troubles.values()) and not any(
-        e.kind == "switch" for e in state.elements.values()
+        _short(state, e, min_nodes) for e in state.elements.values()
     ):
         return state, [], []
     return _judge(state, now_ms, settings, dry_run)
 
 
 def _judge(state: FabricFleetState, now: int, settings: DetectSettings, dry_run: bool) -> Output:
+    findings: list[Finding] = []
     actions: list[Action] = []
     window_ms = settings.fabric_group_window_s * 1000
     min_nodes = settings.tuned(SWITCH_DOWN).fabric_switch_min_nodes
-    findings = _unsupported_switches(state, now, window_ms, min_nodes)
     for group, name in _switch_groups(state, window_ms, min_nodes):
         group = [k for k in group if state.troubles[k].element is None]  # leaf before rail
         if not group:
@@ -158,6 +159,8 @@ def _judge(state: FabricFleetState, now: int, settings: DetectSettings, dry_run:
         f, a = _open_element(state, "switch", name, SWITCH_DOWN, group, now, dry_run)
         findings += f
         actions += a
+    # after the troubles that joined an open switch did (they may give it its quorum back)
+    findings += _unsupported_switches(state, now, window_ms, min_nodes)
     for key, trouble in sorted(state.troubles.items()):
         if trouble.element is None and now - trouble.ts >= window_ms:
             name = f"{trouble.node}:{trouble.port}"
@@ -176,10 +179,7 @@ def _unsupported_switches(
     switch pattern forms anew)."""
     findings = []
     for key, element in sorted(state.elements.items()):
-        if element.kind != "switch":
-            continue
-        nodes = sorted({state.troubles[m].node for m in element.members})
-        if len(nodes) >= min_nodes:
+        if not _short(state, element, min_nodes):
             element.short_since = 0
             continue
         element.short_since = element.short_since or now
@@ -188,13 +188,20 @@ def _unsupported_switches(
         del state.elements[key]
         for member in element.members:
             state.troubles[member].element = None
-        left = ", ".join(nodes)
+        left = ", ".join(sorted({state.troubles[m].node for m in element.members}))
         findings.append(_finding(
             element, now, [], [], healthy=True,
             message=f"switch {element.name}: the ports behind it are back but for those of "
             f"{left}, too few for a switch; they are judged on their own",
         ))
     return findings
+
+
+def _short(state: FabricFleetState, element: Element, min_nodes: int) -> bool:
+    """A switch verdict whose troubles are now those of too few nodes to be a switch's."""
+    if element.kind != "switch":
+        return False
+    return len({state.troubles[m].node for m in element.members}) < min_nodes
 
 
 def _switch_groups(

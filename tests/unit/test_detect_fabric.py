@@ -321,3 +321,24 @@ def test_the_fleet_stage_is_keyed_by_cluster_and_refuses_other_keys() -> None:
     assert stage.key(event, "c1") == "c1"
     with pytest.raises(DecodeError, match="cluster"):
         stage.key(event, "c1/n0")  # a node key would split the cluster's state
+
+
+def test_a_switch_that_gets_a_node_back_before_the_window_ends_waits_a_whole_window_again() -> None:
+    # n0 and n1 behind leaf-a go dark; n0 comes back, and one of its ports goes dark again a
+    # scrape later (the switch has its quorum back) before it too recovers for good
+    def port(node: str, p: int, step: int) -> dict[str, float]:
+        dark = {"n0": 4 <= step <= 8 or (p == 0 and 10 <= step <= 12), "n1": step >= 4}
+        return down({}) if dark.get(node, False) else {}
+
+    _, elem_out, acts = run_nodes(30, port)
+    changes = element_changes(elem_out)
+    assert changes[:2] == [
+        ("fabric.switch.down", False, "leaf-a"), ("fabric.switch.down", True, "leaf-a")]
+    assert changes[2:] == [("fabric.link.down", False, "n1:mlx5_0:1"),
+                           ("fabric.link.down", False, "n1:mlx5_1:1"),
+                           ("fabric.link.down", False, "n1:mlx5_2:1"),
+                           ("fabric.link.down", False, "n1:mlx5_3:1")]
+    # a whole window after n0's last recovery, not counted from its first one
+    switch_cleared = elem_out[1].ts
+    assert switch_cleared - (T0 + 13 * STEP) >= SETTINGS.fabric_group_window_s * 1000
+    assert [a.kind for a in acts] == ["repair_switch"] + ["repair_link"] * 4
