@@ -405,6 +405,9 @@ class DetectSettings(Section, frozen=True):
     peer_min: Annotated[int, Meta(ge=2)] = 3  # fewer peers in a group: no peer verdict
     peer_mad_k: Annotated[float, Meta(ge=0)] = 4.0  # deviation must also exceed k robust sigmas
     busy_util_pct: Percent = 50.0  # a GPU below this utilisation is not judged on clocks/power
+    # ... except its clock, from this utilisation up, while its clock event reasons say it is
+    # not idle (0x1): a GPU serving a light load runs kernels at its working clock all the same
+    clock_active_util_pct: Percent = 10.0
     temp_peer_delta_c: Annotated[float, Meta(gt=0)] = 6.0  # above its usual offset to peers
     temp_alone_delta_c: Annotated[float, Meta(gt=0)] = 15.0  # above peers, whatever its history
     temp_drift_min_c: Annotated[float, Meta(ge=0)] = 3.0  # CUSUM drift must be at least this

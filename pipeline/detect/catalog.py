@@ -152,25 +152,27 @@ GPU: tuple[CheckSpec, ...] = (
     ),
     CheckSpec(
         name="gpu.clock.throttle", detector="gpu", entity="gpu",
-        signal="SM clock while busy (an idle scrape between the same job's peaks is skipped); "
-        "throttle reasons", baseline="busy peers, or its own "
-        "same-job history", threshold="`clock_alone_frac` below peers (or `clock_drop_frac` below "
+        signal="SM clock while busy or, from `clock_active_util_pct`, not idle by its clock "
+        "event reasons (an idle scrape between the same job's peaks is skipped); throttle "
+        "reasons", baseline="busy peers, or its own same-job history", threshold="`clock_alone_frac` below peers (or `clock_drop_frac` below "
         "its usual gap), below its history with heat evidence (`violation_frac`), hardware "
         "slowdown reasons, or a plain slowdown lasting `slow_escalate_s`; announced again once "
         "the clock falls a further `clock_drop_frac` below the level it held",
         settings=("clock_drop_frac", "clock_alone_frac", "clock_own_frac", "slow_escalate_s",
-                  "violation_frac", "busy_util_pct", *PEER),
+                  "violation_frac", "busy_util_pct", "clock_active_util_pct", *PEER),
         persistence=SAMPLES_GRAY, severity="warning", action="cordon",
         evidence="SM clock, the reference clock, the relative gap",
     ),
     CheckSpec(
         name="gpu.clock.slow", detector="gpu", entity="gpu",
-        signal="SM clock while busy (an idle scrape between the same job's peaks is skipped)",
+        signal="SM clock while busy or, from `clock_active_util_pct`, not idle by its clock "
+        "event reasons (an idle scrape between the same job's peaks is skipped)",
         baseline="its own same-job history",
         threshold="`clock_own_frac` below it with no hardware evidence (becomes "
         "gpu.clock.throttle after `slow_escalate_s`); announced again once the clock falls a "
         "further `clock_drop_frac` below the level it held",
-        settings=("clock_own_frac", "clock_drop_frac", "busy_util_pct", "warmup_samples"),
+        settings=("clock_own_frac", "clock_drop_frac", "busy_util_pct", "clock_active_util_pct",
+                  "warmup_samples"),
         persistence=SAMPLES_GRAY, severity="warning", action="watch",
         evidence="SM clock, its usual clock, the relative drop",
     ),

@@ -96,7 +96,9 @@ def detect_gpu(
         for check in (NODE_STALE, NODE_DOWN):
             ctx.emit(clear_episode(book, check, sample.ts, None, f"node {book.name} reporting"))
     views = [
-        View(r.device, r.uuid, r.job, r.metrics, settings.busy_util_pct) for r in sample.gpus
+        View(r.device, r.uuid, r.job, r.metrics, settings.busy_util_pct,
+             settings.clock_active_util_pct)
+        for r in sample.gpus
     ]
     peers = _peer_groups(views, settings.peer_min)
     seen = set()

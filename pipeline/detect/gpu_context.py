@@ -50,6 +50,7 @@ class View:
     __slots__ = (
         "busy",
         "clock",
+        "clocked",
         "device",
         "group",
         "job",
@@ -61,7 +62,8 @@ class View:
     )
 
     def __init__(
-        self, device: str, uuid: str, job: str | None, metrics: dict[str, float], busy_pct: float
+        self, device: str, uuid: str, job: str | None, metrics: dict[str, float],
+        busy_pct: float, active_pct: float,
     ) -> None:
         self.device, self.uuid, self.job, self.metrics = device, uuid, job, metrics
         # Readings are finite by contract (GpuReading rejects NaN/inf); absent is None.
@@ -74,6 +76,12 @@ class View:
         if util is None:
             util = gm.utilisation(metrics)
         self.busy = util is not None and util >= busy_pct
+        # judged on its clock: busy, or at work by its clock event reasons (not idle-clocked)
+        reasons = metrics.get(gm.THROTTLE_REASONS)
+        self.clocked = self.busy or (
+            util is not None and util >= active_pct
+            and reasons is not None and not int(reasons) & gm.IDLE_REASON
+        )
         # Peers are the GPUs on the same job; without a job label, the ones equally busy.
         self.group = job or ("busy" if self.busy else "idle")
 

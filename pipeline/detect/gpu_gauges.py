@@ -91,7 +91,7 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     same, so it becomes a throttle finding only once it has lasted `slow_escalate_s`."""
     s, as_slow = ctx.settings.tuned(CLOCK), ctx.settings.tuned(SLOW)
     clock = view.clock
-    if clock is None or not view.busy:
+    if clock is None or not view.clocked:
         # An idle clock says nothing, but hardware slowdown reasons hold whatever the load.
         # Nor does it end a slow run: a serving GPU slow whenever it is busy, idle between
         # peaks, is slow all along (only a busy scrape at its usual clock ends the run). So

@@ -53,6 +53,7 @@ NO_RAW: tuple[float | None, ...] = (None,) * len(RAW_FIELDS)
 # trouble on their own; SW_THERMAL 0x20 (the GPU at its thermal target) is evidence that a slow
 # clock is heat, not workload; power cap 0x4 and idle 0x1 are normal operation.
 HARDWARE_SLOWDOWN_MASK = 0x8 | 0x40 | 0x80
+IDLE_REASON = 0x1
 THERMAL_EVIDENCE_MASK = HARDWARE_SLOWDOWN_MASK | 0x20
 # NVML recovery actions (XID 154 payload, field 1523) and what FleetPulse recommends for each.
 RECOVERY_ACTIONS: dict[int, tuple[str, RecommendedAction]] = {

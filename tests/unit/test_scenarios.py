@@ -383,3 +383,44 @@ def test_a_serving_gpu_slow_at_every_peak_is_cordoned_and_its_troughs_do_not_hid
     assert throttled, [(f.check, f.ts - start) for f in found]
     assert min(f.ts for f in throttled) >= start + BASE.detect.slow_escalate_s * 1000
     assert removals and "gpu.clock.throttle" in removals[0].reason.checks
+
+
+def _lightly_loaded(event: Event, start: int, clock_factor: float, reasons: float) -> Event:
+    """SERVING's GPUs at a steady 35 % utilisation all along (never busy_util_pct), with these
+    clock event reasons, and their clocks times `clock_factor` from `start`."""
+    if not isinstance(event, GpuSample) or event.node != SERVING:
+        return event
+    factor = clock_factor if event.ts >= start else 1.0
+    gpus = []
+    for g in event.gpus:
+        metrics = dict(g.metrics)
+        metrics["DCGM_FI_DEV_SM_CLOCK"] = round(1410 * factor)
+        metrics["DCGM_FI_DEV_GPU_UTIL"] = BASE.detect.busy_util_pct - 15
+        metrics["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] = reasons
+        gpus.append(msgspec.structs.replace(g, metrics=metrics))
+    return msgspec.structs.replace(event, gpus=gpus)
+
+
+@pytest.mark.parametrize(("clock_factor", "reasons", "cordoned"), [
+    (0.69, 0.0, True),  # a fail-slow node serving a light load (x1000 bench, seed 1)
+    (1.0, 0.0, False),  # the same load at its usual clock
+    (0.69, 1.0, False),  # the clock of a GPU its reasons call idle says nothing
+])  # fmt: skip
+def test_a_gpu_serving_a_light_load_is_judged_on_its_clock_unless_it_is_idle(
+    clock_factor: float, reasons: float, cordoned: bool
+) -> None:
+    settings, events = quiet_fleet(minutes=40)
+    start = events[0].ts + LOWERED_FROM_MS
+    out = collect(settings, iter([_lightly_loaded(e, start, clock_factor, reasons)
+                                  for e in events]))  # fmt: skip
+    found = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy
+             and f.entity.target.name == SERVING and f.check.startswith("gpu.clock")]  # fmt: skip
+    removals = [a for a in out.get("actions", []) if isinstance(a, Action)
+                and a.kind in REMOVALS and a.target.name == SERVING]  # fmt: skip
+    if not cordoned:
+        assert not found and not removals
+        return
+    throttled = [f for f in found if f.check == "gpu.clock.throttle"]
+    assert throttled, [(f.check, f.ts - start) for f in found]
+    assert min(f.ts for f in throttled) >= start + BASE.detect.slow_escalate_s * 1000
+    assert removals and "gpu.clock.throttle" in removals[0].reason.checks
