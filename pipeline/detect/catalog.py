@@ -154,7 +154,8 @@ GPU: tuple[CheckSpec, ...] = (
         name="gpu.clock.throttle", detector="gpu", entity="gpu",
         signal="SM clock while busy or, from `clock_active_util_pct`, not idle by its clock "
         "event reasons (an idle scrape between the same job's peaks is skipped); throttle "
-        "reasons", baseline="busy peers, or its own same-job history", threshold="`clock_alone_frac` below peers (or `clock_drop_frac` below "
+        "reasons", baseline="busy peers, or its own same-job history",
+        threshold="`clock_alone_frac` below peers (or `clock_drop_frac` below "
         "its usual gap), below its history with heat evidence (`violation_frac`), hardware "
         "slowdown reasons, or a plain slowdown lasting `slow_escalate_s`; announced again once "
         "the clock falls a further `clock_drop_frac` below the level it held",
