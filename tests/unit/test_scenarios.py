@@ -362,6 +362,22 @@ def _between_peaks(event: Event, start: int, clock_factor: float) -> Event:
     return msgspec.structs.replace(event, gpus=gpus)
 
 
+def _assert_serving_verdict(out: dict[str, list[Event]], start: int, cordoned: bool) -> None:
+    """SERVING was cordoned for gpu.clock.throttle, not before slow_escalate_s after `start`;
+    or nothing at all was said of its clocks."""
+    found = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy
+             and f.entity.target.name == SERVING and f.check.startswith("gpu.clock")]  # fmt: skip
+    removals = [a for a in out.get("actions", []) if isinstance(a, Action)
+                and a.kind in REMOVALS and a.target.name == SERVING]  # fmt: skip
+    if not cordoned:
+        assert not found and not removals
+        return
+    throttled = [f for f in found if f.check == "gpu.clock.throttle"]
+    assert throttled, [(f.check, f.ts - start) for f in found]
+    assert min(f.ts for f in throttled) >= start + BASE.detect.slow_escalate_s * 1000
+    assert removals and "gpu.clock.throttle" in removals[0].reason.checks
+
+
 @pytest.mark.parametrize("clock_factor", [0.82, 1.0])
 def test_a_serving_gpu_slow_at_every_peak_is_cordoned_and_its_troughs_do_not_hide_it(
     clock_factor: float,
@@ -372,17 +388,7 @@ def test_a_serving_gpu_slow_at_every_peak_is_cordoned_and_its_troughs_do_not_hid
     start = events[0].ts + LOWERED_FROM_MS
     served = [_between_peaks(e, start, clock_factor) for e in events]
     out = collect(settings, iter(served))
-    found = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy
-             and f.entity.target.name == SERVING and f.check.startswith("gpu.clock")]  # fmt: skip
-    removals = [a for a in out.get("actions", []) if isinstance(a, Action)
-                and a.kind in REMOVALS and a.target.name == SERVING]  # fmt: skip
-    if clock_factor == 1.0:
-        assert not found and not removals
-        return
-    throttled = [f for f in found if f.check == "gpu.clock.throttle"]
-    assert throttled, [(f.check, f.ts - start) for f in found]
-    assert min(f.ts for f in throttled) >= start + BASE.detect.slow_escalate_s * 1000
-    assert removals and "gpu.clock.throttle" in removals[0].reason.checks
+    _assert_serving_verdict(out, start, cordoned=clock_factor != 1.0)
 
 
 def _lightly_loaded(event: Event, start: int, clock_factor: float, reasons: float) -> Event:
@@ -413,14 +419,4 @@ def test_a_gpu_serving_a_light_load_is_judged_on_its_clock_unless_it_is_idle(
     start = events[0].ts + LOWERED_FROM_MS
     out = collect(settings, iter([_lightly_loaded(e, start, clock_factor, reasons)
                                   for e in events]))  # fmt: skip
-    found = [f for f in out.get("findings", []) if isinstance(f, Finding) and not f.healthy
-             and f.entity.target.name == SERVING and f.check.startswith("gpu.clock")]  # fmt: skip
-    removals = [a for a in out.get("actions", []) if isinstance(a, Action)
-                and a.kind in REMOVALS and a.target.name == SERVING]  # fmt: skip
-    if not cordoned:
-        assert not found and not removals
-        return
-    throttled = [f for f in found if f.check == "gpu.clock.throttle"]
-    assert throttled, [(f.check, f.ts - start) for f in found]
-    assert min(f.ts for f in throttled) >= start + BASE.detect.slow_escalate_s * 1000
-    assert removals and "gpu.clock.throttle" in removals[0].reason.checks
+    _assert_serving_verdict(out, start, cordoned)
