@@ -4,7 +4,8 @@ Each scenario test calls `record(suite, scenario, figures)`; the figures land as
 per scenario under `out/reliability/` (or `$RELIABILITY_DIR`). After a test run,
 `python -m tests.faults.reliability` rewrites the README section between the markers from those
 files, so the table is never typed by hand. Suites: "input" (hostile or faulty records, the
-fail-safe issue), "poison" (undecodable records in every consumer), "lake" (corrupt Parquet
+fail-safe issue), "control" (the control path: maintenance notices, control records,
+principals, the actuator and people, alert delivery), "poison" (undecodable records in every consumer), "lake" (corrupt Parquet
 files) and "infrastructure" (broker, process, network and disk faults), the last split into
 families (FAMILIES), each table with the columns its scenarios measure.
 
@@ -24,7 +25,7 @@ from pipeline import docs_markers
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "reliability"  # the README section between <!-- reliability:start/end -->
-SUITES = ("input", "poison", "lake", "infrastructure")
+SUITES = ("input", "control", "poison", "lake", "infrastructure")
 # infrastructure scenarios by family (first match), so each table has its own columns
 FAMILIES = (
     ("process crashes", r"^SIGKILL"),
