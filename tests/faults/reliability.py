@@ -5,8 +5,8 @@ per scenario under `out/reliability/` (or `$RELIABILITY_DIR`). After a test run,
 `python -m tests.faults.reliability` rewrites the README section between the markers from those
 files, so the table is never typed by hand. Suites: "input" (hostile or faulty records, the
 fail-safe issue), "control" (the control path: maintenance notices, control records,
-principals, the actuator and people, alert delivery), "poison" (undecodable records in every consumer), "lake" (corrupt Parquet
-files) and "infrastructure" (broker, process, network and disk faults), the last split into
+principals, the actuator and people, alert delivery), "poison" (undecodable records in every
+consumer), "lake" (corrupt Parquet files) and "infrastructure" (broker, process, network and disk faults), the last split into
 families (FAMILIES), each table with the columns its scenarios measure.
 
 `--keep` keeps the README's rows of scenarios this run did not measure (a `make test` run
