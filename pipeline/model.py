@@ -528,6 +528,7 @@ NodeEventKind = Literal[
     "repair_requested",
     "ready",
     "not_ready",
+    "refused",
 ]
 NODE_EVENT_KINDS_DOC = (
     "What happened to the target. cordoned, uncordoned, drained, deleted, repaired, created: "
@@ -537,7 +538,9 @@ NODE_EVENT_KINDS_DOC = (
     "skipped: an action was not carried out (stale, not supported, target gone; `reason` says "
     "why). repair_requested: a repair was handed to a repair controller (a label on the node); "
     "`repaired` or `created` follows when it is done. ready, not_ready: the node's Ready "
-    "condition changed."
+    "condition changed. refused: an actuator refused the action as not credible (no "
+    "`expires_at`, a `ts` too old, a key or labels that disagree with the target, a removal cap, a "
+    "repair of a node not drained); `reason` says which."
 )
 
 
