@@ -13,7 +13,9 @@
 #      JAVA_HOME (optional: use $JAVA_HOME/bin/java), MVN (default mvn).
 # Secure profile: KAFKA_SECURE=1 start adds a SASL_SSL listener on KAFKA_SECURE_PORT (default
 #      KAFKA_PORT+2) with a CA and broker certificate made per run (openssl), SCRAM users with
-#      per-run passwords, and the StandardAuthorizer with ACLs; the data dir is fresh each run.
+#      per-run passwords (admin, and a principal per component: pipeline/wire_acl.py), and the
+#      StandardAuthorizer with those principals' ACLs for the topic prefixes in
+#      KAFKA_ACL_PREFIXES (comma-separated, default fleet); the data dir is fresh each run.
 #      Files (CA, passwords, client env) land in .cache/kafka/secure-<KAFKA_PORT>; see README.md.
 # Proxied listeners: KAFKA_PROXIED_LISTENERS="NAME=LISTEN_PORT:ADVERTISED_PORT ..." adds a
 #      PLAINTEXT listener per entry that listens on LISTEN_PORT and advertises ADVERTISED_PORT
@@ -60,8 +62,8 @@ DATA_DIR="$CACHE_DIR/data-$KAFKA_PORT"
 SECURE="${KAFKA_SECURE:-0}"
 KAFKA_SECURE_PORT="${KAFKA_SECURE_PORT:-$((KAFKA_PORT + 2))}"
 SECURE_DIR="$CACHE_DIR/secure-$KAFKA_PORT"
-# prefixes of the topics the telemetry-only user may write (PREFIXED ACLs)
-TELEMETRY_PREFIXES="${KAFKA_TELEMETRY_PREFIXES:-fleet.telemetry.}"
+# the topic prefixes (kafka.topic_prefix) whose topics get the per-component ACLs
+ACL_PREFIXES="${KAFKA_ACL_PREFIXES:-fleet}"
 if [[ "$SECURE" == 1 ]]; then
   is_port_number "$KAFKA_SECURE_PORT" || die "KAFKA_SECURE_PORT must be a port number, got '$KAFKA_SECURE_PORT'"
   DATA_DIR="$CACHE_DIR/data-secure-$KAFKA_PORT"  # never mixed with a plaintext broker's data
@@ -189,10 +191,27 @@ print_log_tail() {
 
 # --- secure profile --------------------------------------------------------------------------
 
-SECURE_USERS=(admin fleetpulse telemetry-only)
+SECURE_USERS=()  # admin, then a principal per component (pipeline/wire_acl.py), at start
+
+project_python() { # the project's Python (it has the Kafka client), or python3
+  local py="${PYTHON:-}"
+  [[ -z "$py" && -x "$REPO_ROOT/.venv/bin/python" ]] && py="$REPO_ROOT/.venv/bin/python"
+  printf '%s' "${py:-python3}"
+}
+
+secure_acls() { # deploy/kafka/secure_acls.py with the repository importable
+  PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$(project_python)" "$SCRIPT_DIR/secure_acls.py" "$@" 8>&- 9>&-
+}
+
+load_users() {
+  local principals
+  principals="$(secure_acls --principals)" || die "could not list the principals (pipeline/wire_acl.py)"
+  mapfile -t SECURE_USERS < <(printf 'admin\n%s\n' "$principals")
+}
 
 make_certs() { # a CA and a broker certificate for 127.0.0.1 / localhost, new every run
   local d="$SECURE_DIR"
+  load_users
   rm -rf "$d"
   mkdir -p "$d"
   chmod 700 "$d"
@@ -213,15 +232,17 @@ make_certs() { # a CA and a broker certificate for 127.0.0.1 / localhost, new ev
   for user in "${SECURE_USERS[@]}"; do
     head -c 18 /dev/urandom | base64 | tr '+/' 'xy' >"$d/$user.password"
   done
+  for user in "${SECURE_USERS[@]}"; do
+    { # what a client needs to connect as this user (source it, or copy to a config)
+      echo "FLEETPULSE_KAFKA__BOOTSTRAP=127.0.0.1:$KAFKA_SECURE_PORT"
+      echo "FLEETPULSE_KAFKA__SECURITY_PROTOCOL=SASL_SSL"
+      echo "FLEETPULSE_KAFKA__SASL_MECHANISM=SCRAM-SHA-512"
+      echo "FLEETPULSE_KAFKA__SASL_USERNAME=$user"
+      echo "FLEETPULSE_KAFKA__SASL_PASSWORD_FILE=$d/$user.password"
+      echo "FLEETPULSE_KAFKA__SSL_CAFILE=$d/ca.pem"
+    } >"$d/$user.env"
+  done
   chmod 600 "$d"/*
-  { # what a client needs to connect as the fleetpulse user (source it, or copy to a config)
-    echo "FLEETPULSE_KAFKA__BOOTSTRAP=127.0.0.1:$KAFKA_SECURE_PORT"
-    echo "FLEETPULSE_KAFKA__SECURITY_PROTOCOL=SASL_SSL"
-    echo "FLEETPULSE_KAFKA__SASL_MECHANISM=SCRAM-SHA-512"
-    echo "FLEETPULSE_KAFKA__SASL_USERNAME=fleetpulse"
-    echo "FLEETPULSE_KAFKA__SASL_PASSWORD_FILE=$d/fleetpulse.password"
-    echo "FLEETPULSE_KAFKA__SSL_CAFILE=$d/ca.pem"
-  } >"$d/fleetpulse.env"
 }
 
 secure_props() { # appended to the rendered template; later keys win in a .properties file
@@ -282,11 +303,7 @@ scram_args() { # StorageTool --add-scram for every user, both SCRAM mechanisms
 }
 
 create_acls() { # over the PLAINTEXT listener (a super user), with the project's Python client
-  local py="${PYTHON:-}"
-  [[ -z "$py" && -x "$REPO_ROOT/.venv/bin/python" ]] && py="$REPO_ROOT/.venv/bin/python"
-  py="${py:-python3}"
-  PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" "$SCRIPT_DIR/secure_acls.py" \
-    "127.0.0.1:$KAFKA_PORT" "$TELEMETRY_PREFIXES" 8>&- 9>&-
+  secure_acls "127.0.0.1:$KAFKA_PORT" "$ACL_PREFIXES"
 }
 
 # --- subcommands -------------------------------------------------------------------------------

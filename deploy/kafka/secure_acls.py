@@ -1,12 +1,13 @@
 """ACLs of kafka.sh's secure profile, created over the broker's PLAINTEXT listener (a super user).
 
-- `fleetpulse`: everything on every topic, group and transactional id, and the cluster (it
-  creates topics): the account of the worker, sinks, alerts, ingest and simulate.
-- `telemetry-only`: write (and describe) topics starting with the given prefixes, nothing else;
-  an ingest adapter's account, which must not be able to forge actions or alerts.
-- `admin` is a super user (super.users), so it needs no ACL.
+One principal per FleetPulse component, `fleetpulse-<role>`, with exactly the grants of
+pipeline/wire_acl.py (the table README.md's ACL section is written from): the worker alone
+writes actions and the stage topics, the XID reader only XID events and its dead letters, and
+so on. `admin` is a super user (super.users) and needs no ACL: tools such as `simulate` and the
+tests' setup run as it. Nothing else is allowed (allow.everyone.if.no.acl.found=false).
 
-Usage: python secure_acls.py <plaintext bootstrap> <comma-separated telemetry topic prefixes>
+Usage: python secure_acls.py <plaintext bootstrap> <comma-separated topic prefixes>
+       python secure_acls.py --principals      (the user names, one a line, for kafka.sh)
 """
 
 from __future__ import annotations
@@ -23,35 +24,35 @@ from kafka.admin import (
     ResourceType,
 )
 
+from pipeline.config import KafkaSettings
+from pipeline.wire_acl import ROLES, Grant, grants
 
-def acls(telemetry_prefixes: list[str]) -> list[ACL]:
-    def allow(user: str, op: ACLOperation, kind: ResourceType, name: str,
-              pattern: ACLResourcePatternType = ACLResourcePatternType.LITERAL) -> ACL:
-        return ACL(f"User:{user}", "*", op, ACLPermissionType.ALLOW,
-                   ResourcePattern(kind, name, pattern))
 
-    out = [
-        allow("fleetpulse", ACLOperation.ALL, kind, "*")
-        for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
-    ]
-    out.append(allow("fleetpulse", ACLOperation.ALL, ResourceType.CLUSTER, "kafka-cluster"))
-    for prefix in telemetry_prefixes:
-        for op in (ACLOperation.WRITE, ACLOperation.DESCRIBE):
-            out.append(allow("telemetry-only", op, ResourceType.TOPIC, prefix,
-                             ACLResourcePatternType.PREFIXED))
-    return out
+def to_acl(grant: Grant) -> ACL:
+    pattern = ACLResourcePatternType.PREFIXED if grant.prefixed else ACLResourcePatternType.LITERAL
+    return ACL(grant.principal, "*", ACLOperation[grant.operation], ACLPermissionType.ALLOW,
+               ResourcePattern(ResourceType[grant.resource], grant.name, pattern))
+
+
+def profile_grants(prefixes: list[str]) -> list[Grant]:
+    """The grants for every topic prefix the profile serves (each with its default group)."""
+    return sorted({g for prefix in prefixes for g in grants(KafkaSettings(topic_prefix=prefix))})
 
 
 def main(bootstrap: str, prefixes: str) -> None:
+    wanted = profile_grants([p for p in prefixes.split(",") if p])
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="kafka-sh-acls")
     try:
-        result = admin.create_acls(acls([p for p in prefixes.split(",") if p]))
+        result = admin.create_acls([to_acl(g) for g in wanted])
     finally:
         admin.close()
     if result["failed"]:
         raise SystemExit(f"ACLs refused: {result['failed']}")
-    print(f"kafka.sh: created {len(result['succeeded'])} ACLs")
+    print(f"kafka.sh: created {len(result['succeeded'])} ACLs for {len(ROLES)} principals")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--principals"]:
+        print("\n".join(role.principal for role in ROLES))
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -2,7 +2,9 @@
 
 The module starts its own broker (`KAFKA_SECURE=1 deploy/kafka/kafka.sh start` on free ports:
 a per-run CA and broker certificate, SCRAM users, StandardAuthorizer ACLs), so it runs from a
-fresh clone under `make test` next to the plaintext broker the other tests use.
+fresh clone under `make test` next to the plaintext broker the other tests use. Every process
+runs as its component's own principal (pipeline/wire_acl.py); `admin` (a super user) stands in
+for the fleet where a test feeds it (`simulate`, produced events).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,6 +30,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition as AioPartition
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import (
+    ACLFilter,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    KafkaAdminClient,
+    ResourcePatternFilter,
+    ResourceType,
+)
 from kafka.errors import TopicAuthorizationFailedError
 
 from pipeline import codec
@@ -36,11 +48,15 @@ from pipeline.model import Action
 from pipeline.runtime.group_topics import group_name, group_topics
 from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.sim import read_truth
+from pipeline.wire_acl import ROLES, Grant, markdown
 from streams.testing import WorkerProcess, create_topics, produce_events, scenario, worker_env
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
+README = REPO / "deploy" / "kafka" / "README.md"
+# the topic prefixes the module's broker grants the principals (one per test's topics)
+PREFIXES = ("fleet", "rt", "wk", "e2e")
 
 
 @dataclass(frozen=True)
@@ -49,7 +65,7 @@ class SecureBroker:
     secure_port: int
     files: Path  # CA, per-user password files, fleetpulse.env
 
-    def settings(self, user: str = "fleetpulse", **extra: object) -> KafkaSettings:
+    def settings(self, user: str = "admin", **extra: object) -> KafkaSettings:
         return KafkaSettings(
             bootstrap=f"127.0.0.1:{self.secure_port}",
             partitions=2,
@@ -68,8 +84,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def secure_broker() -> Iterator[SecureBroker]:
+@contextmanager
+def running_secure_broker(prefixes: tuple[str, ...]) -> Iterator[SecureBroker]:
+    """kafka.sh's secure profile on free ports, its ACLs for the topic prefixes given."""
     plain, controller, secure = _free_port(), _free_port(), _free_port()
     env = {
         **os.environ,
@@ -77,6 +94,7 @@ def secure_broker() -> Iterator[SecureBroker]:
         "KAFKA_PORT": str(plain),
         "KAFKA_CONTROLLER_PORT": str(controller),
         "KAFKA_SECURE_PORT": str(secure),
+        "KAFKA_ACL_PREFIXES": ",".join(prefixes),
         "KAFKA_HEAP_OPTS": "-Xms256m -Xmx384m",
         "PYTHON": sys.executable,  # kafka.sh creates the ACLs with the project's client
     }
@@ -88,6 +106,12 @@ def secure_broker() -> Iterator[SecureBroker]:
     finally:
         subprocess.run(["bash", str(KAFKA_SH), "stop"], env=env, capture_output=True,
                        timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def secure_broker() -> Iterator[SecureBroker]:
+    with running_secure_broker(PREFIXES) as broker:
+        yield broker
 
 
 def _env(kafka: KafkaSettings, **extra: str) -> dict[str, str]:
@@ -120,26 +144,29 @@ def _end_offsets(kafka: KafkaSettings, topic: str) -> dict[int, int]:
 
 
 def test_topics_create_and_a_round_trip_over_sasl_ssl(secure_broker: SecureBroker) -> None:
-    kafka = secure_broker.settings(topic_prefix="rt")
-    done = _cli("topics", "create", env=_env(kafka, FLEETPULSE_KAFKA__TOPIC_PREFIX="rt"))
+    """The chart's topics Job's principal creates every topic; the worker's writes a finding,
+    the lake sink's reads it in its own group (group ACLs, offset commits)."""
+    topics = secure_broker.settings("fleetpulse-topics", topic_prefix="rt")
+    done = _cli("topics", "create", env=_env(topics, FLEETPULSE_KAFKA__TOPIC_PREFIX="rt"))
     assert done.returncode == 0, done.stdout + done.stderr
     # every topic FleetPulse declares, and the default worker group's
-    every = len(TOPICS) + len(group_topics(kafka, group_name(kafka)))
+    every = len(TOPICS) + len(group_topics(topics, group_name(topics)))
     created = f"{every} created, 0 already present"
     assert f"{created} on 127.0.0.1:{secure_broker.secure_port}" in done.stdout
-    topic = topic_name(kafka, "findings")
-    producer = KafkaProducer(**client_kwargs(kafka), acks="all")
+    worker = secure_broker.settings("fleetpulse-worker", topic_prefix="rt")
+    topic = topic_name(worker, "findings")
+    producer = KafkaProducer(**client_kwargs(worker), acks="all")
     sent = producer.send(topic, key=b"node-1", value=b"over-tls").get(timeout=30)
     producer.close()
-    # kafka-python consumer in a group (group ACLs, offset commits)
-    consumer = KafkaConsumer(topic, **client_kwargs(kafka), group_id="rt-group",
+    lake = secure_broker.settings("fleetpulse-lake", topic_prefix="rt")
+    consumer = KafkaConsumer(topic, **client_kwargs(lake), group_id="fleetpulse-lake",
                              auto_offset_reset="earliest", consumer_timeout_ms=20_000)
     values = [m.value for m in consumer]
     consumer.commit()
     consumer.close()
     assert values == [b"over-tls"]
     # aiokafka (the client under faust), its own TLS context from the same settings
-    assert _aiokafka_read(kafka, topic, sent.partition) == [b"over-tls"]
+    assert _aiokafka_read(lake, topic, sent.partition) == [b"over-tls"]
 
 
 def _aiokafka_read(kafka: KafkaSettings, topic: str, partition: int) -> list[bytes]:
@@ -165,13 +192,14 @@ def test_a_wrong_password_fails_fast_naming_listener_and_mechanism(
 ) -> None:
     wrong = tmp_path / "wrong.password"
     wrong.write_text("not-the-password\n")
-    kafka = secure_broker.settings()
+    kafka = secure_broker.settings("fleetpulse-topics")
     env = _env(kafka, FLEETPULSE_KAFKA__SASL_PASSWORD_FILE=str(wrong))
     started = time.monotonic()
     done = _cli("topics", "create", env=env)
     took = time.monotonic() - started
     assert done.returncode != 0
-    listener = f"127.0.0.1:{secure_broker.secure_port} (SASL_SSL, SCRAM-SHA-512 as 'fleetpulse')"
+    listener = (f"127.0.0.1:{secure_broker.secure_port} "
+                "(SASL_SSL, SCRAM-SHA-512 as 'fleetpulse-topics')")
     assert f"Kafka refused the SASL login at {listener}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and "not-the-password" not in done.stderr
     assert took < 15, f"took {took:.1f} s"  # not the clients' 30 s bootstrap timeout
@@ -182,7 +210,8 @@ def test_an_unknown_ca_is_a_clear_tls_error(secure_broker: SecureBroker, tmp_pat
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=other", "-keyout", str(tmp_path / "k"), "-out", str(other_ca)],
                    capture_output=True, check=True, timeout=60)
-    env = _env(secure_broker.settings(), FLEETPULSE_KAFKA__SSL_CAFILE=str(other_ca))
+    env = _env(secure_broker.settings("fleetpulse-topics"),
+               FLEETPULSE_KAFKA__SSL_CAFILE=str(other_ca))
     done = _cli("topics", "create", env=env)
     assert done.returncode != 0
     assert "TLS handshake with 127.0.0.1" in done.stderr and "CERTIFICATE_VERIFY_FAILED" in (
@@ -190,43 +219,88 @@ def test_an_unknown_ca_is_a_clear_tls_error(secure_broker: SecureBroker, tmp_pat
     ), done.stderr
 
 
-def test_telemetry_only_is_refused_writing_actions_and_nothing_lands(
+def test_the_xid_reader_is_refused_writing_actions_and_nothing_lands(
     secure_broker: SecureBroker,
 ) -> None:
-    admin = secure_broker.settings(topic_prefix="fleet")  # ACLs name fleet.telemetry.*
+    """The XID DaemonSet's principal (root on every GPU node) writes XID events, not actions;
+    every role against every topic: tests/faults/test_control_principals.py."""
+    admin = secure_broker.settings(topic_prefix="fleet")
     assert _cli("topics", "create", env=_env(admin)).returncode == 0
-    telemetry = secure_broker.settings("telemetry-only", topic_prefix="fleet")
+    xid = secure_broker.settings("fleetpulse-ingest-xid", topic_prefix="fleet")
     # default retries: a just-created topic may answer NotLeader once; authorization
     # errors are not retried, so the refusal still comes at once
-    producer = KafkaProducer(**client_kwargs(telemetry), acks="all")
+    producer = KafkaProducer(**client_kwargs(xid), acks="all")
     try:
-        # its own topics: allowed
-        producer.send(topic_name(telemetry, "telemetry.gpu"), value=b"sample").get(timeout=30)
+        producer.send(topic_name(xid, "events.xid"), value=b"xid").get(timeout=30)  # its own
         with pytest.raises(TopicAuthorizationFailedError):
-            producer.send(topic_name(telemetry, "actions"), value=b"forged").get(timeout=30)
+            producer.send(topic_name(xid, "actions"), value=b"forged").get(timeout=30)
     finally:
         producer.close()
     assert sum(_end_offsets(admin, topic_name(admin, "actions")).values()) == 0
-    assert sum(_end_offsets(admin, topic_name(admin, "telemetry.gpu")).values()) >= 1
+    assert sum(_end_offsets(admin, topic_name(admin, "events.xid")).values()) >= 1
+
+
+def test_the_broker_holds_exactly_the_acls_of_the_role_table(secure_broker: SecureBroker) -> None:
+    """kafka.sh applied pipeline/wire_acl.py's grants and nothing else (the README's table is
+    written from the same table: test_the_readme_acl_table_is_the_role_table)."""
+    sys.path.insert(0, str(KAFKA_SH.parent))
+    try:
+        from secure_acls import profile_grants  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(KAFKA_SH.parent))
+    admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{secure_broker.plain_port}")
+    try:
+        found, error = admin.describe_acls(ACLFilter(
+            None, None, ACLOperation.ANY, ACLPermissionType.ANY,
+            ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY)))
+    finally:
+        admin.close()
+    assert error is None or error.errno == 0, error
+    held = sorted(
+        Grant(acl.principal, acl.operation.name, acl.resource_pattern.resource_type.name,
+              acl.resource_pattern.resource_name,
+              acl.resource_pattern.pattern_type == ACLResourcePatternType.PREFIXED)
+        for acl in found
+        if acl.permission_type == ACLPermissionType.ALLOW and acl.host == "*"
+    )
+    assert len(held) == len(found), "an ACL that is not an ALLOW for every host"
+    assert held == profile_grants(list(PREFIXES))
+    assert {g.principal for g in held} == {f"User:{role.principal}" for role in ROLES}
+
+
+def test_the_readme_acl_table_is_the_role_table() -> None:
+    from pipeline.docs_markers import read_section
+
+    written = read_section(README, "kafka-acls").strip()
+    assert written == markdown(), "run `python -m pipeline.wire_acl --write`"
 
 
 def test_the_worker_processes_records_over_sasl_ssl(
     secure_broker: SecureBroker, tmp_path: Path
 ) -> None:
-    kafka = secure_broker.settings(topic_prefix="wk")
+    """The worker as its own principal: its topic checks, internal topics, group and outputs
+    all within its ACLs."""
+    kafka = secure_broker.settings("fleetpulse-worker", topic_prefix="wk")
     settings: Settings = msgspec.structs.replace(load_settings(environ={}), kafka=kafka)
     env = worker_env(settings, tmp_path)
-    create_topics(env)
+    create_topics(_as(env, secure_broker, "fleetpulse-topics"))
     worker = WorkerProcess(env, tmp_path / "worker.log").start()
     try:
         worker.wait_for(r"fleetpulse worker: assigned .*telemetry\.gpu=0,1", 180)
         events = [e for e in scenario().events() if getattr(e, "ts", 0) < 1_767_225_630_000]
-        produce_events(settings, events)
+        fleet = secure_broker.settings(topic_prefix="wk")  # admin stands in for the adapters
+        produce_events(msgspec.structs.replace(settings, kafka=fleet), events)
         gpu = topic_name(kafka, "telemetry.gpu")
-        _wait_for_processed(worker, sum(_end_offsets(kafka, gpu).values()), gpu)
+        _wait_for_processed(worker, sum(_end_offsets(fleet, gpu).values()), gpu)
     finally:
         code = worker.stop(timeout=60)
     assert code == 0, worker.tail()
+
+
+def _as(env: dict[str, str], broker: SecureBroker, user: str) -> dict[str, str]:
+    """`env` with the SASL user and password file of another principal."""
+    return {**env, "FLEETPULSE_KAFKA__SASL_USERNAME": user,
+            "FLEETPULSE_KAFKA__SASL_PASSWORD_FILE": str(broker.files / f"{user}.password")}
 
 
 def _wait_for_processed(worker: WorkerProcess, count: int, topic: str) -> None:
@@ -281,12 +355,13 @@ def test_the_whole_pipeline_end_to_end_over_sasl_ssl(
     secure_broker: SecureBroker, tmp_path: Path
 ) -> None:
     """simulate --to kafka → worker → sink lake and alerts (to a local webhook), every process
-    a subprocess speaking SASL_SSL with SCRAM to the secure listener."""
+    a subprocess speaking SASL_SSL with SCRAM to the secure listener as its own principal
+    (simulate as admin: it stands in for every adapter)."""
     started = time.monotonic()
-    kafka = secure_broker.settings(topic_prefix="e2e")
+    kafka = secure_broker.settings("fleetpulse-worker", topic_prefix="e2e")
     settings: Settings = msgspec.structs.replace(load_settings(environ={}), kafka=kafka)
     env = worker_env(settings, tmp_path / "worker")
-    create_topics(env)
+    create_topics(_as(env, secure_broker, "fleetpulse-topics"))
     worker = WorkerProcess(env, tmp_path / "worker.log").start()
     receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
     _Webhook.bodies = []
@@ -297,11 +372,12 @@ def test_the_whole_pipeline_end_to_end_over_sasl_ssl(
         sim = _cli("simulate", "--to", "kafka", "--out", str(tmp_path / "sim"),
                    "--duration", "240", "--gpu-nodes", "2", "--tpu-slices", "0",
                    "--no-random-faults", "--inject", "G5/hbm@60", "--seed", "7", "--quiet",
-                   env=env)
+                   env=_as(env, secure_broker, "admin"))
         assert sim.returncode == 0, sim.stdout + sim.stderr
         [fault] = [f for f in read_truth(tmp_path / "sim" / "events.truth.jsonl") if f.forced]
         node = fault.target.name
-        actions = _actions_for(kafka, node, time.monotonic() + 60)
+        actions = _actions_for(secure_broker.settings(topic_prefix="e2e"), node,
+                               time.monotonic() + 60)
         assert "cordon" in {a.kind for a in actions}, worker.tail()
 
         lake = tmp_path / "lake"
@@ -312,8 +388,8 @@ def test_the_whole_pipeline_end_to_end_over_sasl_ssl(
             "alerts": [sys.executable, "-m", "pipeline.cli", "alerts", "--idle-exit", "4"],
         }
         sink_env = {**env, "FLEETPULSE_ALERTS__WEBHOOK_URLS": f'["http://127.0.0.1:{port}/hook"]'}
-        procs = {name: subprocess.Popen(cmd, env=sink_env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+        procs = {name: subprocess.Popen(cmd, env=_as(sink_env, secure_broker, f"fleetpulse-{name}"),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for name, cmd in outputs.items()}
         for name, proc in procs.items():
             out, _ = proc.communicate(timeout=90)
