@@ -6,9 +6,11 @@ Example: FLEETPULSE_KAFKA__BOOTSTRAP=broker:9092 overrides [kafka] bootstrap.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +18,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from pipeline import webhooks
 from pipeline.errors import ConfigError
 from pipeline.model import NAME_PATTERN
 from pipeline.redact import redact
@@ -336,9 +339,28 @@ class HttpClientSettings(Section, frozen=True):
 
 
 class WebhookTarget(HttpClientSettings, frozen=True, kw_only=True):
-    """One webhook receiver with its own auth / TLS settings ([[alerts.webhooks]])."""
+    """One webhook receiver with its own auth / TLS settings ([[alerts.webhooks]]) and,
+    optionally, its own signing key (secret_file; default: alerts.webhook_secret[_file])."""
 
     url: str
+    secret_file: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_http_url(self.url, "url")
+
+
+def _check_http_url(url: str, setting: str) -> None:
+    """Only http(s) URLs with a host: anything else (file://, a bare path) is no receiver."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{setting}: expected an http:// or https:// URL with a host, "
+                         f"got {redact(url)!r}")
+
+
+def _check_seconds(value: float, setting: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{setting}: expected a finite number of seconds > 0, got {value}")
 
 
 class AlertSettings(Section, frozen=True):
@@ -346,7 +368,14 @@ class AlertSettings(Section, frozen=True):
 
     Webhooks are signed (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature;
     pipeline/webhooks.py verifies them) when a secret is set: webhook_secret (e.g. from
-    FLEETPULSE_ALERTS__WEBHOOK_SECRET) or webhook_secret_file, `whsec_` + base64.
+    FLEETPULSE_ALERTS__WEBHOOK_SECRET) or webhook_secret_file, `whsec_` + base64 of at least 24
+    random bytes; a [[alerts.webhooks]] target may have its own (secret_file).
+
+    Each target has its own queue and delivers on its own: one slow or failing target never
+    delays another. A target whose oldest alert has waited stalled_after_s is stalled (/readyz
+    not ready, naming it; fleetpulse_alerts_target_stalled{target} 1); the offsets commit up to
+    the oldest alert some target still holds, and past target_queue_max waiting alerts a
+    target's oldest go to fleet.dlq (reason target_stalled) so the commit moves on.
     """
 
     webhook_urls: list[str] = []  # targets without auth settings
@@ -359,14 +388,28 @@ class AlertSettings(Section, frozen=True):
     # how long a crashed alerts process keeps fleet.alerts before its restart (or another
     # one) may take it over: alerts wait that long (kafka-python's default is 45 s)
     session_timeout_s: Annotated[int, Meta(ge=6, le=300)] = 10
+    # the deadline of one whole POST (connect to the answer's last byte), not of each read
     timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     max_attempts: PositiveInt = 5
     backoff_initial_s: Annotated[float, Meta(gt=0)] = 0.5
     backoff_max_s: Annotated[float, Meta(gt=0)] = 30.0
+    stalled_after_s: Annotated[float, Meta(gt=0)] = 60.0
+    target_queue_max: PositiveInt = 10_000
 
     def __post_init__(self) -> None:
         if self.webhook_secret and self.webhook_secret_file:
             raise ValueError("set webhook_secret or webhook_secret_file, not both")
+        for name in ("timeout_s", "backoff_initial_s", "backoff_max_s", "stalled_after_s"):
+            _check_seconds(getattr(self, name), name)
+        for i, url in enumerate(self.webhook_urls):
+            _check_http_url(url, f"webhook_urls[{i}]")
+        if self.alertmanager_url:
+            _check_http_url(self.alertmanager_url, "alertmanager_url")
+        if self.webhook_secret:
+            try:
+                webhooks.signer(self.webhook_secret)
+            except ValueError as exc:
+                raise ValueError(f"webhook_secret: {exc}") from None
 
     def __repr__(self) -> str:
         return _masked_repr(self, frozenset({"webhook_secret"}))
@@ -567,7 +610,11 @@ class HealthSettings(Section, frozen=True):
     flap_max: PositiveInt = 3  # ... window make a target "flapping":
     flap_persist_factor: PositiveInt = 4  # it needs persist_s x this before degraded
     flap_hold_s: PositiveInt = 900  # and stays suspect until quiet this long
-    drain_timeout_s: PositiveInt = 3600  # no "drained" report by then: proceed to repair
+    drain_timeout_s: PositiveInt = 3600  # no "drained" report by then: the drain failed
+    # Opt-in: repair a node whose drain failed (blocked by a PodDisruptionBudget, skipped, or
+    # no "drained" by drain_timeout_s) with its pods still running, as draino/NVSentinel's
+    # DeleteAfterTimeout do. Off: such a node stays cordoned for a person.
+    repair_after_failed_drain: bool = False
     # our own action may come back this long (event time) after its proposal and still be put
     # where it would have come live (a worked-off backlog); the signals since are kept for it
     late_action_s: PositiveInt = 3 * 3600
@@ -609,6 +656,13 @@ class PolicySettings(Section, frozen=True):
     dedupe_window_s: PositiveInt = 86_400  # proposal ids remembered this long
     maintenance_lead_s: PositiveInt = 1800  # cordon and drain this long before a window
     maintenance_release_s: PositiveInt = 900  # release this long after a window without DONE
+    # Scheduled maintenance passes the same guard as faults, with an allowance of its own: at
+    # most this share of a pool, a zone and the fleet out for maintenance at once (never below
+    # maintenance_floor), beside the failure budget and caps. Notices for more than
+    # common_cause_share of a scope within common_cause_window_s are a maintenance storm: one
+    # common cause, canaries only, until a person releases it or each announced window starts.
+    maintenance_max_unavailable_pct: Percent = 10.0
+    maintenance_floor: PositiveInt = 1
     capacity_hold_s: PositiveInt = 3600  # a quota / stock-out signal holds this long
     quota_near_frac: Fraction = 0.95  # quota usage at or above this is "near the limit"
     # Caps above the pool (pipeline/guard.py): targets out of service per zone and fleet-wide,
@@ -670,13 +724,18 @@ class CapacitySettings(Section, frozen=True):
 class InventorySettings(Section, frozen=True):
     """Membership from fleet.inventory (`fleetpulse inventory load`, watchers), not telemetry.
 
-    With `enforce`, budgets count inventory members, no target the inventory does not know is
-    ever removed, and a record naming another pool/zone than the inventory's is dead-lettered
-    (on_mismatch = "dead_letter") or passed on with the inventory's identity ("flag"). Without
-    it the pool named in each record is believed, and `worker` / `demo` say so at start.
+    With `enforce` (the default), once any inventory record has arrived budgets count inventory
+    members, no target the inventory does not know is ever removed, and a record naming another
+    pool/zone than the inventory's is dead-lettered (on_mismatch = "dead_letter") or passed on
+    with the inventory's identity ("flag"). Until an inventory arrives (or with enforce = false)
+    the pool named in each record is believed: the FleetPulseNoInventory alert fires, and caps
+    are sized by the largest fleet seen, which after `warmup_s` grows by at most
+    `growth_pct` per hour (a burst of new names never widens them at once).
     """
 
-    enforce: bool = False
+    enforce: bool = True
+    warmup_s: PositiveInt = 900  # guard time in which sizes follow the names seen freely
+    growth_pct: Percent = 10.0  # then a scope's size grows at most this much per hour (>= 1)
     on_mismatch: Literal["dead_letter", "flag"] = "dead_letter"
 
 
@@ -767,6 +826,14 @@ class KubernetesSettings(Section, frozen=True):
     naming the pool, tried before the GKE and EKS ones. held_annotation: a person's "hands off"
     on a node (any value); maintenance_label: a person's maintenance mark. drain_timeout_s: how
     long a drain retries evictions a PodDisruptionBudget refuses before it is reported blocked.
+
+    The actuator's own defences, whatever the policy decided (docs/kubernetes.md): an action
+    needs `expires_at` and a `ts` at most max_action_age_s old (max_action_ahead_s ahead); at
+    most max_removals (cluster), max_removals_per_pool and max_removals_per_zone targets newly
+    cordoned, drained or sent to repair per removal_window_s; a slice's nodes must all carry
+    tpu_label. drain_workers: nodes drained at once (one worker per target, order kept per
+    target); api_rejections: tries of an action the API server refuses (400/422) before it is
+    dead-lettered.
     """
 
     kubeconfig: str = ""
@@ -775,7 +842,7 @@ class KubernetesSettings(Section, frozen=True):
     cluster: FleetNameOrEmpty = ""
     pool_label: str = ""
     slice_label: str = "cloud.google.com/gke-nodepool"  # a TPU slice's nodes share this label
-    held_annotation: str = "fleetpulse.io/hold"
+    held_annotation: Annotated[str, Meta(min_length=1)] = "fleetpulse.io/hold"
     maintenance_label: str = "fleetpulse.io/maintenance"
     drain_timeout_s: Annotated[float, Meta(gt=0)] = 600.0
     eviction_backoff_initial_s: Annotated[float, Meta(gt=0)] = 1.0
@@ -784,6 +851,15 @@ class KubernetesSettings(Section, frozen=True):
     watch_timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 300  # server-side end of one watch
     actor: str = "fleetpulse-actuator"
     group_id: str = ""  # "" = fleetpulse-actuator-<cluster>
+    max_action_age_s: Annotated[float, Meta(gt=0)] = 3600.0
+    max_action_ahead_s: Annotated[float, Meta(ge=0)] = 300.0
+    removal_window_s: Annotated[float, Meta(gt=0)] = 3600.0
+    max_removals: Annotated[int, Meta(ge=0)] = 20
+    max_removals_per_pool: Annotated[int, Meta(ge=0)] = 8
+    max_removals_per_zone: Annotated[int, Meta(ge=0)] = 12
+    tpu_label: Annotated[str, Meta(min_length=1)] = "cloud.google.com/gke-tpu-accelerator"
+    drain_workers: Annotated[int, Meta(ge=1, le=1024)] = 32
+    api_rejections: Annotated[int, Meta(ge=1, le=100)] = 3
 
 
 class Settings(Section, frozen=True):

@@ -3,10 +3,22 @@
 One guard state for the whole fleet sits beside the pools' policy states (the policy stage is
 one partition, so every removal in the fleet passes through it in one order):
 
-- **Membership** comes from fleet.inventory. With `inventory.enforce`, a pool's budget counts
-  its inventory members, and a target the inventory does not know, or knows in another pool,
-  is never removed (withheld: not_in_inventory / inventory_mismatch). Without it, members are
-  the targets seen in node states, as before.
+- **Membership** comes from fleet.inventory. With `inventory.enforce` (the default) and once
+  an inventory record has arrived, a pool's budget counts its inventory members, and a target
+  the inventory does not know, or knows in another pool, is never removed (withheld:
+  not_in_inventory / inventory_mismatch). Without one, members are the targets seen in node
+  states, FleetPulseNoInventory fires (while enforcement waits for an inventory), and every
+  size is the largest fleet seen, growing after `inventory.warmup_s` by at most
+  `inventory.growth_pct` an hour: a burst of new names (ghosts, a forged feed) never widens
+  the caps at once.
+- **Time** is the health machine's (proposals and node states, themselves from telemetry):
+  inventory records and releases are control records dated by whoever wrote them, and never
+  move the guard's clock (one dated 2286 would have closed every common-cause window).
+- **Scheduled maintenance** passes the guard too (`admit_maintenance`): the target must be a
+  member, maintenance has an allowance of its own per zone and fleet-wide
+  (`maintenance_max_unavailable_pct`), and notices for a large share of a scope at once are a
+  common cause of their own (check "maintenance"): canaries only, until a person releases it
+  or each target's announced window starts.
 - **Caps above the pool**: targets out of service for faults (ours, people's, dry-run cordons;
   not scheduled maintenance) per zone and fleet-wide stay within
   min(absolute, max(cap_floor, floor(pct x size))). Fatal faults are not exempt: past these caps the
@@ -34,7 +46,7 @@ import msgspec
 
 from pipeline import alerts
 from pipeline.config import Settings
-from pipeline.health import target_key
+from pipeline.health import MAINTENANCE_CHECK, target_key
 from pipeline.model import Alert, Inventory, NodeState, PolicyRelease, Proposal, Target
 
 FLEET = "fleet"
@@ -45,7 +57,9 @@ _SILENCE_CHECKS = frozenset(
     {"node.stale", "node.down", "tpu.host.stale", "tpu.host.down", "tpu.slice.stale"}
 )
 COMMON_CAUSE = "FleetPulseCommonCause"
+NO_INVENTORY = "FleetPulseNoInventory"
 _MS = 1000
+_HOUR_MS = 3_600_000
 
 
 class Member(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,6 +98,13 @@ class GuardState(msgspec.Struct, kw_only=True):
     sized_inventory: dict[str, int] = {}
     sized_all: dict[str, int] = {}
     sized: bool = False  # the two are kept (a state from before them: counted once)
+    # Without an inventory: the largest size seen per "scope|name", grown at a bounded rate
+    # after the warm-up (see the module's docstring), and when it last grew.
+    trusted: dict[str, int] = {}
+    trusted_at: int = 0
+    first_ts: int | None = None  # the guard's first time: the warm-up starts there
+    maintenance: dict[str, dict[str, str]] = {}  # pool -> {target key: zone} out for it
+    no_inventory: Alert | None = None  # FleetPulseNoInventory, while it fires
 
 
 def cause_check(check: str) -> str:
@@ -105,7 +126,9 @@ def observe(
 ) -> tuple[GuardState, list[Alert]]:
     """Learn from one policy-stage input; return the new state and common-cause alerts."""
     st = _own(state)
-    st.clock = max(st.clock, signal.ts)
+    if isinstance(signal, Proposal | NodeState):  # telemetry's time, not a control record's
+        st.clock = max(st.clock, signal.ts)
+        st.first_ts = signal.ts if st.first_ts is None else st.first_ts
     if isinstance(signal, Inventory):
         key = f"{signal.cluster}/{signal.kind}/{signal.name}"
         _set_member(st, st.members, key, f"{signal.cluster}/{signal.pool}", signal.zone)
@@ -115,7 +138,13 @@ def observe(
         _note_proposal(st, signal)
     else:
         _release(st, signal)
-    return st, _sync_causes(st, settings)
+    _grow_trusted(st, settings)
+    return st, _sync_causes(st, settings) + _sync_no_inventory(st, settings)
+
+
+def sync(state: GuardState, settings: Settings) -> list[Alert]:
+    """Judge the common causes again (after a pool noted maintenance announcements)."""
+    return _sync_causes(state, settings)
 
 
 def _own(state: GuardState | None) -> GuardState:
@@ -168,6 +197,8 @@ def _note_open_checks(st: GuardState, ns: NodeState) -> None:
         if key not in marks:
             marks[key] = Mark(pool=pool_of(ns.target), zone=ns.target.zone, ts=ns.ts)
     for check in list(st.raised):
+        if check == MAINTENANCE_CHECK:
+            continue  # a notice, not a check of the node's: the pool's plans keep it (below)
         if check not in open_now and key in st.raised[check]:
             del st.raised[check][key]
             if not st.raised[check]:
@@ -188,6 +219,23 @@ def _note_proposal(st: GuardState, proposal: Proposal) -> None:
             marks[key] = Mark(pool=pool_of(target), zone=target.zone, ts=proposal.ts)
 
 
+def note_maintenance(st: GuardState, pool: str, announced: dict[str, Mark]) -> bool:
+    """A pool's pending maintenance notices (target key -> mark at the notice's time), as
+    marks of the "maintenance" check, so a storm of notices is judged as a common cause.
+    True when they changed (the causes are then judged again: `sync`)."""
+    marks = st.raised.get(MAINTENANCE_CHECK, {})
+    mine = {k: m for k, m in marks.items() if m.pool == pool}
+    if mine == announced:
+        return False
+    kept = {k: m for k, m in marks.items() if m.pool != pool}
+    kept.update(announced)
+    if kept:
+        st.raised[MAINTENANCE_CHECK] = kept
+    else:
+        st.raised.pop(MAINTENANCE_CHECK, None)
+    return True
+
+
 def _release(st: GuardState, release: PolicyRelease) -> None:
     name = f"{cause_check(release.check)}|{release.scope}|{release.name}"
     cause = st.causes.get(name)
@@ -204,11 +252,77 @@ def _scope_name(scope: str, member: Member | Mark) -> str:
     return member.zone if scope == "zone" else FLEET
 
 
-def sizes(st: GuardState, settings: Settings) -> dict[tuple[str, str], int]:
-    """Members per (scope, name): the inventory's when enforced, else the targets seen."""
+def enforced(st: GuardState, settings: Settings) -> bool:
+    """Membership comes from the inventory: enforcement is on and an inventory has arrived."""
+    return settings.inventory.enforce and bool(st.members)
+
+
+def member_counts(st: GuardState, inventory: bool) -> dict[tuple[str, str], int]:
+    """Members per (scope, name): the inventory's, or every target named (a target's pool as
+    seen over its inventory's)."""
     _count_all(st)
-    counts = st.sized_inventory if settings.inventory.enforce else st.sized_all
+    counts = st.sized_inventory if inventory else st.sized_all
     return {_scope_and_name(key): n for key, n in counts.items()}
+
+
+def sizes(st: GuardState, settings: Settings) -> dict[tuple[str, str], int]:
+    """Sizes per (scope, name) for the caps: the inventory's members when enforced, else the
+    largest fleet seen (grown at a bounded rate, `_grow_trusted`)."""
+    if enforced(st, settings):
+        return member_counts(st, inventory=True)
+    return {_scope_and_name(key): n for key, n in st.trusted.items()}
+
+
+def _grow_trusted(st: GuardState, settings: Settings) -> None:
+    """Follow the names seen into the sizes: freely in the warm-up, then at a bounded rate."""
+    _count_all(st)
+    inventory = settings.inventory
+    warm = st.first_ts is None or st.clock - st.first_ts <= inventory.warmup_s * _MS
+    if warm:
+        for key, n in st.sized_all.items():
+            if n > st.trusted.get(key, 0):
+                st.trusted[key] = n
+        st.trusted_at = st.clock
+        return
+    if st.clock - st.trusted_at < _HOUR_MS:
+        return
+    for key, n in st.sized_all.items():
+        known = st.trusted.get(key, 0)
+        if n > known:
+            step = max(1, math.floor(known * inventory.growth_pct / 100))
+            st.trusted[key] = min(n, known + step)
+    st.trusted_at = st.clock
+
+
+def _sync_no_inventory(st: GuardState, settings: Settings) -> list[Alert]:
+    """FleetPulseNoInventory fires while enforcement waits for an inventory that never came."""
+    missing = settings.inventory.enforce and not st.members and st.first_ts is not None
+    if missing and st.no_inventory is None:
+        labels = {
+            "alertname": NO_INVENTORY,
+            "severity": "warning",
+            "source": alerts.SOURCE,
+        }
+        summary = (
+            "no inventory on fleet.inventory: pool, zone and cluster come from telemetry, and "
+            "the budgets and caps are sized by the largest fleet seen"
+        )
+        annotations = {
+            "summary": summary,
+            "description": (
+                f"{summary}. Run the Kubernetes watcher or the capacity adapter, or "
+                "`fleetpulse inventory load FILE`, so membership comes from the fleet's owner."
+            ),
+        }
+        st.no_inventory = alerts.firing(
+            labels, annotations, st.clock, runbook_base=settings.policy.runbook_base,
+            generator_base=settings.policy.generator_base,
+        )
+        return [st.no_inventory]
+    if not missing and st.no_inventory is not None:
+        gone, st.no_inventory = st.no_inventory, None
+        return [alerts.resolve(gone, st.clock)]
+    return []
 
 
 def _scope_and_name(key: str) -> tuple[str, str]:
@@ -338,11 +452,10 @@ class GuardView:
     pool: str
     counted: dict[tuple[str, str], int]
     admitted: list[tuple[str, Proposal]] = field(default_factory=list)
+    maintenance: list[tuple[str, Proposal]] = field(default_factory=list)  # let out for it
 
     def pool_size(self) -> int | None:
-        """The pool's size for its budget when the inventory decides membership."""
-        if not self.settings.inventory.enforce:
-            return None
+        """The pool's size for its budget: the inventory's members, or the largest pool seen."""
         return self.counted.get(("pool", self.pool), 0)
 
     def admit(self, proposal: Proposal, already_out: bool) -> str:
@@ -356,8 +469,39 @@ class GuardView:
             self.admitted.append((key, proposal))
         return verdict
 
+    def admit_maintenance(self, proposal: Proposal, window_started: bool) -> str:
+        """'' when moving the target out for scheduled maintenance is fine fleet-wide; else the
+        reason: not a member, the zone's or fleet's maintenance allowance spent, or a storm of
+        notices (canaries only until a person releases it or the target's window starts)."""
+        key, target = target_key(proposal.target), proposal.target
+        verdict = self._membership(key, target)
+        if not verdict and not enforced(self.state, self.settings) and key not in self.state.seen:
+            verdict = "not_in_inventory"  # no telemetry ever named it: nothing to move
+        verdict = verdict or self._maintenance_caps(target.zone)
+        if not verdict and not window_started:
+            verdict = "maintenance_storm" if self._cause(proposal, self.maintenance) else ""
+        if not verdict:
+            self.maintenance.append((key, proposal))
+        return verdict
+
+    def _maintenance_caps(self, zone: str) -> str:
+        pct = self.settings.policy.maintenance_max_unavailable_pct
+        floor = self.settings.policy.maintenance_floor
+        out = {k: z for pool, keys in self.state.maintenance.items() if pool != self.pool
+               for k, z in keys.items()}
+        out |= self.state.maintenance.get(self.pool, {})
+        out |= {k: p.target.zone for k, p in self.maintenance}
+        for scope, name, count in (
+            ("zone", zone, sum(1 for z in out.values() if z == zone)),
+            ("fleet", FLEET, len(out)),
+        ):
+            size = self.counted.get((scope, name), 0)
+            if count + 1 > max(floor, math.floor(pct * size / 100)):
+                return f"maintenance_{scope}_cap"
+        return ""
+
     def _membership(self, key: str, target: Target) -> str:
-        if not self.settings.inventory.enforce:
+        if not enforced(self.state, self.settings):
             return ""
         member = self.state.members.get(key)
         if member is None:
@@ -389,17 +533,16 @@ class GuardView:
             return "fleet_cap"
         return ""
 
-    def _cause(self, proposal: Proposal) -> str:
+    def _cause(self, proposal: Proposal, admitted: list[tuple[str, Proposal]] | None = None) -> str:
         target = proposal.target
         member = Member(pool=pool_of(target), zone=target.zone)
+        admitted = self.admitted if admitted is None else admitted
         for check in {cause_check(check) for check in proposal.reason.checks}:
             for scope in SCOPES:
                 cause = self.state.causes.get(f"{check}|{scope}|{_scope_name(scope, member)}")
                 if cause is None or cause.released:
                     continue
-                let_through = cause.removed + sum(
-                    1 for _, p in self.admitted if check in _checks(p)
-                )
+                let_through = cause.removed + sum(1 for _, p in admitted if check in _checks(p))
                 if let_through >= self.settings.policy.common_cause_canaries:
                     return "common_cause"
         return ""
@@ -413,14 +556,23 @@ def view(state: GuardState, settings: Settings, pool: str) -> GuardView:
     return GuardView(state=state, settings=settings, pool=pool, counted=sizes(state, settings))
 
 
-def settle(state: GuardState, done: GuardView, pool: str, out: dict[str, str]) -> GuardState:
-    """After a pool's decision: its targets out for faults now, and the canaries spent."""
+def settle(
+    state: GuardState,
+    done: GuardView,
+    pool: str,
+    out: dict[str, str],
+    maintenance: dict[str, str] | None = None,
+) -> GuardState:
+    """After a pool's decision: its targets out for faults and for maintenance now, and the
+    canaries spent."""
     st = _own(state)
     st.out[pool] = out
+    if maintenance is not None:
+        st.maintenance[pool] = maintenance
     for key, cause in list(st.causes.items()):
         spent = sum(
             1
-            for _, proposal in done.admitted
+            for _, proposal in [*done.admitted, *done.maintenance]
             if cause.check in _checks(proposal)
             and _scope_name(cause.scope, Member(pool=pool_of(proposal.target),
                                                 zone=proposal.target.zone)) == cause.name

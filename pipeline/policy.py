@@ -41,8 +41,12 @@ it, so a backlog in which they arrive far ahead of the health machine decides as
 
 Scheduled maintenance: cordon, then drain, maintenance_lead_s before the window; release after
 MAINTENANCE_DONE or maintenance_release_s after the window (once the pool's clock is there).
-These pass every gate and do not count against the failure budget, but do count as out of
-service in what the alerts report.
+A maintenance cordon passes a guard of its own (`_maintenance_gate`): at most
+maintenance_max_unavailable_pct of the pool out for maintenance at once (never below
+maintenance_floor), and above the pool the guard's membership, zone and fleet maintenance
+allowances and the maintenance-storm rule (pipeline/guard.py); one withheld waits, its reason
+kept on the plan, and is asked again at every signal. Maintenance does not count against the
+failure budget, but does count as out of service in what the alerts report.
 A target already out of service is left alone, and not released afterwards.
 
 Alerts: one per pool and cause (budget, capacity, throttle) fires while proposals are withheld
@@ -100,6 +104,12 @@ WITHHELD_ALERT: dict[str, alerts.PoolAlert | None] = {
     "common_cause": None,
     "not_in_inventory": None,
     "inventory_mismatch": None,
+    # scheduled maintenance (the plan keeps the reason): its allowance spent reports as a
+    # spent budget; a storm of notices raises its common-cause alert
+    "maintenance_budget": "budget",
+    "maintenance_zone_cap": "budget",
+    "maintenance_fleet_cap": "budget",
+    "maintenance_storm": None,
 }
 _ACT, _DROP = "act", "drop"
 # A proposal acted on at once (or once the node state showed our cordon) is dated by it: when
@@ -159,6 +169,8 @@ class Maintenance(msgspec.Struct, kw_only=True, frozen=True):
     drained: bool = False
     dry_run: bool = False
     done: bool = False
+    announced: int = 0  # the notice's time (the maintenance-storm rule counts notices by it)
+    withheld: str = ""  # why its cordon is waiting (a WITHHELD_ALERT reason), "" when not
 
 
 class PolicyState(msgspec.Struct, kw_only=True):
@@ -218,7 +230,7 @@ def decide(
     else:
         _on_capacity(st, signal, settings)
     _expire(st, settings)
-    _run_maintenance(st, settings, out)
+    _run_maintenance(st, settings, out, guard)
     _release_withheld(st, settings, out, guard)
     _sync_pool_alerts(st, settings, out, guard)
     return st, out.actions, out.alerts
@@ -370,6 +382,7 @@ def _on_maintenance(st: PolicyState, event: CapacityEvent, settings: PolicySetti
         start=start,
         end=end,
         release_at=end + settings.maintenance_release_s * _MS,
+        announced=event.ts,
     )
 
 
@@ -413,7 +426,9 @@ def _expire(st: PolicyState, settings: PolicySettings) -> None:
 # --- maintenance --------------------------------------------------------------------------
 
 
-def _run_maintenance(st: PolicyState, settings: PolicySettings, out: _Out) -> None:
+def _run_maintenance(
+    st: PolicyState, settings: PolicySettings, out: _Out, guard: GuardView | None
+) -> None:
     for key in sorted(st.maintenance):
         plan = st.maintenance[key]
         if plan.done:
@@ -422,7 +437,7 @@ def _run_maintenance(st: PolicyState, settings: PolicySettings, out: _Out) -> No
         if st.clock >= plan.release_at:
             _end_maintenance(st, plan, view, settings, out)
         elif st.clock >= plan.start - settings.maintenance_lead_s * _MS:
-            _begin_maintenance(st, plan, view, settings, out)
+            _begin_maintenance(st, plan, view, settings, out, guard)
 
 
 def _begin_maintenance(
@@ -431,6 +446,7 @@ def _begin_maintenance(
     view: TargetView | None,
     settings: PolicySettings,
     out: _Out,
+    guard: GuardView | None,
 ) -> None:
     key = target_key(plan.target)
     if key in st.open:
@@ -439,9 +455,14 @@ def _begin_maintenance(
         if view is not None and view.unavailable:
             st.maintenance[key] = _plan(plan, done=True)  # out already (a fault, a person)
             return
-        _act(st, _maintenance_proposal(st, plan, "cordon"), settings, out, maintenance=True)
+        cordon = _maintenance_proposal(st, plan, "cordon")
+        verdict = _maintenance_gate(st, plan, cordon, settings, guard)
+        if verdict:
+            st.maintenance[key] = _plan(plan, withheld=verdict)
+            return
+        _act(st, cordon, settings, out, maintenance=True)
         dry = st.acted[_maintenance_id(plan, "cordon")].dry_run
-        st.maintenance[key] = _plan(plan, cordoned=True, dry_run=dry)
+        st.maintenance[key] = _plan(plan, cordoned=True, dry_run=dry, withheld="")
     elif not plan.drained and (plan.dry_run or (view is not None and view.cordoned_by_us)):
         _act(st, _maintenance_proposal(st, plan, "drain"), settings, out, maintenance=True)
         st.maintenance[key] = _plan(plan, drained=True)
@@ -463,6 +484,48 @@ def _end_maintenance(
     elif plan.cordoned and view is not None and view.cordoned_by_us and not view.human_hold:
         _act(st, release, settings, out, maintenance=True)
     st.maintenance[key] = _plan(plan, done=True)
+
+
+def _maintenance_gate(
+    st: PolicyState,
+    plan: Maintenance,
+    cordon: Proposal,
+    settings: PolicySettings,
+    guard: GuardView | None,
+) -> str:
+    """'' when the maintenance cordon may go now; else why it waits. Maintenance has its own
+    allowance in the pool (beside the failure budget), then the guard's (membership, zone and
+    fleet allowances, a storm of notices)."""
+    out = maintenance_out(st)
+    size = budget(st, settings, guard).size
+    allowance = max(
+        settings.maintenance_floor,
+        math.floor(settings.maintenance_max_unavailable_pct * size / 100),
+    )
+    if len(out.keys() | {target_key(plan.target)}) > allowance:
+        return "maintenance_budget"
+    if guard is None:
+        return ""
+    return guard.admit_maintenance(cordon, window_started=st.clock >= plan.start)
+
+
+def maintenance_out(st: PolicyState) -> dict[str, str]:
+    """The pool's targets out for scheduled maintenance (cordoned for it, not yet released):
+    target key -> zone, for the guard's zone and fleet allowances."""
+    return {
+        key: plan.target.zone
+        for key, plan in st.maintenance.items()
+        if plan.cordoned and not plan.done
+    }
+
+
+def maintenance_notices(st: PolicyState) -> dict[str, tuple[str, int]]:
+    """The pool's maintenance notices still pending: target key -> (zone, notice time)."""
+    return {
+        key: (plan.target.zone, plan.announced)
+        for key, plan in st.maintenance.items()
+        if not plan.done
+    }
 
 
 def _plan(plan: Maintenance, **changes: Any) -> Maintenance:

@@ -402,7 +402,14 @@ def on_policy(
         return state, fleet, [], alerts
     gate = guard.view(fleet, settings, pool)
     state, actions, pool_alerts = policy.decide(state, signal, settings.policy, gate)
-    fleet = guard.settle(fleet, gate, pool, policy.out_for_faults(state, settings.policy))
+    out = policy.out_for_faults(state, settings.policy)
+    fleet = guard.settle(fleet, gate, pool, out, policy.maintenance_out(state))
+    notices = {
+        key: guard.Mark(pool=pool, zone=zone, ts=ts)
+        for key, (zone, ts) in policy.maintenance_notices(state).items()
+    }
+    if guard.note_maintenance(fleet, pool, notices):
+        alerts += guard.sync(fleet, settings)
     return state, fleet, actions, alerts + pool_alerts
 
 

@@ -58,10 +58,11 @@ def rail_switch(node: GpuNode, port: int) -> str:
 
 
 def inventory(fleet: Fleet, ts: int) -> list[Inventory]:
-    """The owner's inventory of the GPU nodes, with each node's leaf switch: the records
-    `fleetpulse simulate` writes to inventory.jsonl (pipeline/inventory.py), so a recording's
-    own copy and a loaded inventory file agree."""
-    return [record for record in from_fleet(fleet, ts) if record.kind == "node"]
+    """The owner's inventory of the GPU nodes (with each node's leaf switch) and the TPU
+    slices: the records `fleetpulse simulate` writes to inventory.jsonl
+    (pipeline/inventory.py), so a recording's own copy and a loaded inventory file agree, and
+    the inventory, enforced by default, lists every target the recording can remove."""
+    return from_fleet(fleet, ts)
 
 
 class FabricTelemetry:
