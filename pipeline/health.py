@@ -11,8 +11,13 @@ One HealthState per target (a node, or a TPU slice repaired as one unit). Signal
   close and come back, or another check opens). `drained`, `repaired`, `created`, `deleted`
   report progress. Cordon/uncordon events that carry our action_id are echoes: the Action feed
   is authoritative for those. `held` (an actuator found a person's hold and did not act) is a
-  human hold; `blocked` (a drain a PodDisruptionBudget refused), `skipped`, `repair_requested`,
-  `ready` and `not_ready` are for people and the record: the target stays where it is.
+  human hold; `blocked` (a drain a PodDisruptionBudget refused), `skipped` (expired before it
+  could start) and `refused` (the actuator found it not credible) answering our current action
+  say it was not carried out: a cordon that never landed leaves the target in service (a new
+  cordon is proposed while its conditions persist); a drain or repair that did not happen
+  stops the ladder: no repair of a node whose pods may still run (a person's turn), unless
+  `repair_after_failed_drain` opts in. `repair_requested`, `ready` and `not_ready` are for
+  people and the record: the target stays where it is.
 - Action: our own action as published by the policy; this is how we learn a proposal was
   carried out. A dry-run action is not carried out: the state does not move, and the proposal
   is re-sent only every `dry_run_reproposal_s` (not every `reproposal_s`), so dry run cannot
@@ -25,7 +30,10 @@ States (what we last saw happen, not what we wish):
        ▲  ◀──all closed (unless flapping: held suspect until quiet flap_hold_s)──┘  │ fatal: at once
        │                                                   propose cordon ◀─────────┘
        │   cordon action ──▶ cordoned ──(plan ≥ drain) drain action──▶ draining
-       │                        │                                        │ drained / drain_timeout_s
+       │                        │                                        │ drained (a drain
+       │                        │                                        │ blocked, skipped or
+       │                        │                                        │ past drain_timeout_s:
+       │                        │                                        │ stays, a person's turn)
        │                        │            (plan = repair) repair action▼
        │                        │                                      repairing
        │                        │ conditions closed                      │ repaired / created
@@ -162,6 +170,9 @@ class HealthState(msgspec.Struct, kw_only=True):
     human_hold: bool = False
     maintenance: bool = False  # cordoned by the policy for scheduled maintenance
     drained: bool = False
+    # our drain (or repair) was not carried out: blocked, skipped, refused, or no "drained" by
+    # drain_timeout_s; no repair follows unless settings.repair_after_failed_drain
+    drain_failed: bool = False
     repairs: list[int] = []  # when repair actions were carried out, within repair_window_s
     repair_kind: str | None = None
     repaired_at: int | None = None  # when a repair was last reported done (repaired / created)
@@ -364,7 +375,9 @@ def _on_node_event(st: HealthState, event: NodeEvent) -> None:
         _human_hold(st)
     elif event.kind == "drained":
         if st.state == "draining":
-            st.drained = True
+            st.drained, st.drain_failed = True, False
+    elif event.kind in _NOT_CARRIED_OUT and event.action_id is not None:
+        _not_carried_out(st, event.action_id)
     elif event.kind == "repaired":
         _repaired(st, fresh_node=False)
     elif event.kind == "created":
@@ -386,6 +399,25 @@ def _our_recreate(st: HealthState, event: NodeEvent) -> bool:
     return event.action_id is not None and action_id == event.action_id and kind in _RECREATE
 
 
+_NOT_CARRIED_OUT = frozenset({"blocked", "skipped", "refused"})
+
+
+def _not_carried_out(st: HealthState, action_id: str) -> None:
+    """An actuator reports our current action was not carried out (an echo of an older one
+    changes nothing: the state has moved on since)."""
+    kind, _, current = (st.last_action or "").partition(":")
+    if current != action_id or not st.cordoned_by_us:
+        return
+    if kind == "cordon":
+        # the node was never cordoned: it is in service, and our claim on it ends here
+        st.cordoned_by_us = st.maintenance = st.drained = st.drain_failed = False
+        st.outstanding = None
+        open_now = any(_actionable(c) for c in st.conditions.values())
+        _enter(st, "degraded" if open_now else "healthy")
+    elif kind == "drain" or kind in REPAIR_KINDS:
+        st.drain_failed = True  # pods may still run: no repair on top (a person's turn)
+
+
 def _human_hold(st: HealthState) -> None:
     st.human_hold = True
     st.outstanding = None
@@ -397,7 +429,7 @@ def _human_release(st: HealthState) -> None:
     # A person put the target back in service: our episode is over and what was open then is
     # waived (draino drained a node an admin had uncordoned; we must not).
     was_out = st.state not in PRE_CORDON
-    st.human_hold = st.cordoned_by_us = st.maintenance = st.drained = False
+    st.human_hold = st.cordoned_by_us = st.maintenance = st.drained = st.drain_failed = False
     st.outstanding = None
     for cond in st.conditions.values():
         cond.waived = True
@@ -448,13 +480,13 @@ def _on_action(st: HealthState, action: Action) -> None:
         st.cordoned_by_us = True
         st.maintenance = MAINTENANCE_CHECK in action.reason.checks
         if st.state in PRE_CORDON:
-            st.drained = False
+            st.drained = st.drain_failed = False
             _enter(st, "cordoned", at)
     elif action.kind == "drain":
-        st.drained = False
+        st.drained = st.drain_failed = False
         _enter(st, "draining", at)
     elif action.kind == "uncordon":
-        st.cordoned_by_us = st.maintenance = st.drained = False
+        st.cordoned_by_us = st.maintenance = st.drained = st.drain_failed = False
         if not st.human_hold:
             # Back in service: anything still open is judged afresh from then (a new episode,
             # persistence counted again), never folded into the episode just closed.
@@ -607,7 +639,9 @@ def _settle(st: HealthState, settings: HealthSettings) -> None:
         if not actionable:
             _enter(st, "probation")
         elif st.state == "draining" and st.clock - st.since >= settings.drain_timeout_s * _MS:
-            st.drained = True  # like NVSentinel's DeleteAfterTimeout: a drain cannot block forever
+            # no "drained" in time: the pods may still run, so no repair on top of them unless
+            # opted in (NVSentinel's DeleteAfterTimeout repairs anyway)
+            st.drain_failed = not st.drained
 
 
 def _settle_pre_cordon(
@@ -697,7 +731,9 @@ def _wanted(st: HealthState, settings: HealthSettings) -> str | None:
     level, rank = _plan(st)
     if st.state == "cordoned" and level >= _DRAIN and not st.drained:
         return "drain"
-    if st.state in ("cordoned", "draining") and level == _REPAIR and st.drained:
+    failed = st.drain_failed
+    drained = (st.drained and not failed) or (failed and settings.repair_after_failed_drain)
+    if st.state in ("cordoned", "draining") and level == _REPAIR and drained:
         return _repair_kind(st, rank, settings)
     if st.state == "probation" and _quiet_for(st, settings.probation_s):
         return "uncordon"

@@ -46,9 +46,10 @@ class InventoryFileError(FleetPulseError):
         super().__init__(f"{path}: {len(errors)} bad inventory value(s)\n" + "\n".join(shown))
 
 
-def load_inventory(path: Path | str) -> list[Inventory]:
+def load_inventory(path: Path | str, not_after_ms: int | None = None) -> list[Inventory]:
     """Every record of an inventory file, in file order; raises InventoryFileError naming
-    every bad line, and FleetPulseError when the file cannot be read."""
+    every bad line (one dated after `not_after_ms` too: the worker would dead-letter it), and
+    FleetPulseError when the file cannot be read."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -66,6 +67,9 @@ def load_inventory(path: Path | str) -> list[Inventory]:
             errors.append(LineError(number, exc))
             continue
         key = record_key(record)
+        if not_after_ms is not None and record.ts > not_after_ms:
+            errors.append(LineError(number, _future(record.ts, not_after_ms)))
+            continue
         if key in seen:
             errors.append(
                 LineError(
@@ -80,6 +84,15 @@ def load_inventory(path: Path | str) -> list[Inventory]:
     if errors:
         raise InventoryFileError(path, errors, unit)
     return records
+
+
+def _future(ts: int, not_after_ms: int) -> DecodeError:
+    return DecodeError(
+        "$.ts",
+        f"a time at most {not_after_ms} (now, plus clock.max_ahead_s)",
+        f"{ts}, {(ts - not_after_ms) / 1000:.0f} s later (a future-dated record moves no clock "
+        "of ours: the worker dead-letters it)",
+    )
 
 
 def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:

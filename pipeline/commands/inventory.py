@@ -14,6 +14,7 @@ budgets count these members and a target missing from the inventory is never rem
 from __future__ import annotations
 
 import argparse
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -44,7 +45,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _load(args: argparse.Namespace, settings: Settings) -> int:
-    records = load_inventory(args.file)
+    # dated by whoever wrote the file: one ahead of now is refused here, as the worker would
+    not_after = int(time.time() * 1000) + settings.clock.max_ahead_s * 1000
+    records = load_inventory(args.file, not_after_ms=not_after)
     kinds = Counter(record.kind for record in records)
     clusters = len({record.cluster for record in records})
     pools = len({(record.cluster, record.pool) for record in records})

@@ -176,6 +176,22 @@ class RobustClock:
         self._ahead = sum(1 for ts in self.latest.values() if ts >= upcoming)
 
 
+def check_control(
+    ts: int, wall_ms: int | None, references: list[int], settings: ClockSettings
+) -> Verdict | None:
+    """A control record's time (inventory, node event, capacity event, release: dated by
+    whoever wrote it, never by telemetry) against the receiving process's clock and the
+    telemetry clocks the stage sees (`references`): None when it is not further ahead of them
+    than max_ahead_s. Not checked for being old: a compacted topic's records are legitimately
+    as old as the fleet."""
+    ahead_ms = settings.max_ahead_s * 1000
+    if wall_ms is not None and ts > wall_ms + ahead_ms:
+        return _verdict("ahead", ts - wall_ms, "the receiving process's clock", ahead_ms)
+    if references and ts > max(references) + ahead_ms:
+        return _verdict("ahead", ts - max(references), "the telemetry's clock", ahead_ms)
+    return None
+
+
 def _verdict(reason: str, skew_ms: int, against: str, bound_ms: int) -> Verdict:
     direction = "ahead of" if skew_ms > 0 else "behind"
     message = (

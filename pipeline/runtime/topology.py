@@ -61,7 +61,7 @@ from pipeline.model import (
 )
 from pipeline.runtime import fleet as cluster_fleet
 from pipeline.runtime import route, zones
-from pipeline.runtime.clock import RobustClock
+from pipeline.runtime.clock import RobustClock, check_control
 from pipeline.runtime.route import ClockName, Family, Refusal
 from pipeline.runtime.topics import record_key, scoped
 
@@ -199,7 +199,27 @@ def telemetry_key(event: Event | None, got: str | None) -> str:
     return expect_key(got, route.telemetry_key(event), what)
 
 
+def control_door(part: Part, event: Event, key: str) -> list[Out]:
+    """A control record (inventory, node event, capacity event, policy release) passes the
+    door too: one dated further ahead than clock.max_ahead_s of the receiving process's clock,
+    or of the telemetry's clock where the stage sees it, is a dead letter (one dated 2286 would
+    move the health machine's or a pool's time). [] when it may pass."""
+    ts: int = getattr(event, "ts")  # noqa: B009 - every control record has one
+    references = [part.clock(family).reference() for family in route.FAMILIES]
+    verdict = check_control(
+        ts, part.wall_ms, [r for r in references if r is not None], part.settings.clock
+    )
+    if verdict is None:
+        return []
+    part.count(f"control_{verdict.reason}")
+    return [Out(DEAD_LETTERS, key, Refusal(verdict.reason, verdict.message))]
+
+
 def on_telemetry(part: Part, event: Event | None, key: str) -> list[Out]:
+    if isinstance(event, Inventory):
+        refused = control_door(part, event, key)
+        if refused:
+            return refused
     if event is None or isinstance(event, Inventory):
         return _on_inventory(part, event, key)
     if isinstance(event, NodeEvent | CapacityEvent):
@@ -297,6 +317,10 @@ def health_key(signal: Event, got: str | None) -> str:
 def on_health(part: Part, signal: route.HealthSignal, key: str) -> list[Out]:
     if _network_element(signal):  # the fleet stage's verdicts: the network team's, not ours
         return []
+    if isinstance(signal, NodeEvent):
+        refused = control_door(part, signal, key)
+        if refused:
+            return refused
     state, proposals, node_state = route.on_health(
         part.get(key, health.HealthState), signal, part.settings
     )
@@ -377,6 +401,9 @@ def on_zone(part: Part, event: NodeState | CapacityEvent, key: str) -> list[Out]
         part.put(key, state)
         pool = route.pool_key(event.target)
         return [Out(POLICY_INPUT, pool, capacity) for capacity in owed]
+    refused = control_door(part, event, key)
+    if refused:
+        return refused
     state, pools = zones.on_capacity(before, event, part.settings.worker.capacity_memory)
     part.put(key, state)
     announced = route.announcement_key(event)
@@ -408,6 +435,10 @@ def policy_key(signal: Event, got: str | None) -> str:
 
 
 def on_policy(part: Part, signal: route.PolicySignal, pool: str) -> list[Out]:
+    if isinstance(signal, PolicyRelease):  # (inventory passed the telemetry stage's door)
+        refused = control_door(part, signal, pool)
+        if refused:
+            return refused
     state = part.get(pool, policy.PolicyState) if pool != route.GUARD_KEY else None
     fleet = part.get(route.GUARD_KEY, guard.GuardState)
     state, fleet, actions, alerts = route.on_policy(state, fleet, signal, part.settings, pool)
@@ -456,7 +487,9 @@ STAGES: tuple[Stage, ...] = (
         table="health",
         key=health_key,
         on_item=on_health,
-        outputs=("proposals", "node-state", POLICY_INPUT, ZONE_INPUT, ANNOUNCE_INPUT),
+        outputs=(
+            "proposals", "node-state", POLICY_INPUT, ZONE_INPUT, ANNOUNCE_INPUT, DEAD_LETTERS
+        ),
     ),
     Stage(
         name="zone",
@@ -465,7 +498,7 @@ STAGES: tuple[Stage, ...] = (
         table="zones",
         key=zone_key,
         on_item=on_zone,
-        outputs=(POLICY_INPUT, ANNOUNCE_INPUT),
+        outputs=(POLICY_INPUT, ANNOUNCE_INPUT, DEAD_LETTERS),
     ),
     Stage(
         name="policy",
@@ -474,7 +507,7 @@ STAGES: tuple[Stage, ...] = (
         table="policy",
         key=policy_key,
         on_item=on_policy,
-        outputs=("actions", "alerts"),
+        outputs=("actions", "alerts", DEAD_LETTERS),
     ),
 )
 # Which stage reads a topic: every topic has at most one reader inside the pipeline.

@@ -108,24 +108,16 @@ SCENARIOS: dict[str, list[Step]] = {
         ("hb", 701, "probation", ["uncordon"]),
         ("do", 702, "healthy", []),
     ],
-    "a drain nobody reports finishes after drain_timeout_s": [
+    "a drain nobody reports stops at drain_timeout_s: no repair over running pods": [
         ("open", 0, FATAL, "degraded", ["cordon"]),
         ("do", 1, "cordoned", ["drain"]),
         ("do", 2, "draining", []),
         ("hb", 601, "draining", []),
-        ("hb", 602, "draining", ["reset_gpu"]),
+        ("hb", 602, "draining", []),
+        ("hb", 5000, "draining", []),
     ],
     # working off a backlog, our actions come back long after the findings of their moment:
     # what they start runs from when the policy acted (their ts), as it does live
-    "actions that come back late start their timers at their own ts": [
-        ("open", 0, FATAL, "degraded", ["cordon"]),
-        ("hb", 300, "degraded", ["cordon"]),  # re-sent: our cordon (ts 1) is on its way
-        ("do", 1, "cordoned", ["drain"]),
-        ("hb", 500, "cordoned", ["drain"]),
-        ("do", 300, "draining", []),
-        ("hb", 899, "draining", []),
-        ("hb", 900, "draining", ["reset_gpu"]),
-    ],
     # the same, when the repair is reported done before our reset comes back (a backlog):
     # the late action is recorded (the ladder counts it) but does not undo the report
     "a repair reported done before its action came back stays done": [
@@ -244,6 +236,22 @@ def test_scenario(steps: list[Step]) -> None:
     _run(steps, target())
 
 
+def test_actions_that_come_back_late_start_their_timers_at_their_own_ts() -> None:
+    # the drain timeout runs from the drain's ts (300), not from when it arrived (500); with
+    # the opt-in, a drain nobody reports is followed by the repair at that timeout
+    opted = msgspec.structs.replace(SETTINGS, repair_after_failed_drain=True)
+    steps: list[Step] = [
+        ("open", 0, FATAL, "degraded", ["cordon"]),
+        ("hb", 300, "degraded", ["cordon"]),  # re-sent: our cordon (ts 1) is on its way
+        ("do", 1, "cordoned", ["drain"]),
+        ("hb", 500, "cordoned", ["drain"]),
+        ("do", 300, "draining", []),
+        ("hb", 899, "draining", []),
+        ("hb", 900, "draining", ["reset_gpu"]),
+    ]
+    _run(steps, target(), opted)
+
+
 def test_slices_use_the_slice_ladder() -> None:
     steps: list[Step] = [
         (
@@ -306,12 +314,12 @@ def test_the_actuator_echo_of_our_cordon_is_not_a_human_hold() -> None:
         assert after.cordoned_by_us and not after.human_hold
 
 
-def test_an_actuator_held_report_is_a_human_hold_and_blocked_changes_nothing() -> None:
+def test_an_actuator_held_report_is_a_human_hold_and_reports_change_nothing() -> None:
     t = target()
     state, proposals = transition(None, finding(t, 0, fatal=True), SETTINGS)
     cordon = action_for(proposals[0], 1)
     state, _ = transition(state, cordon, SETTINGS)
-    for kind in ("blocked", "skipped", "repair_requested", "ready", "not_ready"):
+    for kind in ("repair_requested", "ready", "not_ready"):
         after, out = transition(state, node_event(t, 2, kind, cordon.action_id), SETTINGS)
         assert (after.state, after.human_hold, after.cordoned_by_us) == (
             state.state, False, True), kind
@@ -438,3 +446,54 @@ def test_a_gpu_reset_for_mig_instances_names_their_gpu_once() -> None:
     state, proposals = transition(state, action_for(proposals[-1], 2), SETTINGS)  # drain
     state, proposals = transition(state, node_event(t, 3, "drained"), SETTINGS)
     assert [(p.kind, p.device) for p in proposals] == [("reset_gpu", "3")]
+
+
+# --- a drain or cordon the actuator did not carry out (issue 33, item 6) -------------------
+
+
+def _to_draining(settings: HealthSettings = SETTINGS) -> tuple[HealthState, Proposal]:
+    t = target()
+    state, (cordon,) = transition(None, finding(t, 0, fatal=True), settings)
+    state, (drain,) = transition(state, action_for(cordon, 1), settings)
+    state, _ = transition(state, action_for(drain, 2), settings)
+    assert state.state == "draining"
+    return state, drain
+
+
+@pytest.mark.parametrize("outcome", ["blocked", "skipped", "refused"])
+def test_a_drain_not_carried_out_is_never_followed_by_a_repair(outcome: str) -> None:
+    state, drain = _to_draining()
+    echo = node_event(target(), 40, outcome, action_id=action_for(drain).action_id)
+    state, proposals = transition(state, echo, SETTINGS)
+    assert proposals == [] and state.drain_failed
+    for at in (700, 5000, 20_000):  # past drain_timeout_s and reproposal_s
+        state, proposals = transition(state, heartbeat(target(), at), SETTINGS)
+        assert proposals == [], f"{outcome}: proposed {[p.kind for p in proposals]} at {at}"
+    # the drain finishing after all (a person deleted the pods) lets the ladder go on
+    echo = node_event(target(), 20_001, "drained", action_id=action_for(drain).action_id)
+    state, proposals = transition(state, echo, SETTINGS)
+    assert [p.kind for p in proposals] == ["reset_gpu"]
+
+
+def test_the_opt_in_repairs_after_a_failed_drain() -> None:
+    opted = msgspec.structs.replace(SETTINGS, repair_after_failed_drain=True)
+    state, drain = _to_draining(opted)
+    echo = node_event(target(), 40, "blocked", action_id=action_for(drain).action_id)
+    state, proposals = transition(state, echo, opted)
+    assert [p.kind for p in proposals] == ["reset_gpu"]
+
+
+def test_an_echo_of_an_older_action_changes_nothing() -> None:
+    state, _ = _to_draining()
+    state, proposals = transition(state, node_event(target(), 40, "skipped", "act-old"), SETTINGS)
+    assert not state.drain_failed and state.state == "draining" and proposals == []
+
+
+def test_a_cordon_that_never_landed_leaves_the_node_in_service_and_asks_again() -> None:
+    t = target()
+    state, (cordon,) = transition(None, finding(t, 0, fatal=True), SETTINGS)
+    state, (drain,) = transition(state, action_for(cordon, 1), SETTINGS)
+    echo = node_event(t, 30, "skipped", action_id=action_for(cordon).action_id)
+    state, proposals = transition(state, echo, SETTINGS)
+    assert not state.cordoned_by_us and state.state == "degraded"
+    assert [p.kind for p in proposals] == ["cordon"]  # never a drain of an uncordoned node

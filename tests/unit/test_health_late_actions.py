@@ -19,8 +19,11 @@ from pipeline.config import HealthSettings, PolicySettings
 from pipeline.model import Action, Finding, NodeEvent, Proposal
 from tests.remediation_fixture import action_for, finding, heartbeat, ms, node_event, target
 
+# repair_after_failed_drain: a drain nobody reports is followed by a repair at its timeout,
+# so the timeout's start (the drain's own ts, however late it came back) shows in the proposals
 SETTINGS = HealthSettings(
-    persist_s=60, probation_s=300, reproposal_s=120, drain_timeout_s=600, event_ahead_s=100
+    persist_s=60, probation_s=300, reproposal_s=120, drain_timeout_s=600, event_ahead_s=100,
+    repair_after_failed_drain=True,
 )
 POLICY = PolicySettings()
 T = target("n1")
