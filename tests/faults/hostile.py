@@ -89,6 +89,9 @@ class Outcome:
         for state in self.runtime.policy.values():
             for held in state.withheld.values():
                 self.held[held.proposal.proposal_id] = held.reason
+            for plan in state.maintenance.values():  # a maintenance cordon waiting, and why
+                if plan.withheld:
+                    self.held[f"maintenance:{plan.event_id}"] = plan.withheld
 
     @property
     def common_cause_alerts(self) -> list[Alert]:
