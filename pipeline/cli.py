@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.inventory",
     "pipeline.commands.policy",
     "pipeline.commands.kube",
+    "pipeline.commands.node",
 )
 
 

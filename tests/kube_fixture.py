@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# where a test node is unless the test says otherwise: the pool and zone the actuator tests'
+# actions name (the actuator refuses an action whose pool or zone its node's labels deny)
+PLACE = {"cloud.google.com/gke-nodepool": "a3", "topology.kubernetes.io/zone": "z-a"}
 KUBE_SH = REPO / "deploy" / "kubernetes" / "kube.sh"
 HELM_SH = REPO / "deploy" / "kubernetes" / "helm.sh"
 
@@ -39,6 +42,7 @@ class Kube:
         from kubernetes import client
 
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        labels = PLACE if labels is None else labels
         self.core.create_node(client.V1Node(
             metadata=client.V1ObjectMeta(name=name, labels=labels, annotations=annotations),
             spec=client.V1NodeSpec(unschedulable=unschedulable or None)))  # fmt: skip

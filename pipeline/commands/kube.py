@@ -32,8 +32,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "kubernetes.group_id, default fleetpulse-actuator-<cluster>), carry each action out "
         "once (idempotent by action_id, recorded on the node), never touch a node a person "
         "holds, and echo every outcome on fleet.events.node: cordoned, drained, uncordoned, "
-        "repair_requested, or held / blocked / skipped with the reason. dry_run actions are "
-        "logged only. SIGTERM finishes the current batch, then exits.",
+        "repair_requested, or held / blocked / skipped / refused with the reason. It refuses "
+        "actions without expires_at, too old, keyed or labelled unlike their target, or over "
+        "its own removal caps (kubernetes.max_removals*), and repairs of nodes it has not "
+        "drained. Drains run in parallel, one per node. A node a person uncordons is released "
+        "of every FleetPulse mark. dry_run actions are logged only. SIGTERM stops it; actions "
+        "not finished are carried out again on restart.",
     )
     kube.add_argument("--idle-exit", type=float, metavar="SECONDS",
                       help="exit after SECONDS without an action (default: run until stopped)")
@@ -71,23 +75,32 @@ def _actuate(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.kube.actuator import Actuator, ActuatorStats
     from pipeline.kube.client import connect
     from pipeline.kube.kafka import ActuatorSink, Producer, run_actuator
+    from pipeline.kube.release import Releaser, ReleaseStats
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cluster = _cluster(settings)
     group = settings.kubernetes.group_id or f"fleetpulse-actuator-{cluster}"
     stats, edge_stats, readiness = ActuatorStats(), EdgeStats(), Readiness()
-    serve_stats("actuate_kubernetes", edge_stats, settings.metrics, readiness, extra=[stats])
+    release_stats = ReleaseStats()
+    serve_stats("actuate_kubernetes", edge_stats, settings.metrics, readiness,
+                extra=[stats, release_stats])
     apis = connect(settings.kubernetes)
     actuator = Actuator(apis.core, settings.kubernetes, cluster, stats=stats)
     producer = Producer(settings, f"{settings.kafka.client_id}-actuator")
     sink = ActuatorSink(actuator, producer.send, settings.kafka.max_value_bytes)
+    stop = _stop_on_signals()
+    # people win: a node a person uncordons is released of FleetPulse's marks at once
+    releaser = Releaser(apis.core, settings.kubernetes, stats=release_stats)
+    threading.Thread(target=releaser.run, args=(stop,), name="releaser", daemon=True).start()
     try:
-        run_actuator(settings, group, sink, stop=_stop_on_signals(), idle_exit_s=args.idle_exit,
+        run_actuator(settings, group, sink, stop=stop, idle_exit_s=args.idle_exit,
                      readiness=readiness, stats=edge_stats)
     finally:
+        stop.set()
         producer.close()
     print(f"actuator: {edge_stats.records} records, {stats.actions} actions for {cluster}: "
-          f"{_counts(stats.outcomes)}; {stats.dry_run} dry run, {stats.replayed} replayed")
+          f"{_counts(stats.outcomes)}; {stats.dry_run} dry run, {stats.replayed} replayed; "
+          f"refused: {_counts(stats.refusals)}; {release_stats.releases} released by people")
     return 0
 
 

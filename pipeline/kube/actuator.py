@@ -13,12 +13,24 @@ Rules it keeps (docs/actuators.md, docs/kubernetes.md):
   and mirror pods stay; a PDB's 429 is retried with backoff until kubernetes.drain_timeout_s,
   then the drain is echoed `blocked`;
 - repair kinds become the `fleetpulse.io/repair=<kind>` label (and annotations) for a repair
-  controller, echoed `repair_requested`.
+  controller, echoed `repair_requested`, and only on a node FleetPulse cordoned and drained
+  (nothing left but DaemonSet and mirror pods); otherwise the repair is refused;
+- defends itself whatever the policy decided (pipeline/kube/defences.py): no `expires_at`, a
+  `ts` too old or ahead, a key that is not the target's, a target that does not exist or whose
+  labels disagree, a slice that selects a non-TPU node, a removal over the actuator's caps:
+  each refused, echoed `refused` with the reason and counted;
+- people win: before every patch attempt (409 retries included) and between eviction rounds
+  it asks again whether a person holds the node; a condition is set with the node's
+  resourceVersion, so FleetPulseUnhealthy never lands on a node a person took meanwhile;
+- an action the API server refuses for good (400/422: a name it cannot take) raises
+  `ApiRefusedError`; the Kafka side dead-letters it after kubernetes.api_rejections tries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,16 +38,18 @@ from typing import Any
 
 from pipeline.config import KubernetesSettings
 from pipeline.errors import SinkError
-from pipeline.kube import nodes
+from pipeline.kube import defences, nodes
+from pipeline.kube.defences import REMOVALS, REPAIR_KINDS, Refusal
+from pipeline.kube.release import release, uncordoned_by_person
 from pipeline.model import Action, NodeEvent, host_kind
 from pipeline.retry import Backoff
 
 log = logging.getLogger(__name__)
 
-REPAIR_KINDS = frozenset({"reset_gpu", "reboot", "repair", "replace", "repair_slice"})
+__all__ = ["REPAIR_KINDS", "Actuator", "ActuatorStats", "ApiRefusedError", "Result"]
 # worst first: the outcome a slice reports when its nodes differ
-_PRECEDENCE = ("held", "skipped", "blocked", "repair_requested", "drained", "cordoned",
-               "uncordoned")  # fmt: skip
+_PRECEDENCE = ("refused", "held", "skipped", "blocked", "repair_requested", "drained",
+               "cordoned", "uncordoned")  # fmt: skip
 _CONFLICT_RETRIES = 5
 _MIRROR = "kubernetes.io/config.mirror"
 
@@ -50,12 +64,27 @@ class ActuatorStats:
     evictions: int = 0
     eviction_refusals: int = 0  # 429s from a PodDisruptionBudget, each retry counted
     outcomes: dict[str, int] = field(default_factory=dict, metadata={"label": "outcome"})
+    # actions refused by the actuator's own defences, by why (no_expires_at, too_old, ahead,
+    # key, not_found, labels, gpu_slice, cap, not_drained) and the API server's (api_rejected)
+    refusals: dict[str, int] = field(default_factory=dict, metadata={"label": "why"})
+    removals: int = 0  # targets newly cordoned, drained or sent to repair (the cap counts them)
+    in_flight: int = field(default=0, metadata={"gauge": True})  # actions being carried out
+    api_errors: int = 0  # API server failures retried (unreachable, 5xx)
 
 
 @dataclass(frozen=True)
 class Result:
     kind: str  # node_event kind
     reason: str
+
+
+class ApiRefusedError(Exception):
+    """The API server refused a request for good (400/422): the action can never be carried
+    out as written (e.g. a slice name no label selector can hold)."""
+
+
+class _HeldError(Exception):
+    """A person holds the node (seen before a patch or between eviction rounds)."""
 
 
 class Actuator:
@@ -74,40 +103,59 @@ class Actuator:
         self.core, self.settings, self.cluster = core, settings, cluster
         self.clock, self.sleep = clock, sleep
         self.stats = stats or ActuatorStats()
+        self.cap = defences.RemovalCap(settings)
+        self._lock = threading.Lock()  # stats, from the Kafka side's workers
 
     # --- one action ---------------------------------------------------------------------
 
-    def handle(self, action: Action) -> NodeEvent | None:
+    def handle(self, action: Action, key: str | None = None) -> NodeEvent | None:
         """Carry the action out (or not); the echo for fleet.events.node, None for none.
+        `key`: the record's Kafka key, checked against the target (None: not from Kafka).
 
         Raises SinkError when the API server cannot be reached or fails: nothing may be
-        committed then, and the action comes again."""
+        committed then, and the action comes again. ApiRefusedError when it refuses for good."""
         if action.target.cluster != self.cluster:
-            self.stats.other_cluster += 1
+            self.count("other_cluster")
             return None  # another cluster's actuator (its own consumer group) handles it
         if action.target.kind not in ("node", "slice"):
             # fabric localisation's verdicts on a switch or link: no node to act on, and no
             # echo awaited (node_event/2 names nodes and slices only; docs/actuators.md)
-            self.stats.network_elements += 1
+            self.count("network_elements")
             log.info("skipped %s %s %s: the network team's actuator's", action.action_id,
                      action.kind, action.target.name)  # fmt: skip
             return None
-        self.stats.actions += 1
+        self.count("actions")
         now_ms = int(self.clock() * 1000)
         if action.dry_run:
-            self.stats.dry_run += 1
+            self.count("dry_run")
             log.info("dry run, not carried out: %s %s (%s)", action.kind,
                      action.target.name, action.reason.summary)  # fmt: skip
             return None
-        if action.expires_at is not None and now_ms > action.expires_at:
+        refusal = defences.credible(action, key, now_ms, self.settings)
+        if refusal is not None:
+            result = self._refuse(refusal)
+        elif action.expires_at is not None and now_ms > action.expires_at:
             result = Result("skipped", f"expired {now_ms - action.expires_at} ms before it "
                             f"could start (expires_at {action.expires_at})")  # fmt: skip
         else:
             result = self._on_target(action)
-        self.stats.outcomes[result.kind] = self.stats.outcomes.get(result.kind, 0) + 1
+        with self._lock:
+            self.stats.outcomes[result.kind] = self.stats.outcomes.get(result.kind, 0) + 1
         log.info("%s %s %s: %s (%s)", action.action_id, action.kind, action.target.name,
                  result.kind, result.reason)  # fmt: skip
         return self._echo(action, result, int(self.clock() * 1000))
+
+    def count(self, name: str, by: int = 1) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + by)
+
+    def count_refusal(self, why: str) -> None:
+        with self._lock:
+            self.stats.refusals[why] = self.stats.refusals.get(why, 0) + 1
+
+    def _refuse(self, refusal: Refusal) -> Result:
+        self.count_refusal(refusal.why)
+        return Result("refused", refusal.reason)
 
     def _echo(self, action: Action, result: Result, now_ms: int) -> NodeEvent:
         target = action.target
@@ -125,44 +173,67 @@ class Actuator:
         )
 
     def _on_target(self, action: Action) -> Result:
-        names = self._node_names(action)
-        if not names:
-            return Result("skipped", f"no node for {action.target.kind} {action.target.name}")
-        results = [self._on_node(name, action) for name in names]
+        found = self._nodes(action)
+        if not found:
+            return self._refuse(Refusal("not_found", f"no node for {action.target.kind} "
+                                        f"{action.target.name}"))  # fmt: skip
+        refusal = defences.agrees(action, found, self.settings)
+        if refusal is None and action.kind in REMOVALS and any(map(self._in_service, found)):
+            refusal = self.cap.take(action, int(self.clock() * 1000))
+            if refusal is None:
+                self.count("removals")
+        if refusal is not None:
+            return self._refuse(refusal)
+        results = [self._on_node(node, action) for node in found]
         worst = min(results, key=lambda r: _PRECEDENCE.index(r.kind))
         if len(results) > 1:
             return Result(worst.kind, f"{len(results)} nodes; {worst.reason}")
         return worst
 
-    def _node_names(self, action: Action) -> list[str]:
+    def _in_service(self, node: Any) -> bool:
+        """Neither out by FleetPulse already nor a person's: acting on it is a new removal."""
+        held = nodes.held_by_person(node, self.settings.held_annotation,
+                                    self.settings.maintenance_label)  # fmt: skip
+        return held is None and nodes.cordoned_by_us(node) is None
+
+    def _nodes(self, action: Action) -> list[Any]:
         if action.target.kind == "node":
-            return [action.target.name]
+            node = self._read(action.target.name)
+            return [] if node is None else [node]
         selector = f"{self.settings.slice_label}={action.target.name}"
         found = self._call(self.core.list_node, label_selector=selector)
-        return sorted(node.metadata.name for node in found.items)
+        return sorted(found.items, key=lambda node: node.metadata.name)
 
-    def _on_node(self, name: str, action: Action) -> Result:
-        node = self._read(name)
-        if node is None:
-            return Result("skipped", f"node {name} does not exist")
+    def _on_node(self, node: Any, action: Action) -> Result:
+        name = node.metadata.name
         done = nodes.applied(node).get(action.action_id)
         if done is not None:
-            self.stats.replayed += 1
+            self.count("replayed")
             return Result(done, "already carried out; the replay changed nothing")
-        held = nodes.held_by_person(
-            node, self.settings.held_annotation, self.settings.maintenance_label
-        )
+        if uncordoned_by_person(node):  # a person's uncordon the releaser has not cleared yet
+            release(self.core, name, self.settings, who="a person's uncordon", uncordon=False)
+            node = self._read(name)
+            if node is None:
+                return self._refuse(Refusal("not_found", f"node {name} does not exist"))
+        held = self._held(node)
         if action.kind == "uncordon":
             return self._uncordon(node, action, held)
         if held is not None:
             return Result("held", f"node {name} {held}: left to the person")
-        if action.kind == "cordon":
-            return self._cordon(node, action)
-        if action.kind == "drain":
-            return self._drain(node, action)
-        if action.kind in REPAIR_KINDS:
-            return self._request_repair(node, action)
+        try:
+            if action.kind == "cordon":
+                return self._cordon(node, action)
+            if action.kind == "drain":
+                return self._drain(node, action)
+            if action.kind in REPAIR_KINDS:
+                return self._request_repair(node, action)
+        except _HeldError as exc:
+            return Result("held", f"node {name} {exc}: left to the person")
         return Result("skipped", f"{action.kind} is not supported by this actuator")
+
+    def _held(self, node: Any) -> str | None:
+        return nodes.held_by_person(node, self.settings.held_annotation,
+                                    self.settings.maintenance_label)  # fmt: skip
 
     # --- cordon / uncordon ----------------------------------------------------------------
 
@@ -181,8 +252,13 @@ class Actuator:
 
         # the condition first: the patch below records the action as applied, and a failure
         # between the two would make the redelivered action a replay with no condition set
-        self._condition(node.metadata.name, True, action, check)
-        self._patch(node, change)
+        node = self._condition(node, True, action, check)
+        try:
+            self._patch(node, change)
+        except _HeldError:
+            # a person took the node between the two patches: our condition goes too
+            self._condition(self._read(node.metadata.name) or node, False, action, "held")
+            raise
         return Result("cordoned", f"unschedulable, tainted {nodes.TAINT_KEY}={check}:NoSchedule")
 
     def _uncordon(self, node: Any, action: Action, held: str | None) -> Result:
@@ -201,11 +277,19 @@ class Actuator:
                                                  nodes.CORDON_REASON: None,
                                                  nodes.ACTIONS: done}}}  # fmt: skip
 
-        self._condition(name, False, action, "released")  # first, as for a cordon
-        self._patch(node, change)
+        node = self._condition(node, False, action, "released")  # first, as for a cordon
+        try:
+            self._patch(node, change)
+        except _HeldError as exc:
+            return Result("held", f"node {name} {exc}: left cordoned for the person")
         return Result("uncordoned", "schedulable again; taint and condition cleared")
 
-    def _condition(self, name: str, unhealthy: bool, action: Action, reason: str) -> None:
+    def _condition(self, node: Any, unhealthy: bool, action: Action, reason: str) -> Any:
+        """Set FleetPulseUnhealthy on the node's status, guarded by its resourceVersion: a
+        node changed meanwhile is read again and, for True, asked again whether a person
+        holds it (never set on a held node). The node as it is after the patch."""
+        from kubernetes.client.exceptions import ApiException
+
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
         condition = {
             "type": nodes.CONDITION,
@@ -215,8 +299,30 @@ class Actuator:
             "lastHeartbeatTime": now,
             "lastTransitionTime": now,
         }
-        self._call(self.core.patch_node_status, name, {"status": {"conditions": [condition]}},
-                   _content_type="application/strategic-merge-patch+json")  # fmt: skip
+        name = node.metadata.name
+        for _ in range(_CONFLICT_RETRIES):
+            if unhealthy:
+                self._check_hold(node)
+            body = {"metadata": {"resourceVersion": node.metadata.resource_version},
+                    "status": {"conditions": [condition]}}  # fmt: skip
+            try:
+                return self.core.patch_node_status(
+                    name, body, _content_type="application/strategic-merge-patch+json",
+                    _request_timeout=self.settings.request_timeout_s)  # fmt: skip
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise _api_error(f"setting {nodes.CONDITION} on node {name}", exc) from None
+            except OSError as exc:
+                raise SinkError(f"kubernetes API unreachable: {exc}") from None
+            node = self._read(name)
+            if node is None:
+                raise SinkError(f"node {name} went away while its condition was set")
+        raise SinkError(f"node {name}: status still conflicting after {_CONFLICT_RETRIES} tries")
+
+    def _check_hold(self, node: Any) -> None:
+        held = self._held(node)
+        if held is not None:
+            raise _HeldError(held)
 
     # --- drain ----------------------------------------------------------------------------
 
@@ -237,8 +343,27 @@ class Actuator:
                 return Result("blocked", f"a PodDisruptionBudget refused evicting {pods} "
                               f"for {self.settings.drain_timeout_s:g} s")  # fmt: skip
             self.sleep(min(backoff.next_delay(), max(0.0, deadline - self.clock())))
+            stopped = self._still_ours(name)  # between rounds: has a person taken it?
+            if stopped is not None:
+                return stopped
         self._record(name, action, "drained")
         return Result("drained", "every pod evicted (DaemonSet and mirror pods stay)")
+
+    def _still_ours(self, name: str) -> Result | None:
+        """None while the node is still FleetPulse's to drain; else why the drain stops."""
+        node = self._read(name)
+        if node is None:
+            return Result("skipped", f"node {name} went away during the drain")
+        held = self._held(node)
+        if held is not None:
+            return Result("held", f"node {name} {held} during the drain: drain stopped")
+        if nodes.cordoned_by_us(node) is None:  # a person uncordoned it: a full release
+            if uncordoned_by_person(node):
+                release(self.core, name, self.settings, who="a person's uncordon",
+                        uncordon=False)  # fmt: skip
+            return Result("skipped", f"node {name} was uncordoned by a person during the "
+                          f"drain: drain stopped, FleetPulse's marks cleared")  # fmt: skip
+        return None
 
     def _evictable(self, name: str) -> list[Any]:
         pods = self._call(self.core.list_pod_for_all_namespaces,
@@ -260,18 +385,22 @@ class Actuator:
             if exc.status == 404:
                 return True  # already gone
             if exc.status == 429:
-                self.stats.eviction_refusals += 1
+                self.count("eviction_refusals")
                 return False
-            raise SinkError(f"evicting {pod.metadata.namespace}/{pod.metadata.name}: "
-                            f"HTTP {exc.status} {exc.reason}") from None  # fmt: skip
+            where = f"evicting {pod.metadata.namespace}/{pod.metadata.name}"
+            raise _api_error(where, exc) from None
         except OSError as exc:
             raise SinkError(f"kubernetes API unreachable: {exc}") from None
-        self.stats.evictions += 1
+        self.count("evictions")
         return True
 
     # --- repair requests ------------------------------------------------------------------
 
     def _request_repair(self, node: Any, action: Action) -> Result:
+        not_ready = self._undrained(node)
+        if not_ready is not None:
+            return self._refuse(Refusal("not_drained", not_ready))
+
         def change(node: Any) -> dict[str, Any]:
             annotations: dict[str, Any] = {
                 nodes.REPAIR_ACTION_ID: action.action_id,
@@ -286,11 +415,27 @@ class Actuator:
         return Result("repair_requested",
                       f"labelled {nodes.REPAIR_LABEL}={action.kind} for the repair controller")
 
+    def _undrained(self, node: Any) -> str | None:
+        """Why the node is not ready for a repair (FleetPulse's cordon and a finished drain),
+        or None."""
+        name = node.metadata.name
+        if nodes.cordoned_by_us(node) is None:
+            return (f"node {name} is not cordoned by FleetPulse: a repair comes only after "
+                    f"FleetPulse's cordon and drain")  # fmt: skip
+        left = self._evictable(name)
+        if left:
+            pods = ", ".join(f"{p.metadata.namespace}/{p.metadata.name}" for p in left[:5])
+            return (f"node {name} is not drained ({len(left)} pods left: {pods}): a repair "
+                    f"comes only after a finished drain")  # fmt: skip
+        return None
+
     # --- API plumbing ---------------------------------------------------------------------
 
     def _record(self, name: str, action: Action, outcome: str) -> None:
         node = self._read(name)
-        if node is not None:
+        if node is None:
+            return
+        with contextlib.suppress(_HeldError):  # a person took it: not even our bookkeeping
             self._patch(node, lambda node: {"metadata": {"annotations": {
                 nodes.ACTIONS: nodes.with_applied(node, action.action_id, outcome)}}})  # fmt: skip
 
@@ -302,17 +447,19 @@ class Actuator:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise SinkError(f"reading node {name}: HTTP {exc.status} {exc.reason}") from None
+            raise _api_error(f"reading node {name}", exc) from None
         except OSError as exc:
             raise SinkError(f"kubernetes API unreachable: {exc}") from None
 
     def _patch(self, node: Any, change: Callable[[Any], dict[str, Any]]) -> None:
         """A merge patch guarded by the node's resourceVersion: a node changed meanwhile is a
-        409, and the change is worked out again from the node as it is now."""
+        409, and the change is worked out again from the node as it is now. Before every
+        attempt, the node is asked again whether a person holds it (_HeldError)."""
         from kubernetes.client.exceptions import ApiException
 
         name = node.metadata.name
         for _ in range(_CONFLICT_RETRIES):
+            self._check_hold(node)
             body = change(node)
             body["metadata"] = {**body.get("metadata", {}),
                                 "resourceVersion": node.metadata.resource_version}  # fmt: skip
@@ -322,8 +469,7 @@ class Actuator:
                 return
             except ApiException as exc:
                 if exc.status != 409:
-                    why = f"HTTP {exc.status} {exc.reason}"
-                    raise SinkError(f"patching node {name}: {why}") from None
+                    raise _api_error(f"patching node {name}", exc) from None
             except OSError as exc:
                 raise SinkError(f"kubernetes API unreachable: {exc}") from None
             node = self._read(name)
@@ -337,15 +483,23 @@ class Actuator:
         try:
             return method(*args, _request_timeout=self.settings.request_timeout_s, **kwargs)
         except ApiException as exc:
-            raise SinkError(f"kubernetes API: HTTP {exc.status} {exc.reason}") from None
+            raise _api_error("kubernetes API", exc) from None
         except OSError as exc:
             raise SinkError(f"kubernetes API unreachable: {exc}") from None
+
+
+def _api_error(what: str, exc: Any) -> Exception:
+    """400/422: the request can never succeed as written (ApiRefusedError, dead-lettered after a
+    few tries); anything else may pass later (SinkError: retried, nothing committed)."""
+    if exc.status in (400, 422):
+        return ApiRefusedError(f"{what}: HTTP {exc.status} {exc.reason}: {str(exc.body)[:500]}")
+    return SinkError(f"{what}: HTTP {exc.status} {exc.reason}")
 
 
 def _taints(node: Any) -> list[dict[str, Any]]:
     return [
         {k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v}
-        for t in (node.spec.taints or [] if node.spec is not None else [])
+        for t in ((node.spec.taints or []) if node.spec is not None else [])
     ]
 
 

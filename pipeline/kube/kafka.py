@@ -1,26 +1,31 @@
 """The Kafka side of the actuator and the watcher.
 
 `ActuatorSink` is an edge sink (pipeline/edge.py): `add(record)` decodes one consumed record
-(DecodeError for a bad value: dead-lettered), `flush()` carries the batch out and makes its
-echoes durable (acknowledged by the broker), raising SinkError to prevent the commit.
-`run_actuator` drives it with the shared runner, as the lake sink and alerts are driven.
+(DecodeError for a bad value: dead-lettered) and starts it in its key's lane; the edge commits
+only up to the first action whose outcome is not yet known and echoed. `run_actuator` drives
+it with the shared runner, as the lake sink and alerts are driven.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.codec import decode, encode
 from pipeline.config import Settings
-from pipeline.edge import EdgeOptions, EdgeStats, run_edge
+from pipeline.edge import Edge, EdgeOptions, EdgeStats, Rejected
 from pipeline.errors import SinkError
 from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs
-from pipeline.kube.actuator import Actuator
+from pipeline.kube.actuator import Actuator, ApiRefusedError
 from pipeline.kube.watcher import Out
-from pipeline.model import Action, NodeEvent
+from pipeline.model import Action
+from pipeline.retry import Backoff
 from pipeline.runtime.topics import record_key, topic_name
 from pipeline.selfmetrics import Readiness
 
@@ -58,38 +63,173 @@ class Producer:
         self._producer.close(timeout=_SEND_TIMEOUT_S)
 
 
-class ActuatorSink:
-    """fleet.actions records → the actuator, in the edge-sink shape (pipeline/edge.py).
+@dataclass
+class _Job:
+    record: Any
+    action: Action
+    where: tuple[str, int]  # (topic, partition)
+    generation: int
+    tries: int = 0
 
-    `add` only decodes and queues (DecodeError for a bad value); `flush` carries the queued
-    actions out in order, then sends their echoes and waits for the broker. When the API
-    server or Kafka fails, flush raises SinkError and keeps what is left: a retried flush goes
-    on from there, and echoes already made are sent with it (actions done before a crash are
-    recognised on the node by their ids). `discard` drops everything (the records come again).
+
+class ActuatorSink:
+    """fleet.actions records → the actuator, in the edge-sink shape (pipeline/edge.py), with
+    no head-of-line blocking.
+
+    `add` decodes (DecodeError for a bad value: dead-lettered) and hands the action to the
+    lane of its key (cluster/target): one worker per key at a time, so a target's actions
+    keep their order while a drain a PodDisruptionBudget blocks for minutes holds up only its
+    own node. A job is finished once its echo is acknowledged by the broker; `unsettled()`
+    names the first offset per partition whose action is not, and the edge commits only up
+    to there, so a crash replays every action whose outcome was not known (the node records
+    what was done, so a replay changes nothing twice). The API server failing (SinkError) is
+    retried in the lane with backoff; a request it refuses for good (ApiRefusedError, 400/422)
+    is tried kubernetes.api_rejections times, then returned by `flush` to be dead-lettered;
+    the actions behind it go on.
     """
 
     def __init__(self, actuator: Actuator, send: Callable[[Sequence[Out]], None],
                  max_bytes: int) -> None:  # fmt: skip
         self.actuator, self.send, self.max_bytes = actuator, send, max_bytes
-        self.queued: list[Action] = []
-        self.pending: list[NodeEvent] = []
+        self.settings = actuator.settings
+        self._lock = threading.Lock()
+        self._lanes: dict[bytes | None, deque[_Job]] = {}  # key -> jobs, the first running
+        self._open: dict[tuple[str, int], set[int]] = {}  # offsets not finished, per partition
+        self._rejected: list[Rejected] = []
+        self._generation = 0
+        self._closing = threading.Event()
+        self._pool = ThreadPoolExecutor(self.settings.drain_workers, "actuator-lane")
 
     def add(self, record: Any) -> None:
-        self.queued.append(decode(record.value, Action, self.max_bytes))
+        action = decode(record.value, Action, self.max_bytes)
+        where = (record.topic, record.partition)
+        with self._lock:
+            job = _Job(record, action, where, self._generation)
+            self._open.setdefault(where, set()).add(record.offset)
+            lane = self._lanes.setdefault(record.key, deque())
+            lane.append(job)
+            if len(lane) == 1:  # no worker on this key yet
+                self._pool.submit(self._run_lane, record.key)
 
-    def flush(self) -> None:
-        while self.queued:
-            echo = self.actuator.handle(self.queued[0])  # SinkError: the rest waits
-            self.queued.pop(0)
-            if echo is not None:
-                self.pending.append(echo)
-        outs = [Out("events.node", record_key(e), encode(e)) for e in self.pending]
-        if outs:
-            self.send(outs)  # SinkError when not acknowledged: nothing is committed
-        self.pending = []
+    def flush(self) -> list[Rejected]:
+        """What the API server refused for good (dead-lettered before the commit). Never
+        waits for actions in flight: the commit stops at them (`unsettled`)."""
+        with self._lock:
+            rejected, self._rejected = self._rejected, []
+        return rejected
+
+    def unsettled(self) -> dict[tuple[str, int], int]:
+        """Per partition, the offset of the first action not finished: the commit stops there."""
+        with self._lock:
+            return {where: min(offsets) for where, offsets in self._open.items() if offsets}
+
+    def wait_settled(self, timeout_s: float = 5.0) -> None:
+        """On the way out: a moment for actions under way (a drain may take far longer: what
+        is not finished then is carried out again after the restart)."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def busy(self) -> bool:
+        with self._lock:
+            return any(self._open.values())
 
     def discard(self) -> None:
-        self.queued, self.pending = [], []
+        """The edge gives up what it holds (it is replayed): jobs not started are dropped,
+        the ones running finish but no longer hold back a commit."""
+        with self._lock:
+            self._generation += 1
+            self._open = {}
+            for lane in self._lanes.values():
+                while len(lane) > 1:
+                    lane.pop()
+
+    def close(self) -> None:
+        """Stop retrying and taking jobs: what is not finished is replayed after a restart."""
+        self._closing.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- a lane: one key's actions, in order ---------------------------------------------
+
+    def _run_lane(self, key: bytes | None) -> None:
+        while not self._closing.is_set():
+            with self._lock:
+                lane = self._lanes.get(key)
+                if not lane:
+                    self._lanes.pop(key, None)
+                    return
+                job = lane[0]
+            if job.generation == self._generation:
+                self._carry_out(job, None if key is None else key.decode(errors="replace"))
+            with self._lock:
+                lane.popleft()
+                if job.generation == self._generation:
+                    self._open.get(job.where, set()).discard(job.record.offset)
+
+    def _carry_out(self, job: _Job, key: str | None) -> None:
+        """The action done and its echo acknowledged, or given up (dead letter), or closing."""
+        backoff = Backoff(0.25, 5.0)
+        while not self._closing.is_set():
+            self.actuator.count("in_flight")
+            try:
+                echo = self.actuator.handle(job.action, key)
+                if echo is not None:
+                    self.send([Out("events.node", record_key(echo), encode(echo))])
+                return
+            except ApiRefusedError as exc:
+                job.tries += 1
+                if job.tries >= self.settings.api_rejections:
+                    self._give_up(job, str(exc))
+                    return
+                log.warning("%s: the API server refused it (%d of %d): %s", job.action.action_id,
+                            job.tries, self.settings.api_rejections, exc)  # fmt: skip
+            except SinkError as exc:  # unreachable, 5xx, Kafka: retried (the node recalls it)
+                self.actuator.count("api_errors")
+                log.warning("%s %s: %s; retrying", job.action.action_id,
+                            job.action.target.name, exc)  # fmt: skip
+            finally:
+                self.actuator.count("in_flight", -1)
+            self._closing.wait(backoff.next_delay())
+
+    def _give_up(self, job: _Job, error: str) -> None:
+        self.actuator.count_refusal("api_rejected")
+        log.error("%s %s %s: dead-lettered after %d tries: %s", job.action.action_id,
+                  job.action.kind, job.action.target.name, job.tries, error)  # fmt: skip
+        with self._lock:
+            self._rejected.append(Rejected(job.record, "api_rejected", error))
+
+
+class _ActuatorEdge(Edge):
+    """The edge, committing per partition only up to the first action not finished (the
+    sink's lanes run on while the loop polls); the rest is committed by a later commit."""
+
+    sink: ActuatorSink
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._committed: dict[tuple[str, int], int] = {}
+
+    def _commit_offsets(self) -> bool:
+        """Commit what is finished; True when that is everything read (on a revoke, False
+        drops the rest: the partitions' next owner carries it out again)."""
+        read, unfinished = dict(self._positions), self.sink.unsettled()
+        upto = {where: min(offset, unfinished.get(where, offset)) for where, offset in read.items()}
+        fresh = {w: o for w, o in upto.items() if o > self._committed.get(w, -1)}
+        if fresh:
+            self._positions = fresh
+            if not super()._commit_offsets():
+                if self._positions is fresh:  # blocked (broker away): all is still held
+                    self._positions = read
+                self._committed = {}
+                return False
+            self._committed.update(fresh)
+        left = {where: offset for where, offset in read.items() if upto[where] < offset}
+        self._positions = left
+        self._replay_from = {where: upto[where] for where in left}
+        return not left
+
+    def _caught_up(self) -> bool:
+        return not self.sink.busy() and super()._caught_up()
 
 
 def run_actuator(
@@ -102,19 +242,22 @@ def run_actuator(
     readiness: Readiness | None = None,
     stats: EdgeStats | None = None,
 ) -> EdgeStats:
-    """fleet.actions through the edge runner (pipeline/edge.py) into the actuator: small
-    batches in partition order (per-key order), a commit after each flushed batch; a flush the
-    API server or Kafka fails is retried (done actions are recognised on the node by their
-    ids); bad values go to fleet.dlq."""
-    options = EdgeOptions(
-        max_records=50, max_interval_s=0.0, idle_exit_s=idle_exit_s,
-        max_poll_interval_s=max(300.0, 2 * settings.kubernetes.drain_timeout_s),
-    )
+    """fleet.actions through the edge runner (pipeline/edge.py) into the actuator's lanes (one
+    per key: per-key order, no key waits for another); offsets committed up to the first
+    action not finished, after its echo is acknowledged; bad values and actions the API server
+    refuses for good go to fleet.dlq. The loop keeps polling while drains run, so the group
+    never takes a long drain for a stuck member."""
+    options = EdgeOptions(max_records=50, max_interval_s=0.0, idle_exit_s=idle_exit_s)
 
     def started(edge: Any) -> None:
         if readiness is not None:
             readiness.check = edge.readiness
 
-    return run_edge(settings, name="actuator", topics=[topic_name(settings.kafka, "actions")],
-                    group_id=group_id, sink=sink, stop=stop, options=options, stats=stats,
-                    on_start=started)
+    topics = [topic_name(settings.kafka, "actions")]
+    edge = _ActuatorEdge(settings, name="actuator", topics=topics, group_id=group_id, sink=sink,
+                         stop=stop, options=options, stats=stats)  # fmt: skip
+    started(edge)
+    try:
+        return edge.run()
+    finally:
+        sink.close()

@@ -11,6 +11,8 @@ FleetPulse's marks on a node, all under fleetpulse.io/:
   annotations `fleetpulse.io/repair-action-id`, `-reason`, `-device`: a repair request for a
   repair controller to pick up; it removes the label when done (the watcher echoes
   `repaired`).
+- annotation `fleetpulse.io/released: <who> at <time>`: a person released the node from
+  FleetPulse (their uncordon, or `fleetpulse node release`); the marks above were cleared.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ REPAIR_LABEL = PREFIX + "repair"
 REPAIR_ACTION_ID = PREFIX + "repair-action-id"
 REPAIR_REASON = PREFIX + "repair-reason"
 REPAIR_DEVICE = PREFIX + "repair-device"
+RELEASED = PREFIX + "released"
 ACTIONS_KEPT = 32  # action ids remembered per node: far more than one episode's actions
 
 POOL_LABELS = ("cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup")
@@ -189,7 +192,9 @@ def changes(
             found.append(("held", None, f"{mark} set by a person"))
         elif had and not has and not cordoned(new):
             found.append(("uncordoned", None, f"{mark} removed by a person"))
-    if REPAIR_LABEL in node_labels(old) and REPAIR_LABEL not in node_labels(new):
+    released = node_annotations(old).get(RELEASED) != node_annotations(new).get(RELEASED)
+    if REPAIR_LABEL in node_labels(old) and REPAIR_LABEL not in node_labels(new) and not released:
+        # (a release removes the label too: a person ended it, nothing was repaired)
         action_id = node_annotations(old).get(REPAIR_ACTION_ID)
         repair = node_labels(old)[REPAIR_LABEL]
         why = f"{repair} done (the repair controller removed the label)"

@@ -32,8 +32,21 @@ def action(node: str, kind: str = "cordon", **extra: Any) -> Action:
         "reason": Reason(checks=["xid.79"], finding_ids=[], summary="GPU fell off the bus"),
         "dry_run": False,
         "proposal_id": f"prp-{uuid.uuid4().hex[:16]}",
+        "expires_at": int(time.time() * 1000) + 900_000,  # the actuator refuses an action without
     }
     return Action(**(fields | extra))
+
+
+def tpu_labels(slice_name: str) -> dict[str, str]:
+    """A TPU slice host's labels on GKE: the slice is its node pool."""
+    return {SETTINGS.slice_label: slice_name, "topology.kubernetes.io/zone": "z-a",
+            "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+            "cloud.google.com/gke-tpu-topology": "2x2x2"}  # fmt: skip
+
+
+def slice_action(slice_name: str, kind: str, **extra: Any) -> Action:
+    target = Target(cluster=CLUSTER, kind="slice", name=slice_name, pool=slice_name, zone="z-a")
+    return action("x", kind, target=target, **extra)
 
 
 def actuator(kube: Kube, settings: KubernetesSettings = SETTINGS) -> Actuator:
@@ -209,7 +222,8 @@ def test_a_repair_becomes_a_label_for_the_repair_controller(kube: Kube) -> None:
 def test_missing_node_and_other_clusters(kube: Kube) -> None:
     runner = actuator(kube)
     echo = runner.handle(action("no-such-node-x1", "cordon"))
-    assert echo is not None and echo.kind == "skipped" and "does not exist" in echo.reason
+    assert echo is not None and echo.kind == "refused" and "no node" in echo.reason
+    assert runner.stats.refusals == {"not_found": 1}
     other = action("whatever", "cordon")
     other = Action(**{f: getattr(other, f) for f in other.__struct_fields__} | {
         "target": Target(cluster="elsewhere", kind="node", name="n1", pool="p", zone="z")})
@@ -219,10 +233,8 @@ def test_missing_node_and_other_clusters(kube: Kube) -> None:
 @pytest.mark.parametrize("kind", ["cordon", "drain"])
 def test_a_slice_is_acted_on_node_by_node(kube: Kube, kind: str) -> None:
     slice_name = f"tpu-{uuid.uuid4().hex[:6]}"
-    members = [kube.node(labels={SETTINGS.slice_label: slice_name}) for _ in range(2)]
-    act = action("x", kind)
-    act = Action(**{f: getattr(act, f) for f in act.__struct_fields__} | {
-        "target": Target(cluster=CLUSTER, kind="slice", name=slice_name, pool="p", zone="z")})
+    members = [kube.node(labels=tpu_labels(slice_name)) for _ in range(2)]
+    act = slice_action(slice_name, kind)
     echo = actuator(kube).handle(act)
     assert echo is not None and echo.target_kind == "slice" and echo.kind in ("cordoned", "drained")
     assert all(kube.core.read_node(m).spec.unschedulable for m in members)
