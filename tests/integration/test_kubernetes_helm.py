@@ -80,8 +80,12 @@ def test_the_chart_wires_what_the_issue_asks_for(helm: str) -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["FLEETPULSE_KAFKA__SASL_PASSWORD_FILE"] == "/etc/fleetpulse/kafka/sasl-password"
     assert env["FLEETPULSE_KAFKA__SECURITY_PROTOCOL"] == "SASL_SSL"
-    secret = next(v for v in worker["template"]["spec"]["volumes"] if v["name"] == "kafka-secret")
-    assert secret["secret"]["secretName"] == "fleetpulse-kafka"
+    assert env["FLEETPULSE_KAFKA__SASL_USERNAME"] == "fleetpulse-worker"
+    assert env["FLEETPULSE_KAFKA__SSL_CAFILE"] == "/etc/fleetpulse/kafka-ca/ca.crt"
+    volumes = {v["name"]: v["secret"] for v in worker["template"]["spec"]["volumes"]
+               if "secret" in v}  # fmt: skip
+    assert volumes["kafka-principal"]["secretName"] == "fleetpulse-kafka-worker"
+    assert volumes["kafka-ca"]["secretName"] == "fleetpulse-kafka-ca"
     xid = by[("DaemonSet", "fp-fleetpulse-xid")]["spec"]["template"]["spec"]
     mounts = xid["containers"][0]["volumeMounts"]
     assert next(m for m in mounts if m["name"] == "kmsg")["readOnly"] is True
@@ -108,7 +112,104 @@ def test_a_secured_kafka_needs_its_secret(helm: str) -> None:
     result = subprocess.run(
         [helm, "template", "fp", str(CHART), "--set", "kafka.securityProtocol=SSL"],
         capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert result.returncode != 0 and "kafka.existingSecret is required" in result.stderr
+    assert result.returncode != 0
+    assert "kafka.caSecret is required with kafka.securityProtocol SSL" in result.stderr
+
+
+# Every workload the chart can run, each with the principal it must run as (pipeline/wire_acl.py).
+ALL_ON = [*VALUES["secure"], "--set", "ingest.cloudmon.enabled=true",
+          "--set", "ingest.capacity.enabled=true"]  # fmt: skip
+WORKLOAD_ROLE = {
+    ("Deployment", "fp-fleetpulse-worker"): "worker",
+    ("Job", "fp-fleetpulse-topics"): "topics",
+    ("Deployment", "fp-fleetpulse-ingest-prometheus"): "ingest-prometheus",
+    ("Deployment", "fp-fleetpulse-ingest-cloudmon"): "ingest-cloudmon",
+    ("Deployment", "fp-fleetpulse-ingest-capacity"): "ingest-capacity",
+    ("DaemonSet", "fp-fleetpulse-xid"): "ingest-xid",
+    ("StatefulSet", "fp-fleetpulse-lake"): "lake",
+    ("Deployment", "fp-fleetpulse-alerts"): "alerts",
+    ("Deployment", "fp-fleetpulse-actuator"): "actuator",
+    ("Deployment", "fp-fleetpulse-watcher"): "watcher",
+}
+WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob"}
+
+
+def _pod(doc: dict[str, Any]) -> dict[str, Any]:
+    spec = doc["spec"]
+    if doc["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    pod: dict[str, Any] = spec["template"]["spec"]
+    return pod
+
+
+def _credentials(doc: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """A workload's SASL user and the Secrets holding a Kafka password that its pod mounts."""
+    pod = _pod(doc)
+    users = {e["value"] for c in pod["containers"] for e in c.get("env", [])
+             if e["name"] == "FLEETPULSE_KAFKA__SASL_USERNAME"}  # fmt: skip
+    assert len(users) <= 1, users
+    secrets = [v["secret"]["secretName"] for v in pod.get("volumes", [])
+               if "secret" in v and v["name"] != "kafka-ca"]  # fmt: skip
+    return next(iter(users), None), secrets
+
+
+def test_each_workload_runs_as_its_own_principal(helm: str) -> None:
+    """Issue 33: every pod shared one SASL account that could write every topic, the XID
+    DaemonSet (root on every GPU node) included. Now each workload has its own user and mounts
+    its own Secret, only the password key of it; the lake's compaction has no Kafka at all."""
+    from pipeline.wire_acl import BY_NAME
+
+    docs = render(helm, "fp", "fleet", *ALL_ON)
+    workloads = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in WORKLOADS}
+    assert set(workloads) == {*WORKLOAD_ROLE, ("CronJob", "fp-fleetpulse-lake-compaction")}
+    found = {key: _credentials(doc) for key, doc in workloads.items()}
+    assert found.pop(("CronJob", "fp-fleetpulse-lake-compaction")) == (None, [])
+    users = {key: user for key, (user, _) in found.items()}
+    secrets = {key: mounted for key, (_, mounted) in found.items()}
+    assert all(len(mounted) == 1 for mounted in secrets.values()), secrets
+    assert len(set(users.values())) == len(users), f"a user shared: {users}"
+    assert len({m[0] for m in secrets.values()}) == len(secrets), f"a Secret shared: {secrets}"
+    xid = ("DaemonSet", "fp-fleetpulse-xid")
+    assert (users[xid], secrets[xid]) == ("gpu-xid-reader", ["kafka-user-gpu-xid-reader"])
+    # every other workload under its role's default principal, the ACL table's user name
+    expected = {key: BY_NAME[role].principal for key, role in WORKLOAD_ROLE.items() if key != xid}
+    assert {key: user for key, user in users.items() if key != xid} == expected
+    for key, doc in workloads.items():
+        for volume in _pod(doc).get("volumes", []):
+            if volume["name"] == "kafka-principal":  # the password alone, nothing else
+                assert [i["key"] for i in volume["secret"]["items"]] == ["sasl-password"], key
+
+
+def test_two_workloads_sharing_a_principal_are_refused(helm: str) -> None:
+    shared = subprocess.run(
+        [helm, "template", "fp", str(CHART), *VALUES["secure"],
+         "--set", "kafka.principals.actuator.username=fleetpulse-worker"],
+        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shared.returncode != 0
+    assert 'kafka.principals.actuator and .worker share the user "fleetpulse-worker"' in (
+        shared.stderr)
+    old = subprocess.run(
+        [helm, "template", "fp", str(CHART), *VALUES["secure"],
+         "--set", "kafka.existingSecret=fleetpulse-kafka"],
+        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert old.returncode != 0 and "kafka.existingSecret are gone" in old.stderr
+
+
+def test_the_inventory_is_enforced_with_the_watcher_by_default(helm: str) -> None:
+    docs = render(helm, "fp", "fleet")
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("Deployment", "fp-fleetpulse-watcher") in by
+    worker = _pod(by[("Deployment", "fp-fleetpulse-worker")])["containers"][0]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["FLEETPULSE_INVENTORY__ENFORCE"] == "true"
+    alone = subprocess.run(
+        [helm, "template", "fp", str(CHART), "--set", "watcher.enabled=false"],
+        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert alone.returncode != 0
+    assert "inventory.enforce=true needs an inventory source" in alone.stderr
+    loaded = render(helm, "fp", "fleet", "--set", "watcher.enabled=false",
+                    "--set", "inventory.externalSource=true")  # fmt: skip
+    assert not any(d["metadata"]["name"] == "fp-fleetpulse-watcher" for d in loaded)
 
 
 def test_containerfile_passes_hadolint() -> None:

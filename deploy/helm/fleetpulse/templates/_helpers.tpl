@@ -30,69 +30,127 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
-{{/* the environment every FleetPulse container shares: Kafka, its security, /metrics */}}
+{{/* Kafka security mode: "sasl" when the protocol is SASL_*, "tls" when it carries TLS */}}
+{{- define "fleetpulse.sasl" -}}
+{{- if hasPrefix "SASL_" .Values.kafka.securityProtocol }}true{{ end -}}
+{{- end -}}
+{{- define "fleetpulse.tls" -}}
+{{- if has .Values.kafka.securityProtocol (list "SSL" "SASL_SSL") }}true{{ end -}}
+{{- end -}}
+
+{{/* one component's Kafka principal, as YAML: (dict "root" $ "principal" "worker").
+     Refuses an empty username or Secret with SASL: no component may borrow another's. */}}
+{{- define "fleetpulse.principal" -}}
+{{- $p := index .root.Values.kafka.principals .principal | default dict -}}
+username: {{ required (printf "kafka.principals.%s.username is required with SASL" .principal) $p.username | quote }}
+existingSecret: {{ required (printf "kafka.principals.%s.existingSecret is required with SASL" .principal) $p.existingSecret | quote }}
+{{- end -}}
+
+{{/* Refuse settings that would share or lose credentials: the values of an older chart (one
+     account for every pod) and two components with one user or one Secret. */}}
+{{- define "fleetpulse.checkPrincipals" -}}
+{{- if or (hasKey .Values.kafka "saslUsername") (hasKey .Values.kafka "existingSecret") -}}
+{{- fail "kafka.saslUsername and kafka.existingSecret are gone: every component has its own principal (kafka.principals.<component>.username / existingSecret) and the CA comes from kafka.caSecret; see values.yaml and deploy/kafka/README.md" -}}
+{{- end -}}
+{{- if include "fleetpulse.sasl" . -}}
+{{- $users := dict -}}
+{{- $secrets := dict -}}
+{{- range $name, $p := .Values.kafka.principals -}}
+{{- if hasKey $users (toString $p.username) -}}
+{{- fail (printf "kafka.principals.%s and .%s share the user %q: every component needs its own" (get $users (toString $p.username)) $name $p.username) -}}
+{{- end -}}
+{{- if hasKey $secrets (toString $p.existingSecret) -}}
+{{- fail (printf "kafka.principals.%s and .%s share the Secret %q: every component needs its own" (get $secrets (toString $p.existingSecret)) $name $p.existingSecret) -}}
+{{- end -}}
+{{- $_ := set $users (toString $p.username) $name -}}
+{{- $_ := set $secrets (toString $p.existingSecret) $name -}}
+{{- end -}}
+{{- end -}}
+{{- if and (include "fleetpulse.tls" .) (not .Values.kafka.caSecret) -}}
+{{- fail (printf "kafka.caSecret is required with kafka.securityProtocol %s (the broker's CA)" .Values.kafka.securityProtocol) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The environment every FleetPulse container shares: Kafka as the component's own principal
+     (dict "root" $ "principal" "worker"; principal "" = a container that does not use Kafka
+     and gets no Kafka settings at all), /metrics, the cluster. */}}
 {{- define "fleetpulse.env" -}}
+{{- $v := .root.Values -}}
+{{- if .principal }}
 - name: FLEETPULSE_KAFKA__BOOTSTRAP
-  value: {{ .Values.kafka.bootstrap | quote }}
+  value: {{ $v.kafka.bootstrap | quote }}
 - name: FLEETPULSE_KAFKA__TOPIC_PREFIX
-  value: {{ .Values.kafka.topicPrefix | quote }}
+  value: {{ $v.kafka.topicPrefix | quote }}
 - name: FLEETPULSE_KAFKA__PARTITIONS
-  value: {{ .Values.kafka.partitions | quote }}
+  value: {{ $v.kafka.partitions | quote }}
 - name: FLEETPULSE_KAFKA__SECURITY_PROTOCOL
-  value: {{ .Values.kafka.securityProtocol | quote }}
-{{- if hasPrefix "SASL_" .Values.kafka.securityProtocol }}
+  value: {{ $v.kafka.securityProtocol | quote }}
+{{- if include "fleetpulse.sasl" .root }}
+{{- $p := include "fleetpulse.principal" . | fromYaml }}
 - name: FLEETPULSE_KAFKA__SASL_MECHANISM
-  value: {{ required "kafka.saslMechanism is required with SASL" .Values.kafka.saslMechanism | quote }}
+  value: {{ required "kafka.saslMechanism is required with SASL" $v.kafka.saslMechanism | quote }}
 - name: FLEETPULSE_KAFKA__SASL_USERNAME
-  value: {{ required "kafka.saslUsername is required with SASL" .Values.kafka.saslUsername | quote }}
+  value: {{ $p.username | quote }}
 - name: FLEETPULSE_KAFKA__SASL_PASSWORD_FILE
-  value: /etc/fleetpulse/kafka/{{ .Values.kafka.saslPasswordKey }}
+  value: /etc/fleetpulse/kafka/{{ $v.kafka.saslPasswordKey }}
 {{- end }}
-{{- if has .Values.kafka.securityProtocol (list "SSL" "SASL_SSL") }}
+{{- if include "fleetpulse.tls" .root }}
 - name: FLEETPULSE_KAFKA__SSL_CAFILE
-  value: /etc/fleetpulse/kafka/{{ .Values.kafka.caKey }}
+  value: /etc/fleetpulse/kafka-ca/{{ $v.kafka.caKey }}
+{{- end }}
 {{- end }}
 - name: FLEETPULSE_METRICS__PORT
-  value: {{ .Values.metricsPort | quote }}
+  value: {{ $v.metricsPort | quote }}
 - name: FLEETPULSE_SOURCES__CLUSTER
-  value: {{ .Values.cluster | quote }}
+  value: {{ $v.cluster | quote }}
 - name: FLEETPULSE_KUBERNETES__CLUSTER
-  value: {{ .Values.cluster | quote }}
-{{- with .Values.extraEnv }}
+  value: {{ $v.cluster | quote }}
+{{- with $v.extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
 
-{{- define "fleetpulse.secure" -}}
-{{- if ne .Values.kafka.securityProtocol "PLAINTEXT" -}}
-{{- required "kafka.existingSecret is required when kafka.securityProtocol is not PLAINTEXT" .Values.kafka.existingSecret | trunc 0 -}}
-true
-{{- end -}}
-{{- end -}}
-
-{{/* volumeMounts every container has: the Kafka Secret (when secured), scratch space */}}
+{{/* volumeMounts every container has: scratch space; its own principal's password and the
+     broker CA (when secured and it uses Kafka). (dict "root" $ "principal" "worker") */}}
 {{- define "fleetpulse.mounts" -}}
 - name: work
   mountPath: /var/lib/fleetpulse
 - name: tmp
   mountPath: /tmp
-{{- if include "fleetpulse.secure" . }}
-- name: kafka-secret
+{{- if and .principal (include "fleetpulse.sasl" .root) }}
+- name: kafka-principal
   mountPath: /etc/fleetpulse/kafka
+  readOnly: true
+{{- end }}
+{{- if and .principal (include "fleetpulse.tls" .root) }}
+- name: kafka-ca
+  mountPath: /etc/fleetpulse/kafka-ca
   readOnly: true
 {{- end }}
 {{- end -}}
 
 {{- define "fleetpulse.volumes" -}}
+{{- $v := .root.Values -}}
 - name: work
   emptyDir: {}
 - name: tmp
   emptyDir: {}
-{{- if include "fleetpulse.secure" . }}
-- name: kafka-secret
+{{- if and .principal (include "fleetpulse.sasl" .root) }}
+{{- $p := include "fleetpulse.principal" . | fromYaml }}
+- name: kafka-principal   # this component's password only: no pod holds another's
   secret:
-    secretName: {{ .Values.kafka.existingSecret }}
+    secretName: {{ $p.existingSecret }}
     defaultMode: 0440
+    items:
+      - {key: {{ $v.kafka.saslPasswordKey }}, path: {{ $v.kafka.saslPasswordKey }}}
+{{- end }}
+{{- if and .principal (include "fleetpulse.tls" .root) }}
+- name: kafka-ca
+  secret:
+    secretName: {{ $v.kafka.caSecret }}
+    defaultMode: 0444
+    items:
+      - {key: {{ $v.kafka.caKey }}, path: {{ $v.kafka.caKey }}}
 {{- end }}
 {{- end -}}
 
