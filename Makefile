@@ -6,8 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 KAFKA_PORT ?= 19092
 export KAFKA_PORT
+# the one version (pipeline/__init__.py): the package's, the image tag, the chart's appVersion
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' pipeline/__init__.py)
 
-.PHONY: help demo test faults fuzz check bench kafka-up kafka-down kube-build kube-up kube-down services-up services-down clean
+.PHONY: help demo test faults fuzz check bench image kafka-up kafka-down kube-build kube-up kube-down services-up services-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -47,6 +49,11 @@ checks-doc: $(STAMP)  ## regenerate docs/checks.md's table from pipeline/detect/
 bench: $(STAMP) system-deps  ## run the benchmarks (bench/), write bench/results/*.json and the README tables
 	@bash deploy/with-services.sh $(BIN)/python -m bench
 
+image:  ## build the container image fleetpulse:<version> with podman, buildah or docker (pulls its base image)
+	@for tool in podman buildah docker; do \
+	  if command -v $$tool >/dev/null; then exec $$tool build -t fleetpulse:$(VERSION) -f Containerfile .; fi; \
+	done; echo "make image: needs podman, buildah or docker" >&2; exit 1
+
 kafka-up:  ## start the development Kafka broker (127.0.0.1:$KAFKA_PORT)
 	@bash deploy/kafka/kafka.sh start
 
@@ -63,4 +70,4 @@ kube-down:  ## stop it
 	@bash deploy/kubernetes/kube.sh stop
 
 clean:  ## remove the venv, caches and local outputs (keeps the Kafka jar cache)
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache fleetpulse.egg-info out
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache fleetpulse.egg-info out build dist
