@@ -465,6 +465,7 @@ class Actuator:
                                 "resourceVersion": node.metadata.resource_version}  # fmt: skip
             try:
                 self.core.patch_node(name, body, _content_type="application/merge-patch+json",
+                                     field_manager=nodes.FIELD_MANAGER,
                                      _request_timeout=self.settings.request_timeout_s)  # fmt: skip
                 return
             except ApiException as exc:

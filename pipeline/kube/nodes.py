@@ -30,6 +30,7 @@ CORDON_REASON = PREFIX + "cordon-reason"
 ACTIONS = PREFIX + "actions"
 TAINT_KEY = PREFIX + "unhealthy"
 CONDITION = "FleetPulseUnhealthy"
+FIELD_MANAGER = "fleetpulse"  # the API server's name for our writes (managedFields)
 REPAIR_LABEL = PREFIX + "repair"
 REPAIR_ACTION_ID = PREFIX + "repair-action-id"
 REPAIR_REASON = PREFIX + "repair-reason"
@@ -74,8 +75,25 @@ def cordoned(node: Any) -> bool:
 
 
 def cordoned_by_us(node: Any) -> str | None:
-    """The action_id of FleetPulse's cordon on the node, or None (not cordoned by us)."""
-    return node_annotations(node).get(CORDONED_BY) if cordoned(node) else None
+    """The action_id of FleetPulse's cordon on the node, or None (not cordoned by us).
+
+    The annotation alone is not proof: a person may have uncordoned and cordoned again while
+    no releaser ran. The API server records who last set spec.unschedulable (managedFields):
+    when that is someone else (`kubectl cordon` is kubectl-cordon), the cordon is theirs."""
+    ours = node_annotations(node).get(CORDONED_BY) if cordoned(node) else None
+    if ours is None:
+        return None
+    managers = _managers_of_unschedulable(node)
+    return ours if not managers or FIELD_MANAGER in managers else None
+
+
+def _managers_of_unschedulable(node: Any) -> set[str]:
+    entries = getattr(node.metadata, "managed_fields", None) or []
+    return {
+        str(entry.manager)
+        for entry in entries
+        if "f:unschedulable" in ((entry.fields_v1 or {}).get("f:spec") or {})
+    }
 
 
 def held_by_person(node: Any, held_annotation: str, maintenance_label: str) -> str | None:
@@ -85,7 +103,7 @@ def held_by_person(node: Any, held_annotation: str, maintenance_label: str) -> s
         return f"annotated {held_annotation}"
     if maintenance_label and maintenance_label in node_labels(node):
         return f"labelled {maintenance_label}"
-    if cordoned(node) and CORDONED_BY not in node_annotations(node):
+    if cordoned(node) and cordoned_by_us(node) is None:
         return "cordoned by a person"
     return None
 
@@ -208,7 +226,7 @@ def _marked(node: Any, mark: str, is_label: bool) -> bool:
 
 def _cordon_change(old: Any, new: Any) -> list[Change]:
     if cordoned(new) and not cordoned(old):
-        if CORDONED_BY in node_annotations(new):
+        if cordoned_by_us(new) is not None:
             return []  # our cordon: the actuator echoes it with its action_id
         return [("cordoned", None, "cordoned by a person (spec.unschedulable)")]
     if cordoned(old) and not cordoned(new):

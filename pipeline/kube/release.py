@@ -63,6 +63,7 @@ def release(core: Any, name: str, settings: KubernetesSettings, *, who: str,
         try:
             core.patch_node(name, _release_patch(node, who, uncordon, clock),
                             _content_type="application/merge-patch+json",
+                            field_manager=nodes.FIELD_MANAGER,
                             _request_timeout=settings.request_timeout_s)  # fmt: skip
             return True
         except ApiException as exc:

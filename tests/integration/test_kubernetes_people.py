@@ -87,6 +87,20 @@ def test_a_persons_uncordon_is_a_full_release(kube: Kube) -> None:
     assert kube.core.read_node(name).spec.unschedulable is True
 
 
+def test_a_persons_cordon_after_their_uncordon_is_theirs_with_no_releaser(kube: Kube) -> None:
+    name = kube.node()
+    runner = actuator(kube)
+    runner.handle(action(name, "cordon"))
+    _patch(kube, name, UNCORDON)  # no releaser ran: our annotation is still there ...
+    _patch(kube, name, CORDON)
+    node = kube.core.read_node(name)
+    assert nodes.CORDONED_BY in node.metadata.annotations
+    assert nodes.cordoned_by_us(node) is None  # ... but the API server says who cordoned it
+    echo = runner.handle(action(name, "uncordon"))
+    assert echo is not None and echo.kind == "held", echo
+    assert kube.core.read_node(name).spec.unschedulable is True
+
+
 def test_a_hold_before_a_retried_patch_stops_the_cordon(kube: Kube) -> None:
     name = kube.node()
     core = _PersonFirst(kube, "patch_node", name, HOLD)  # the patch then conflicts (409)

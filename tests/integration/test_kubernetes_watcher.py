@@ -13,7 +13,9 @@ import pytest
 
 from pipeline.codec import decode
 from pipeline.config import KubernetesSettings
+from pipeline.kube import nodes
 from pipeline.kube.actuator import Actuator
+from pipeline.kube.release import Releaser
 from pipeline.kube.watcher import NodeWatcher, Out
 from pipeline.model import Inventory, NodeEvent
 from tests.integration.test_kubernetes_actuator import CLUSTER, action
@@ -169,3 +171,18 @@ def test_a_relist_reports_what_changed_while_not_watching(kube: Kube) -> None:
     assert [e.kind for e in collected.events(leaving)] == ["deleted"]
     assert [e.kind for e in collected.events(arrived)] == ["created"]
     assert collected.inventory(leaving)[-1] is None
+
+
+def test_a_release_is_not_taken_for_a_finished_repair(kube: Kube, watching: Collected) -> None:
+    name = kube.node()
+    wait_for(lambda: watching.events(name), "the created event")
+    runner = Actuator(kube.core, KubernetesSettings(), CLUSTER)
+    for kind in ("cordon", "drain", "reboot"):
+        runner.handle(action(name, kind))
+    kube.core.patch_node(name, {"spec": {"unschedulable": False}},
+                         _content_type="application/merge-patch+json")  # a person's uncordon
+    Releaser(kube.core, KubernetesSettings()).consider(kube.core.read_node(name))
+    assert nodes.REPAIR_LABEL not in (kube.core.read_node(name).metadata.labels or {})
+    marker = kube.node()  # watch events arrive in order: once this one is seen, so were those
+    wait_for(lambda: watching.events(marker), "the marker node")
+    assert [e.kind for e in watching.events(name)] == ["created", "uncordoned"]
