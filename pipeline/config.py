@@ -388,12 +388,12 @@ class AlertSettings(Section, frozen=True):
     # how long a crashed alerts process keeps fleet.alerts before its restart (or another
     # one) may take it over: alerts wait that long (kafka-python's default is 45 s)
     session_timeout_s: Annotated[int, Meta(ge=6, le=300)] = 10
-    # the deadline of one whole POST (connect to the answer's last byte), not of each read
-    timeout_s: Annotated[float, Meta(gt=0)] = 10.0
+    # seconds, each finite and > 0 (__post_init__ says which arrived otherwise):
+    timeout_s: float = 10.0  # the deadline of one whole POST (connect to the answer's last byte)
     max_attempts: PositiveInt = 5
-    backoff_initial_s: Annotated[float, Meta(gt=0)] = 0.5
-    backoff_max_s: Annotated[float, Meta(gt=0)] = 30.0
-    stalled_after_s: Annotated[float, Meta(gt=0)] = 60.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    stalled_after_s: float = 60.0
     target_queue_max: PositiveInt = 10_000
 
     def __post_init__(self) -> None:

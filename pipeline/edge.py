@@ -23,7 +23,9 @@ every record, `flush()` to make everything added durable. The runner owns the re
 A sink may also have `discard()` (drop what was added since the last flush: the records come
 again) and `committed(positions)` (told the offsets committed, e.g. for compaction marks);
 `flush()` may return the records a sink refused for good (Rejected) — they are dead-lettered
-before the commit.
+before the commit. A sink that finishes records in the background (`Settles`: the alert
+targets, each on its own thread) says per partition where its unfinished records start: the
+commit stops there, the loop goes on reading, and the rest is committed by a later flush.
 """
 
 from __future__ import annotations
@@ -82,6 +84,16 @@ class Discards(Protocol):
 class TracksCommits(Protocol):
     def committed(self, positions: Positions) -> None:
         """The offsets now committed (after a flush)."""
+
+
+@runtime_checkable
+class Settles(Protocol):
+    def unsettled(self) -> Positions:
+        """Per partition, the offset of the oldest record added but not finished yet: the
+        commit stops there (partitions not named are finished up to what was added)."""
+
+    def wait_settled(self) -> None:
+        """On the way out, before the last commit: a moment to finish what is under way."""
 
 
 @runtime_checkable
@@ -156,6 +168,7 @@ class Edge:
         self._consumer: Any = None
         self._producer: Any = None
         self._positions: Positions = {}  # to commit at the next flush
+        self._committed: Positions = {}  # what this member last committed
         self._replay_from: Positions = {}  # first offset read since the last commit
         self._held = 0  # records read since the last flush
         self._first_held_at = 0.0
@@ -211,6 +224,8 @@ class Edge:
         self._await_partitions()  # subscribed first: see there
         try:
             self._loop()
+            if isinstance(self.sink, Settles):
+                self.sink.wait_settled()
             self.commit()  # a last flush and commit on the way out
         finally:
             self._consumer.close(autocommit=False)
@@ -369,7 +384,12 @@ class Edge:
         from kafka.errors import CommitFailedError, KafkaError
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
-        positions = self._positions
+        positions = self._committable()
+        if all(self._committed.get(where) == offset for where, offset in positions.items()):
+            # a Settles sink finished nothing new: nothing to tell the broker
+            if self._blocked is not None:
+                self._unblock()  # the dead letters that blocked us went out
+            return False
         try:
             self._consumer.commit(
                 {
@@ -389,17 +409,37 @@ class Edge:
         except KafkaError as exc:
             self._block("broker_unavailable", exc, self.stats.commit_errors)
             return False
-        self._positions, self._replay_from = {}, {}
+        done = self._advance(positions)
         self.stats.flushes += 1
         self.stats.commits += 1
-        self.stats.commit_lag = 0
         if self._blocked is not None:
             self._unblock()
         if isinstance(self.sink, TracksCommits):
             self.sink.committed(positions)
         shown = ", ".join(f"{t}[{p}]={o}" for (t, p), o in sorted(positions.items()))
         log.info("%s: committed %s", self.name, shown)
-        return True
+        return done
+
+    def _committable(self) -> Positions:
+        """What may be committed now: everything read, or for a sink that `Settles`, each
+        partition up to its oldest unfinished record."""
+        if not isinstance(self.sink, Settles):
+            return dict(self._positions)
+        behind = self.sink.unsettled()
+        return {where: min(offset, behind.get(where, offset))
+                for where, offset in self._positions.items()}
+
+    def _advance(self, committed: Positions) -> bool:
+        """Forget what is committed; True when that is everything read."""
+        self._committed = {**self._committed, **committed}
+        for where, offset in committed.items():
+            if offset >= self._positions[where]:
+                del self._positions[where]
+                self._replay_from.pop(where, None)
+            else:  # a Settles sink still works on the rest: replayed from here if dropped
+                self._replay_from[where] = offset
+        self.stats.commit_lag = sum(self._positions[w] - committed[w] for w in self._positions)
+        return not self._positions
 
     # --- failing and recovering ---------------------------------------------------------
 
@@ -437,6 +477,7 @@ class Edge:
             if TopicPartition(topic, partition) in owned:
                 self._consumer.seek(TopicPartition(topic, partition), offset)
         self._positions, self._replay_from, self._letters = {}, {}, []
+        self._committed = {}
         self._held, self.stats.commit_lag = 0, 0
         if self._blocked is not None:
             log.warning("%s: partitions revoked while blocked (%s); their records are "

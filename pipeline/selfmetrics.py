@@ -147,7 +147,8 @@ class StatsCollector:
     Field metadata widens that: `{"gauge": True}` on an int field makes it a gauge named
     `fleetpulse_<process>_<field>` (a state such as "writes blocked", not a count), and
     `{"label": "reason"}` on a dict[str, int] field makes one labelled counter,
-    `fleetpulse_<process>_<field>_total{reason="…"}`.
+    `fleetpulse_<process>_<field>_total{reason="…"}` (with `"gauge": True` too, a labelled
+    gauge: `fleetpulse_alerts_target_stalled{target="…"}`).
     """
 
     def __init__(self, process: str, stats: Any) -> None:
@@ -165,7 +166,8 @@ class StatsCollector:
             elif isinstance(value, int):
                 yield CounterMetricFamily(name, described, value=value)
             elif label and isinstance(value, dict):
-                counter = CounterMetricFamily(name, described, labels=[label])
+                family = GaugeMetricFamily if field.metadata.get("gauge") else CounterMetricFamily
+                counter = family(name, described, labels=[label])
                 for key, count in sorted(value.copy().items()):  # the loop may add keys
                     counter.add_metric([key], count)
                 yield counter

@@ -5,7 +5,8 @@ same alerts give the same id, so a retry or a replay carries the id the receiver
 `webhook-timestamp` (seconds, the time of this attempt) and `webhook-signature`
 (`v1,<base64 HMAC-SHA256 of "id.timestamp.body">`). The secret is a Standard Webhooks secret,
 `whsec_` + base64 (or bare base64), as the `standardwebhooks` package and its ports in other
-languages expect.
+languages expect, of at least MIN_KEY_BYTES random bytes (a short key can be guessed offline
+from one signed request); make one with GENERATE.
 
 A receiver calls `verify(headers, body, secret, seen_ids=...)` with the raw body bytes before
 parsing them. It rejects a tampered body (or a wrong secret), a timestamp outside the tolerance
@@ -28,6 +29,9 @@ from standardwebhooks.webhooks import Webhook
 from pipeline.errors import FleetPulseError
 
 TOLERANCE_S = 5 * 60  # the spec's (and the reference library's) default
+MIN_KEY_BYTES = 24  # HMAC-SHA256 keys: 192 bits, well beyond guessing (the spec's own are 24+)
+GENERATE = ('python3 -c "import base64, secrets; '
+            "print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\"")
 
 
 class WebhookVerificationError(FleetPulseError):
@@ -39,13 +43,21 @@ class ReplayedWebhookError(WebhookVerificationError):
 
 
 def signer(secret: str) -> Webhook:
-    """The signing key; a ValueError (never naming the secret) when it is not one."""
+    """The signing key; a ValueError (never naming the secret) when it is not one, or when it
+    is shorter than MIN_KEY_BYTES."""
     try:
-        return Webhook(secret)
+        key = Webhook(secret)
+        size = len(base64.b64decode(secret.removeprefix("whsec_")))
     except Exception as exc:  # binascii.Error, EmptyWebhookSecretError, ...
         raise ValueError(
             f"not a Standard Webhooks secret (expected whsec_ + base64): {type(exc).__name__}"
         ) from None
+    if size < MIN_KEY_BYTES:
+        raise ValueError(
+            f"the key is {size} bytes, expected at least {MIN_KEY_BYTES} random bytes; "
+            f"generate one with: {GENERATE}"
+        )
+    return key
 
 
 def sign_headers(

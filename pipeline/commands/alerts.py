@@ -1,13 +1,18 @@
 """`fleetpulse alerts`: fleet.alerts → Alertmanager and webhooks; offsets commit after 2xx.
 
-The Kafka side is the edge runner (pipeline/edge.py). A batch of alert records is offered to
-every configured sink. The offsets are committed once each sink has either answered 2xx or
-refused the payload for good (4xx: the alerts go to fleet.dlq with the sink's answer). When a
-sink is unreachable or answers 5xx after its retries, nothing is committed: the partitions are
-paused and the same batch is offered again after a backoff of at most a few seconds, so an
-outage delays alerts but never drops them. Records that do not decode go to
-fleet.dlq with their reason; null values (tombstones) are counted and skipped. Repeats of the
-same alert within a batch are sent once.
+The Kafka side is the edge runner (pipeline/edge.py); the delivery is pipeline/sinks/
+alert_targets.py: every configured target has its own queue and thread, so one that is slow,
+away or answering 5xx never delays the others, and each POST ends by its deadline
+(alerts.timeout_s, the whole request, however slowly a receiver answers). A target that fails
+is retried with backoff until it delivers; one that refuses for good (4xx, 3xx) makes its
+alerts dead letters on fleet.dlq, with its answer. Offsets commit up to the oldest alert some
+target still holds, so a restart replays what any target had not delivered (the others get
+repeats, with the same fingerprints and webhook-id); past alerts.target_queue_max waiting
+alerts a stalled target's oldest go to fleet.dlq (reason target_stalled) and the commit moves
+on. /readyz is not ready while a target is stalled (its oldest alert waiting longer than
+alerts.stalled_after_s), naming it; /metrics has fleetpulse_alerts_target_stalled{target}.
+Records that do not decode go to fleet.dlq with their reason; null values (tombstones) are
+counted and skipped. Repeats of the same alert within a batch are sent once.
 """
 
 from __future__ import annotations
@@ -17,112 +22,65 @@ import logging
 import threading
 import urllib.parse
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import requests.auth
 
 from pipeline import webhooks
-from pipeline.codec import decode
-from pipeline.config import AlertSettings, HttpClientSettings, Settings, WebhookTarget
-from pipeline.edge import EdgeOptions, EdgeStats, Rejected, run_edge, stop_on_signals
-from pipeline.errors import ConfigError, DecodeError, SinkError
-from pipeline.model import Alert
+from pipeline.config import HttpClientSettings, Settings, WebhookTarget
+from pipeline.edge import EdgeOptions, EdgeStats, run_edge, stop_on_signals
+from pipeline.errors import ConfigError
 from pipeline.redact import load_secret, redact, redact_logs, remember
 from pipeline.runtime.topics import topic_name
 from pipeline.selfmetrics import Readiness, serve_stats
+from pipeline.sinks.alert_targets import AlertDelivery, AlertSink, AlertStats
 from pipeline.sinks.alertmanager import AlertmanagerSink
-from pipeline.sinks.webhook import (
-    BearerAuth,
-    Delivered,
-    DeliveryError,
-    JsonPoster,
-    Target,
-    WebhookSink,
-)
+from pipeline.sinks.webhook import BearerAuth, JsonPoster, Target, WebhookSink
 
 log = logging.getLogger(__name__)
 
-
-class AlertSink(Protocol):
-    name: str
-
-    def deliver(self, alerts: Sequence[Alert]) -> Delivered: ...
-
-
-@dataclass
-class Outcome:
-    """What became of one batch once every sink answered for good."""
-
-    delivered: dict[str, int] = field(default_factory=dict)  # sink name -> alerts
-    refused: list[tuple[str, DeliveryError]] = field(default_factory=list)
-
-
-def unique_alerts(alerts: Sequence[Alert]) -> list[Alert]:
-    """Drop repeats (a replayed record), keeping the first of each in order."""
-    seen: set[tuple[str, str, str, str | None]] = set()
-    out = []
-    for alert in alerts:
-        key = (alert.fingerprint, alert.status, alert.startsAt, alert.endsAt)
-        if key not in seen:
-            seen.add(key)
-            out.append(alert)
-    return out
-
-
-def deliver_to_all(alerts: Sequence[Alert], sinks: Sequence[AlertSink]) -> Outcome:
-    """Offer the alerts to every sink; raises DeliveryError when one may still succeed later."""
-    outcome = Outcome()
-    if not alerts:
-        return outcome
-    for sink in sinks:
-        try:
-            sink.deliver(alerts)
-        except DeliveryError as exc:
-            if not exc.permanent:
-                raise
-            outcome.refused.append((sink.name, exc))
-        else:
-            outcome.delivered[sink.name] = len(alerts)
-    return outcome
+Signer = Callable[[str, bytes], dict[str, str]]
 
 
 def build_sinks(settings: Settings) -> list[AlertSink]:
     """The configured sinks, their credentials read (from the settings or their files) and
-    remembered by pipeline.redact, so no log line or dead letter can show them."""
+    remembered by pipeline.redact, so no log line or dead letter can show them. Each has a
+    poster (and HTTP session) of its own: each is delivered from its own thread."""
     alerts = settings.alerts
     redact_logs("urllib3.connectionpool")  # logs each request line, tokens and all, at DEBUG
-    poster = JsonPoster(
-        timeout_s=alerts.timeout_s,
-        max_attempts=alerts.max_attempts,
-        backoff_initial_s=alerts.backoff_initial_s,
-        backoff_max_s=alerts.backoff_max_s,
-    )
-    sign = _signing(alerts)
+
+    def poster() -> JsonPoster:
+        return JsonPoster(timeout_s=alerts.timeout_s, max_attempts=alerts.max_attempts,
+                          backoff_initial_s=alerts.backoff_initial_s,
+                          backoff_max_s=alerts.backoff_max_s)
+
+    shared = _signing(alerts.webhook_secret, alerts.webhook_secret_file, "alerts.webhook_secret")
     targets = [WebhookTarget(url=url) for url in alerts.webhook_urls] + list(alerts.webhooks)
-    sinks: list[AlertSink] = [
-        WebhookSink(_target(target.url, target, f"alerts.webhooks[{i}]"), poster, sign)
-        for i, target in enumerate(targets)
-    ]
+    sinks: list[AlertSink] = []
+    for i, target in enumerate(targets):
+        setting = f"alerts.webhooks[{i}]"
+        own = _signing("", target.secret_file, f"{setting}.secret") if target.secret_file else None
+        sinks.append(WebhookSink(_target(target.url, target, setting), poster(), own or shared))
+    if not (shared or all(t.secret_file for t in targets)):
+        log.warning("alerts: webhooks are not signed (set alerts.webhook_secret_file)")
     if alerts.alertmanager_url:
         am = _target(alerts.alertmanager_url, alerts.alertmanager_http, "alerts.alertmanager_http")
-        sinks.append(AlertmanagerSink(am, poster))
+        sinks.append(AlertmanagerSink(am, poster()))
     if not sinks:
         raise ConfigError("no alert sink: set alerts.alertmanager_url or alerts.webhook_urls")
     return sinks
 
 
-def _signing(alerts: AlertSettings) -> Callable[[str, bytes], dict[str, str]] | None:
-    secret = load_secret(
-        alerts.webhook_secret, alerts.webhook_secret_file, "alerts.webhook_secret"
-    )
+def _signing(value: str, path: str, setting: str) -> Signer | None:
+    """The webhook-* headers of one key (from `value` or the file `path`); None without."""
+    secret = load_secret(value, path, setting)
     if not secret:
-        log.warning("alerts: webhooks are not signed (set alerts.webhook_secret_file)")
         return None
     try:
         key = webhooks.signer(secret)
     except ValueError as exc:
-        raise ConfigError(f"alerts.webhook_secret: {exc}") from None
+        raise ConfigError(f"{setting}{'_file ' + path if path else ''}: {exc}") from None
     return lambda msg_id, body: webhooks.sign_headers(msg_id, body, key)
 
 
@@ -146,64 +104,14 @@ def _target(url: str, http: HttpClientSettings, setting: str) -> Target:
 
 
 @dataclass
-class AlertStats:
-    """The alert sink's own counters (the edge counts records, dead letters, flushes)."""
-
-    alerts: int = 0  # delivered (or refused for good), repeats within a batch sent once
-    tombstones: int = 0  # null values: nothing to deliver, not an error
-
-
-@dataclass
 class RunStats:
     """What one run did, for the summary line and for tests."""
 
-    batches: int = 0
-    alerts: int = 0
+    batches: int = 0  # offset commits
+    alerts: int = 0  # records settled at every target
     dead_letters: int = 0
     tombstones: int = 0
-    retries: int = 0
-
-
-class AlertDelivery:
-    """fleet.alerts as an EdgeSink: `add` decodes, `flush` offers the batch to every sink.
-
-    A sink that is away (or answers 5xx after its retries) makes the flush fail: nothing is
-    committed and the edge retries the same batch. A sink that refuses for good (4xx) makes
-    its alerts dead letters, with its answer."""
-
-    def __init__(self, settings: Settings, sinks: Sequence[AlertSink], stats: AlertStats) -> None:
-        self.sinks, self.stats = sinks, stats
-        self.limit = settings.kafka.max_value_bytes
-        self._held: list[tuple[Any, Alert]] = []
-
-    def add(self, record: Any) -> None:
-        try:
-            alert = decode(record.value, Alert, self.limit)
-        except DecodeError as exc:
-            if exc.reason != "tombstone":
-                raise
-            self.stats.tombstones += 1
-            return
-        self._held.append((record, alert))
-
-    def flush(self) -> list[Rejected]:
-        batch = unique_alerts([alert for _, alert in self._held])
-        try:
-            outcome = deliver_to_all(batch, self.sinks)
-        except DeliveryError as exc:
-            raise SinkError(f"alerts not delivered, will retry: {redact(str(exc))}",
-                            reason="delivery") from exc
-        rejected = []
-        for name, error in outcome.refused:
-            log.error("%s refused %d alerts: %s", name, len(batch), redact(str(error)))
-            rejected += [Rejected(record, "refused", f"{name}: {error}")
-                         for record, _ in self._held]
-        self.stats.alerts += len(batch)
-        self._held = []
-        return rejected
-
-    def discard(self) -> None:
-        self._held = []
+    retries: int = 0  # deliveries that failed and were tried again
 
 
 def run_alerts(
@@ -227,21 +135,33 @@ def run_alerts(
                           session_timeout_s=settings.alerts.session_timeout_s,
                           idle_exit_s=idle_exit_s)
 
-    def started(edge: Any) -> None:
-        if readiness is not None:  # /readyz asks the edge from the HTTP thread
-            readiness.check = edge.readiness
+    delivery = AlertDelivery(settings.alerts, settings.kafka.max_value_bytes, sinks,
+                             alert_stats)
 
-    run_edge(settings, name="alerts", topics=[topic_name(settings.kafka, "alerts")],
-             group_id=settings.alerts.group_id, sink=AlertDelivery(settings, sinks, alert_stats),
-             stop=stop or threading.Event(), options=options, stats=edge_stats,
-             on_start=started)
+    def started(edge: Any) -> None:
+        if readiness is not None:  # /readyz asks the edge and the targets from the HTTP thread
+            readiness.check = lambda: _both(edge.readiness(), delivery.readiness())
+
+    try:
+        run_edge(settings, name="alerts", topics=[topic_name(settings.kafka, "alerts")],
+                 group_id=settings.alerts.group_id, sink=delivery,
+                 stop=stop or threading.Event(), options=options, stats=edge_stats,
+                 on_start=started)
+    finally:
+        delivery.close()
     return RunStats(
         batches=edge_stats.flushes,
         alerts=alert_stats.alerts,
         dead_letters=edge_stats.dead_lettered,
         tombstones=alert_stats.tombstones,
-        retries=sum(edge_stats.flush_errors.values()),
+        retries=sum(alert_stats.target_failures.values()),
     )
+
+
+def _both(edge: tuple[bool, str], targets: tuple[bool, str]) -> tuple[bool, str]:
+    """Ready when the edge and every target are; the reasons of what is not."""
+    failing = [why for ok, why in (edge, targets) if not ok]
+    return (False, "; ".join(failing)) if failing else (True, f"{edge[1]}; {targets[1]}")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -14,20 +14,32 @@ says otherwise. Redirects are never followed: `requests` would turn a 301/302 in
 without the body (whose 200 would count as delivered) and re-post a 307 to wherever it points,
 so a 3xx is a refusal naming where it pointed. Every URL and error text in a message goes
 through pipeline.redact first: a webhook URL is often a credential.
+
+A receiver cannot hold a delivery: `timeout_s` is the deadline of one whole POST (connect, TLS,
+request, status line, headers and the answer's body), not of each socket read, so a receiver
+that drips one byte a second is cut at the deadline (its socket shut from a timer thread) and
+the attempt counts as failed. At most MAX_RESPONSE_BYTES of an answer's body are read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import socket
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import requests
+import requests.adapters
 import requests.auth
 import tenacity
+import urllib3
+import urllib3.connection
 
 from pipeline.errors import SinkError
 from pipeline.ids import stable_id
@@ -38,6 +50,11 @@ from pipeline.retry import retrying
 RETRIED_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 # Alertmanager writes this for "no end time" in its webhook payload.
 ZERO_TIME = "0001-01-01T00:00:00Z"
+# what is read of an answer's body (quoted in errors): a receiver cannot make us read more
+MAX_RESPONSE_BYTES = 8192
+# a request the URL alone rules out (file://, no host): retrying it cannot help
+_BAD_URL = (requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL,
+            requests.exceptions.MissingSchema)
 
 
 class DeliveryError(SinkError):
@@ -85,8 +102,108 @@ class BearerAuth(requests.auth.AuthBase):
         return "BearerAuth(***)"
 
 
+# --- one deadline for a whole POST ------------------------------------------------------------
+# requests' timeout bounds each socket operation, so a receiver answering a byte at a time never
+# trips it. The connections of our sessions put their sockets in `_attempt.sockets` of the
+# thread making the request; a timer shuts them when the attempt's deadline passes, which ends
+# any blocked read or write at once.
+
+_attempt = threading.local()
+
+
+def _watched(sock: Any) -> Any:
+    sockets: list[Any] | None = getattr(_attempt, "sockets", None)
+    if sockets is not None and sock is not None:
+        sockets.append(sock)
+        if getattr(_attempt, "expired", None) is not None and _attempt.expired.is_set():
+            _shut(sock)  # made after the deadline passed (the timer has run)
+    return sock
+
+
+def _shut(sock: Any) -> None:
+    with contextlib.suppress(OSError):  # closed already, or detached by the TLS wrapper
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class WatchedHTTPConnection(urllib3.connection.HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        return _watched(super()._new_conn())  # type: ignore[no-any-return]
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _watched(self.sock)  # a kept-alive connection: its socket was made by another attempt
+        super().request(*args, **kwargs)
+
+
+class WatchedHTTPSConnection(urllib3.connection.HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        return _watched(super()._new_conn())  # type: ignore[no-any-return]  # the handshake
+
+    def connect(self) -> None:
+        super().connect()
+        _watched(self.sock)  # the TLS socket (the plain one is detached by the wrapper)
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _watched(self.sock)
+        super().request(*args, **kwargs)
+
+
+class WatchedHTTPConnectionPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = WatchedHTTPConnection
+
+
+class WatchedHTTPSConnectionPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = WatchedHTTPSConnection
+
+
+_WATCHED_POOLS = {"http": WatchedHTTPConnectionPool, "https": WatchedHTTPSConnectionPool}
+
+
+class _DeadlineAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter whose connections (direct or through an HTTP proxy) are watched."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(_WATCHED_POOLS)
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        manager.pool_classes_by_scheme = dict(_WATCHED_POOLS)
+        return manager
+
+
+def deadline_session() -> requests.Session:
+    """A requests session whose sockets `_deadline` can cut."""
+    session = requests.Session()
+    adapter = _DeadlineAdapter()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[threading.Event]:
+    """Within the block, this thread's requests on a deadline_session are cut `seconds` from
+    now; the event says whether they were."""
+    expired, sockets = threading.Event(), list[Any]()
+    _attempt.sockets, _attempt.expired = sockets, expired
+
+    def cut() -> None:
+        expired.set()
+        for sock in list(sockets):
+            _shut(sock)
+
+    timer = threading.Timer(seconds, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield expired
+    finally:
+        timer.cancel()
+        _attempt.sockets = _attempt.expired = None
+
+
 class JsonPoster:
-    """POST a JSON body, retrying what may succeed later."""
+    """POST a JSON body, retrying what may succeed later; each attempt ends by `timeout_s`."""
 
     def __init__(
         self,
@@ -98,11 +215,13 @@ class JsonPoster:
         session: requests.Session | None = None,
         sleep: Callable[[float], Any] = time.sleep,
     ) -> None:
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s: expected a finite number of seconds > 0, got {timeout_s}")
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
-        self._session = session or requests.Session()
+        self._session = session or deadline_session()
         self._sleep = sleep
 
     def post(self, target: Target | str, body: object) -> Delivered:
@@ -140,39 +259,68 @@ class JsonPoster:
         headers = {"Content-Type": "application/json", "User-Agent": "fleetpulse"}
         if target.sign is not None:
             headers.update(target.sign(data))
-        try:
-            response = self._session.post(
-                target.url,
-                data=data,
-                headers=headers,
-                timeout=self.timeout_s,
-                auth=target.auth,
-                verify=target.verify,
-                allow_redirects=False,  # a POST is never re-sent elsewhere, nor turned into a GET
-            )
-        except requests.RequestException as exc:
-            raise _TransientError(redact(f"{type(exc).__name__}: {exc}"), None) from None
-        if 200 <= response.status_code < 300:
-            return response.status_code
-        if 300 <= response.status_code < 400:
-            location = redact(response.headers.get("Location", "(no Location)"))
-            raise DeliveryError(
-                f"{shown} answered HTTP {response.status_code} redirecting to {location}: "
-                "redirects are not followed for a POST; configure the final URL",
-                status=response.status_code,
-                permanent=True,
-            )
-        problem = redact(f"HTTP {response.status_code}: {response.text[:300]!r}")
-        if response.status_code not in RETRIED_STATUSES:
-            raise DeliveryError(
-                f"{shown} refused the payload ({problem})",
-                status=response.status_code,
-                permanent=True,
-            )
-        raise _TransientError(problem, _retry_after(response.headers.get("Retry-After")))
+        with _deadline(self.timeout_s) as expired:
+            try:
+                answer = self._exchange(target, data, headers)
+            except _BAD_URL as exc:
+                raise DeliveryError(f"{shown}: not an http(s) URL ({type(exc).__name__})",
+                                    status=None, permanent=True) from None
+            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+                if expired.is_set():
+                    raise _TransientError(
+                        f"no complete answer within the {self.timeout_s:g} s deadline "
+                        "(alerts.timeout_s)", None) from None
+                raise _TransientError(redact(f"{type(exc).__name__}: {exc}"), None) from None
+        return _verdict(shown, answer)
+
+    def _exchange(self, target: Target, data: bytes, headers: dict[str, str]) -> _Answer:
+        """POST; of the answer's body, at most MAX_RESPONSE_BYTES are read."""
+        response = self._session.post(
+            target.url,
+            data=data,
+            headers=headers,
+            timeout=self.timeout_s,  # each socket operation; _deadline bounds the whole
+            auth=target.auth,
+            verify=target.verify,
+            allow_redirects=False,  # a POST is never re-sent elsewhere, nor turned into a GET
+            stream=True,  # the body is read below, capped
+        )
+        with response:
+            body = b""
+            if not 200 <= response.status_code < 300:  # a 2xx body is not needed
+                body = response.raw.read(MAX_RESPONSE_BYTES, decode_content=True) or b""
+        return _Answer(response.status_code, response.headers, body)
 
     def close(self) -> None:
         self._session.close()
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes  # at most MAX_RESPONSE_BYTES; empty for a 2xx
+
+
+def _verdict(shown: str, answer: _Answer) -> int:
+    """A 2xx status; else DeliveryError (a verdict on the payload) or _TransientError."""
+    status, headers = answer.status, answer.headers
+    if 200 <= status < 300:
+        return status
+    if 300 <= status < 400:
+        location = redact(headers.get("Location", "(no Location)"))
+        raise DeliveryError(
+            f"{shown} answered HTTP {status} redirecting to {location}: "
+            "redirects are not followed for a POST; configure the final URL",
+            status=status,
+            permanent=True,
+        )
+    text = answer.body.decode("utf-8", "replace")
+    problem = redact(f"HTTP {status}: {text[:300]!r}")
+    if status not in RETRIED_STATUSES:
+        raise DeliveryError(f"{shown} refused the payload ({problem})", status=status,
+                            permanent=True)
+    raise _TransientError(problem, _retry_after(headers.get("Retry-After")))
 
 
 def _retry_after(value: str | None) -> float | None:

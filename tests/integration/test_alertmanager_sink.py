@@ -197,20 +197,21 @@ def test_alerts_command_commits_only_after_delivery(
     producer.send(topic, key=b"junk", value=b'{"schema": "alert/1", "ts": 5}').get(timeout=30)
     producer.close()
 
-    # Alertmanager unreachable: retried, nothing committed, nothing lost
+    # Alertmanager unreachable: retried, no alert committed, nothing lost (the junk record is
+    # dead-lettered at once, and committed when no held alert comes before it in its partition)
     down = _settings(settings, alertmanager_url=f"http://127.0.0.1:{_free_port()}")
     stop = threading.Event()
     threading.Timer(3.0, stop.set).start()
     stats = run_alerts(down, build_sinks(down), stop=stop)
-    assert stats.retries >= 1 and stats.batches == 0
-    assert _committed(down) == 0
+    assert stats.retries >= 1 and stats.alerts == 0
+    assert _committed(down) <= 1
 
     up = _settings(settings, alertmanager_url=alertmanager)
     up = msgspec.structs.replace(
         up, alerts=msgspec.structs.replace(up.alerts, group_id=down.alerts.group_id)
     )
     stats = run_alerts(up, build_sinks(up), idle_exit_s=2.0)
-    assert stats.alerts == 2 and stats.dead_letters == 1
+    assert stats.alerts == 2 and stats.dead_letters <= 1  # junk again, if it was not committed
     assert _committed(up) == 3
     active = {a["labels"].get("node") for a in _active(alertmanager)}
     assert set(nodes) <= active
@@ -228,5 +229,5 @@ def test_alerts_command_commits_only_after_delivery(
     for records in dlq.poll(timeout_ms=1000).values():  # and nothing more after it
         letters += [decode(record.value, DeadLetter) for record in records]
     dlq.close()
-    assert [(letter.topic, letter.key) for letter in letters] == [(topic, "junk")]
+    assert {(letter.topic, letter.key) for letter in letters} == {(topic, "junk")}
     assert "expected" in letters[0].error and "got" in letters[0].error
