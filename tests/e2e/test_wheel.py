@@ -130,8 +130,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Shipped:
          "--no-index", "--no-deps", wheel)  # fmt: skip
     # the dependencies: the development venv's site-packages, after the wheel's own files (a
     # .pth names a folder; the .pth files inside that folder, the editable install's, are not read)
-    site = Path(_run(venv / "bin" / "python", "-c",
-                     "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())  # fmt: skip
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (site / "zz_fleetpulse_dependencies.pth").write_text("\n".join(sorted(deps)) + "\n")
     return Shipped(wheel, venv, home, log)
