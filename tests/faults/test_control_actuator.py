@@ -210,3 +210,49 @@ def _until(check: Any, timeout_s: float, what: str) -> None:
     while not check():
         assert time.monotonic() < deadline, f"waited {timeout_s:g} s for {what}"
         time.sleep(0.05)
+
+
+def test_well_formed_forged_cordons_stop_at_the_pool_cap(setup: Settings, kube: Kube) -> None:  # noqa: F811
+    """A forger who knows the inventory (fresh, expires_at, the right key, pool and zone):
+    the actuator's own cap per pool is all that is left, and it holds."""
+    names = [kube.node() for _ in range(30)]
+    _send(setup, [_keyed(action(name, "cordon")) for name in names])
+    stats, _ = _run(setup, kube, f"g-{uuid.uuid4().hex[:6]}")
+    removals = _removed(kube, names)
+    cap = setup.kubernetes.max_removals_per_pool
+    record("control", f"30 well-formed forged cordons in one pool (actuator cap {cap} per pool)",
+           {"removals": removals, "refused": stats.refusals.get("cap", 0)})  # fmt: skip
+    assert (removals, stats.refusals) == (cap, {"cap": 30 - cap})
+
+
+def test_node_release_clears_the_marks_and_echoes_a_persons_uncordon(
+    setup: Settings, kube: Kube  # noqa: F811
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    name = kube.node()
+    kube.pod(name)
+    runner = Actuator(kube.core, setup.kubernetes, CLUSTER)
+    for kind in ("cordon", "drain", "reboot"):
+        runner.handle(action(name, kind))
+    env = {**os.environ, "FLEETPULSE_KAFKA__BOOTSTRAP": setup.kafka.bootstrap,
+           "FLEETPULSE_KAFKA__TOPIC_PREFIX": setup.kafka.topic_prefix}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "node", "release", name,
+                           "--cluster", CLUSTER, "--kubeconfig", kube.kubeconfig,
+                           "--reason", "checked by hand"],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    node = kube.core.read_node(name)
+    marks = {"unschedulable": bool(node.spec.unschedulable),
+             "taint": any(t.key == nodes.TAINT_KEY for t in node.spec.taints or []),
+             "repair": nodes.REPAIR_LABEL in (node.metadata.labels or {}),
+             "condition": any(c.type == nodes.CONDITION and c.status == "True"
+                              for c in node.status.conditions)}  # fmt: skip
+    (echo,) = _read(setup, "events.node", NodeEvent)
+    record("control", "a person releases a repair-labelled node (fleetpulse node release)",
+           {"marks left": sum(marks.values()), "echo": echo.kind})  # fmt: skip
+    assert not any(marks.values()), marks
+    assert (echo.kind, echo.action_id, echo.target) == ("uncordoned", None, name)
+    assert "node release" in echo.actor and "checked by hand" in echo.reason
