@@ -182,13 +182,15 @@ def check_control(
     """A control record's time (inventory, node event, capacity event, release: dated by
     whoever wrote it, never by telemetry) against the receiving process's clock and the
     telemetry clocks the stage sees (`references`): None when it is not further ahead of them
-    than max_ahead_s. Not checked for being old: a compacted topic's records are legitimately
-    as old as the fleet."""
+    than max_ahead_s (control_max_ahead_s for the telemetry's clock, which a monitoring
+    outage stops). Not checked for being old: a compacted topic's records are legitimately as
+    old as the fleet."""
     ahead_ms = settings.max_ahead_s * 1000
     if wall_ms is not None and ts > wall_ms + ahead_ms:
         return _verdict("ahead", ts - wall_ms, "the receiving process's clock", ahead_ms)
-    if references and ts > max(references) + ahead_ms:
-        return _verdict("ahead", ts - max(references), "the telemetry's clock", ahead_ms)
+    control_ms = settings.control_max_ahead_s * 1000
+    if references and ts > max(references) + control_ms:
+        return _verdict("ahead", ts - max(references), "the telemetry's clock", control_ms)
     return None
 
 
