@@ -138,6 +138,11 @@ class TargetQueue:
             self._cond.notify_all()
         return over
 
+    @property
+    def failing(self) -> bool:
+        """Its last delivery failed (and is being retried)."""
+        return self._failing_since is not None
+
     def _count(self) -> int:
         return len(self._inflight) + len(self._queue)
 
@@ -178,22 +183,19 @@ class TargetQueue:
                 continue
             started = time.monotonic()
             error = self._deliver(batch)
-            if error == "retry" and self._failing_since is None:
-                self._failing_since = started
-            elif error != "retry":
-                self._failing_since = None  # it answers (a refusal is an answer)
-            with self._cond:
-                if generation != self._generation:
-                    continue  # discarded meanwhile: replayed, not ours to settle
-                if error == "retry":
-                    delay = self._backoff.next_delay()
-                else:
-                    self._inflight, delay = [], 0.0
-                    self._backoff.reset()
             if error == "retry":
-                self._stop.wait(delay)  # then the same batch again (the same webhook-id)
-            else:
-                self._settle(self, [item.seq for item in batch], error)
+                self._failing_since = self._failing_since or started
+                self._stop.wait(self._backoff.next_delay())  # then what is left of the batch
+                continue
+            self._failing_since = None  # it answers (a refusal is an answer)
+            self._backoff.reset()
+            # settled before it leaves the queue, so `waiting` never misses it; seqs discarded
+            # meanwhile are ignored there
+            self._settle(self, [item.seq for item in batch], error)
+            with self._cond:
+                if generation == self._generation:
+                    self._inflight = []
+                self._cond.notify_all()  # room for a put waiting on a full queue
 
     def _next(self) -> tuple[list[_Item], int]:
         """The batch in flight (a retry: what `put` left of it), or the next from the queue."""
@@ -303,13 +305,14 @@ class AlertDelivery:
         return oldest
 
     def wait_settled(self) -> None:
-        """On the way out: give the targets one delivery deadline to settle what they hold
-        (what they do not is replayed by the next owner)."""
+        """On the way out: give the targets that deliver one delivery deadline to settle
+        what they hold (what they do not is replayed by the next owner)."""
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            with self._lock:
-                if not self._records or self._given_up:
-                    return
+            # each delivered or given up (handed over by the last flush), or failing: not
+            # worth waiting for
+            if all(target.waiting()[0] == 0 or target.failing for target in self.targets):
+                return
             time.sleep(0.05)
 
     def discard(self) -> None:

@@ -159,7 +159,7 @@ _WATCHED_POOLS = {"http": WatchedHTTPConnectionPool, "https": WatchedHTTPSConnec
 
 
 class _DeadlineAdapter(requests.adapters.HTTPAdapter):
-    """requests' adapter whose connections (direct or through an HTTP proxy) are watched."""
+    """requests' adapter whose connections (direct or through an HTTP(S) proxy) are watched."""
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
@@ -167,7 +167,8 @@ class _DeadlineAdapter(requests.adapters.HTTPAdapter):
 
     def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
         manager = super().proxy_manager_for(proxy, **kwargs)
-        manager.pool_classes_by_scheme = dict(_WATCHED_POOLS)
+        if not proxy.lower().startswith("socks"):  # SOCKS pools are its own (not watched)
+            manager.pool_classes_by_scheme = dict(_WATCHED_POOLS)
         return manager
 
 
