@@ -215,6 +215,11 @@ class Actuator:
             node = self._read(name)
             if node is None:
                 return self._refuse(Refusal("not_found", f"node {name} does not exist"))
+        released = nodes.released_at(node)
+        if action.kind in REMOVALS and released is not None and action.ts < released:
+            # a person took the node back after this was decided: theirs is the later word
+            return Result("skipped", f"decided before a person released node {name} "
+                          f"({nodes.node_annotations(node)[nodes.RELEASED]})")  # fmt: skip
         held = self._held(node)
         if action.kind == "uncordon":
             return self._uncordon(node, action, held)

@@ -11,8 +11,9 @@ FleetPulse's marks on a node, all under fleetpulse.io/:
   annotations `fleetpulse.io/repair-action-id`, `-reason`, `-device`: a repair request for a
   repair controller to pick up; it removes the label when done (the watcher echoes
   `repaired`).
-- annotation `fleetpulse.io/released: <who> at <time>`: a person released the node from
-  FleetPulse (their uncordon, or `fleetpulse node release`); the marks above were cleared.
+- annotation `fleetpulse.io/released: <time> by <who>`: a person released the node from
+  FleetPulse (their uncordon, or `fleetpulse node release`); the marks above were cleared,
+  and a removal decided before that time is not carried out.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.model import Inventory
@@ -94,6 +96,16 @@ def _managers_of_unschedulable(node: Any) -> set[str]:
         for entry in entries
         if "f:unschedulable" in ((entry.fields_v1 or {}).get("f:spec") or {})
     }
+
+
+def released_at(node: Any) -> int | None:
+    """When a person last released the node from FleetPulse (epoch ms), or None."""
+    value = node_annotations(node).get(RELEASED, "")
+    try:
+        stamp = datetime.strptime(value[:24], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    return int(stamp.timestamp() * 1000)
 
 
 def held_by_person(node: Any, held_annotation: str, maintenance_label: str) -> str | None:

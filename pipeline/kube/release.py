@@ -79,7 +79,8 @@ def _release_patch(node: Any, who: str, uncordon: bool,
     taints = [t for t in _taints(node) if t["key"] != nodes.TAINT_KEY]
     annotations: dict[str, Any] = dict.fromkeys(
         (nodes.CORDONED_BY, nodes.CORDON_REASON, *_REPAIR_ANNOTATIONS))
-    annotations[nodes.RELEASED] = f"{who} at {_iso(clock())}"[:256]
+    now = clock()
+    annotations[nodes.RELEASED] = f"{_iso(now)[:-1]}.{int(now * 1000) % 1000:03d}Z by {who}"[:256]
     spec: dict[str, Any] = {"taints": taints or None}
     ours = nodes.cordoned_by_us(node) is not None
     if uncordon and ours:

@@ -75,11 +75,16 @@ def test_a_persons_uncordon_is_a_full_release(kube: Kube) -> None:
     for kind in ("cordon", "drain", "reboot"):
         runner.handle(action(name, kind))
     assert _marks(kube, name)["repair"] == "reboot"
+    decided_before = action(name, "cordon")
     _patch(kube, name, UNCORDON)
     releaser = Releaser(kube.core, SETTINGS)
     releaser.sweep()
     assert _marks(kube, name) == RELEASED
     assert releaser.stats.releases >= 1
+    # what was decided before the person took the node back is not carried out
+    late = runner.handle(decided_before)
+    assert late is not None and late.kind == "skipped" and "before a person" in late.reason
+    assert not kube.core.read_node(name).spec.unschedulable
     # a person's later cordon is theirs: FleetPulse's uncordon leaves it
     _patch(kube, name, CORDON)
     echo = runner.handle(action(name, "uncordon"))
