@@ -45,19 +45,20 @@ from kafka.errors import TopicAuthorizationFailedError
 from pipeline import codec
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.kafka_client import client_kwargs
-from pipeline.model import Action
+from pipeline.model import Action, NodeEvent
 from pipeline.runtime.group_topics import group_name, group_topics
 from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.sim import read_truth
 from pipeline.wire_acl import ROLES, Grant, markdown
 from streams.testing import WorkerProcess, create_topics, produce_events, scenario, worker_env
+from tests.kube_fixture import Kube
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
 README = REPO / "deploy" / "kafka" / "README.md"
 # the topic prefixes the module's broker grants the principals (one per test's topics)
-PREFIXES = ("fleet", "rt", "wk", "e2e")
+PREFIXES = ("fleet", "rt", "wk", "e2e", "kube")
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,68 @@ def test_people_and_the_xid_reader_run_as_their_own_principals(
     after = {s: sum(_end_offsets(admin, topic_name(admin, s)).values()) for s in before}
     assert {s: after[s] - before[s] for s in before} == {
         "inventory": 1, "events.policy": 1, "events.xid": 1, "dlq": 1}
+
+
+def test_the_actuator_and_the_watcher_run_as_their_own_principals(
+    secure_broker: SecureBroker, kube: Kube, tmp_path: Path
+) -> None:
+    """On the real API server: the worker's principal writes an action, the actuator's reads
+    it in its own group (fleetpulse-actuator-<cluster>) and echoes the outcome on
+    fleet.events.node, and the watcher's lists the node into fleet.inventory."""
+    from tests.integration.test_kubernetes_actuator import CLUSTER, action
+
+    def env(user: str) -> dict[str, str]:
+        kafka = secure_broker.settings(user, topic_prefix="kube")
+        return _env(kafka, FLEETPULSE_KAFKA__TOPIC_PREFIX="kube", FLEETPULSE_METRICS__PORT="0",
+                    FLEETPULSE_KUBERNETES__KUBECONFIG=kube.kubeconfig,
+                    FLEETPULSE_KUBERNETES__CLUSTER=CLUSTER,
+                    FLEETPULSE_KUBERNETES__WATCH_TIMEOUT_S="5")  # fmt: skip
+
+    assert _cli("topics", "create", env=env("fleetpulse-topics")).returncode == 0
+    node = kube.node(labels={"cloud.google.com/gke-nodepool": "a3",
+                             "topology.kubernetes.io/zone": "z-a"})  # fmt: skip
+    act = action(node, "cordon")
+    worker = secure_broker.settings("fleetpulse-worker", topic_prefix="kube")
+    producer = KafkaProducer(**client_kwargs(worker), acks="all")
+    producer.send(topic_name(worker, "actions"), key=f"{CLUSTER}/{node}".encode(),
+                  value=codec.encode(act)).get(timeout=30)  # fmt: skip
+    producer.close()
+    run = _cli("actuate", "kubernetes", "--idle-exit", "3", env=env("fleetpulse-actuator"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    admin = secure_broker.settings(topic_prefix="kube")
+    echoes = [codec.decode(v, NodeEvent) for _, v in _records(admin, "events.node") if v]
+    assert act.action_id in {e.action_id for e in echoes if e.target == node}, echoes
+
+    watcher = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "watch", "kubernetes"],
+                               env=env("fleetpulse-watcher"), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while f"{CLUSTER}/{node}".encode() not in {k for k, _ in _records(admin, "inventory")}:
+            assert watcher.poll() is None, watcher.communicate()
+            assert time.monotonic() < deadline, "no inventory record from the watcher's list"
+    finally:
+        watcher.terminate()
+        _, err = watcher.communicate(timeout=60)
+    assert watcher.returncode == 0, err
+
+
+def _records(kafka: KafkaSettings, suffix: str) -> list[tuple[bytes, bytes | None]]:
+    """Every (key, value) on the topic, read from the start to its end."""
+    topic = topic_name(kafka, suffix)
+    consumer = KafkaConsumer(**client_kwargs(kafka), group_id=None)
+    try:
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        ends = consumer.end_offsets(parts)
+        found: list[tuple[bytes, bytes | None]] = []
+        while any(consumer.position(p) < end for p, end in ends.items()):
+            for records in consumer.poll(timeout_ms=500).values():
+                found += [(r.key, r.value) for r in records]
+        return found
+    finally:
+        consumer.close()
 
 
 def test_the_broker_holds_exactly_the_acls_of_the_role_table(secure_broker: SecureBroker) -> None:
