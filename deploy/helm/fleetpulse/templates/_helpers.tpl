@@ -105,6 +105,8 @@ existingSecret: {{ required (printf "kafka.principals.%s.existingSecret is requi
   value: {{ $v.cluster | quote }}
 - name: FLEETPULSE_KUBERNETES__CLUSTER
   value: {{ $v.cluster | quote }}
+- name: FLEETPULSE_POLICY__DRY_RUN   # dryRun (default true): actions are logged, not carried out
+  value: {{ $v.dryRun | quote }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -180,4 +182,15 @@ imagePullSecrets:
 {{- end }}
 securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+
+{{/* a container's resources, refused without a memory limit: (dict "name" "worker"
+     "resources" .Values.worker.resources) */}}
+{{- define "fleetpulse.resources" -}}
+{{- $limits := .resources.limits | default dict -}}
+{{- if not $limits.memory -}}
+{{- fail (printf "%s.resources.limits.memory is required: every FleetPulse container has a memory limit" .name) -}}
+{{- end -}}
+{{- toYaml .resources -}}
 {{- end -}}
