@@ -200,33 +200,10 @@ class ActuatorSink:
 
 
 class _ActuatorEdge(Edge):
-    """The edge, committing per partition only up to the first action not finished (the
-    sink's lanes run on while the loop polls); the rest is committed by a later commit."""
+    """The edge (which commits a `Settles` sink only up to its first unfinished record), idle
+    only once no action is under way: an idle exit must not walk away from a drain."""
 
     sink: ActuatorSink
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._committed: dict[tuple[str, int], int] = {}
-
-    def _commit_offsets(self) -> bool:
-        """Commit what is finished; True when that is everything read (on a revoke, False
-        drops the rest: the partitions' next owner carries it out again)."""
-        read, unfinished = dict(self._positions), self.sink.unsettled()
-        upto = {where: min(offset, unfinished.get(where, offset)) for where, offset in read.items()}
-        fresh = {w: o for w, o in upto.items() if o > self._committed.get(w, -1)}
-        if fresh:
-            self._positions = fresh
-            if not super()._commit_offsets():
-                if self._positions is fresh:  # blocked (broker away): all is still held
-                    self._positions = read
-                self._committed = {}
-                return False
-            self._committed.update(fresh)
-        left = {where: offset for where, offset in read.items() if upto[where] < offset}
-        self._positions = left
-        self._replay_from = {where: upto[where] for where in left}
-        return not left
 
     def _caught_up(self) -> bool:
         return not self.sink.busy() and super()._caught_up()
