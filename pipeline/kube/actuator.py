@@ -39,6 +39,7 @@ from typing import Any
 from pipeline.config import KubernetesSettings
 from pipeline.errors import SinkError
 from pipeline.kube import defences, nodes
+from pipeline.kube.client import UNREACHABLE
 from pipeline.kube.defences import REMOVALS, REPAIR_KINDS, Refusal
 from pipeline.kube.release import release, uncordoned_by_person
 from pipeline.model import Action, NodeEvent, host_kind
@@ -97,11 +98,14 @@ class Actuator:
         cluster: str,
         *,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], Any] = time.sleep,
+        sleep: Callable[[float], Any] | None = None,
         stats: ActuatorStats | None = None,
     ) -> None:
         self.core, self.settings, self.cluster = core, settings, cluster
-        self.clock, self.sleep = clock, sleep
+        # set when the process stops: a drain waiting for a PodDisruptionBudget gives up at
+        # once (SinkError: not committed, so it is carried on after the restart)
+        self.stopping = threading.Event()
+        self.clock, self.sleep = clock, sleep or self.stopping.wait
         self.stats = stats or ActuatorStats()
         self.cap = defences.RemovalCap(settings)
         self._lock = threading.Lock()  # stats, from the Kafka side's workers
@@ -317,7 +321,7 @@ class Actuator:
             except ApiException as exc:
                 if exc.status != 409:
                     raise _api_error(f"setting {nodes.CONDITION} on node {name}", exc) from None
-            except OSError as exc:
+            except UNREACHABLE as exc:
                 raise SinkError(f"kubernetes API unreachable: {exc}") from None
             node = self._read(name)
             if node is None:
@@ -348,6 +352,8 @@ class Actuator:
                 return Result("blocked", f"a PodDisruptionBudget refused evicting {pods} "
                               f"for {self.settings.drain_timeout_s:g} s")  # fmt: skip
             self.sleep(min(backoff.next_delay(), max(0.0, deadline - self.clock())))
+            if self.stopping.is_set():
+                raise SinkError(f"stopping during the drain of node {name}: carried on later")
             stopped = self._still_ours(name)  # between rounds: has a person taken it?
             if stopped is not None:
                 return stopped
@@ -394,7 +400,7 @@ class Actuator:
                 return False
             where = f"evicting {pod.metadata.namespace}/{pod.metadata.name}"
             raise _api_error(where, exc) from None
-        except OSError as exc:
+        except UNREACHABLE as exc:
             raise SinkError(f"kubernetes API unreachable: {exc}") from None
         self.count("evictions")
         return True
@@ -453,7 +459,7 @@ class Actuator:
             if exc.status == 404:
                 return None
             raise _api_error(f"reading node {name}", exc) from None
-        except OSError as exc:
+        except UNREACHABLE as exc:
             raise SinkError(f"kubernetes API unreachable: {exc}") from None
 
     def _patch(self, node: Any, change: Callable[[Any], dict[str, Any]]) -> None:
@@ -476,7 +482,7 @@ class Actuator:
             except ApiException as exc:
                 if exc.status != 409:
                     raise _api_error(f"patching node {name}", exc) from None
-            except OSError as exc:
+            except UNREACHABLE as exc:
                 raise SinkError(f"kubernetes API unreachable: {exc}") from None
             node = self._read(name)
             if node is None:
@@ -490,7 +496,7 @@ class Actuator:
             return method(*args, _request_timeout=self.settings.request_timeout_s, **kwargs)
         except ApiException as exc:
             raise _api_error("kubernetes API", exc) from None
-        except OSError as exc:
+        except UNREACHABLE as exc:
             raise SinkError(f"kubernetes API unreachable: {exc}") from None
 
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from urllib3.exceptions import HTTPError
+
 from pipeline.config import KubernetesSettings
 from pipeline.errors import ConfigError
+
+# the API server cannot be reached: a socket error, or urllib3's own (MaxRetryError, a
+# timeout, a broken TLS handshake are not OSErrors): each is retried, never a crash
+UNREACHABLE: tuple[type[BaseException], ...] = (OSError, HTTPError)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pipeline.selfmetrics import Readiness
 
 log = logging.getLogger(__name__)
 _SEND_TIMEOUT_S = 30
+STALLED_AFTER_S = 30.0  # a target whose actions fail this long makes /readyz say so
 
 
 class Producer:
@@ -89,13 +90,15 @@ class ActuatorSink:
     """
 
     def __init__(self, actuator: Actuator, send: Callable[[Sequence[Out]], None],
-                 max_bytes: int) -> None:  # fmt: skip
+                 max_bytes: int, *, stalled_after_s: float = STALLED_AFTER_S) -> None:  # fmt: skip
         self.actuator, self.send, self.max_bytes = actuator, send, max_bytes
+        self.stalled_after_s = stalled_after_s
         self.settings = actuator.settings
         self._lock = threading.Lock()
         self._lanes: dict[bytes | None, deque[_Job]] = {}  # key -> jobs, the first running
         self._open: dict[tuple[str, int], set[int]] = {}  # offsets not finished, per partition
         self._rejected: list[Rejected] = []
+        self._failing: dict[bytes | None, tuple[float, str]] = {}  # key -> (since, last error)
         self._generation = 0
         self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(self.settings.drain_workers, "actuator-lane")
@@ -145,9 +148,23 @@ class ActuatorSink:
                     lane.pop()
 
     def close(self) -> None:
-        """Stop retrying and taking jobs: what is not finished is replayed after a restart."""
+        """Stop retrying and taking jobs, and break off drains under way: what is not finished
+        is replayed after a restart."""
         self._closing.set()
+        self.actuator.stopping.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def readiness(self) -> tuple[bool, str]:
+        """Not ready while some target's actions have failed against the API server (or
+        Kafka) for longer than `stalled_after_s`: they are retried, but nobody is acting."""
+        now = time.monotonic()
+        with self._lock:
+            stalled = {k: v for k, v in self._failing.items() if now - v[0] > self.stalled_after_s}
+        if not stalled:
+            return True, "no target stalled"
+        since, error = min(stalled.values())
+        return False, (f"{len(stalled)} targets' actions failing for {now - since:.0f} s, "
+                       f"retried: {error}"[:500])
 
     # --- a lane: one key's actions, in order ---------------------------------------------
 
@@ -175,6 +192,8 @@ class ActuatorSink:
                 echo = self.actuator.handle(job.action, key)
                 if echo is not None:
                     self.send([Out("events.node", record_key(echo), encode(echo))])
+                with self._lock:
+                    self._failing.pop(job.record.key, None)
                 return
             except ApiRefusedError as exc:
                 job.tries += 1
@@ -185,11 +204,21 @@ class ActuatorSink:
                             job.tries, self.settings.api_rejections, exc)  # fmt: skip
             except SinkError as exc:  # unreachable, 5xx, Kafka: retried (the node recalls it)
                 self.actuator.count("api_errors")
+                self._failed(job, str(exc))
                 log.warning("%s %s: %s; retrying", job.action.action_id,
                             job.action.target.name, exc)  # fmt: skip
+            except Exception as exc:  # a bug: the lane must not die with its key's actions
+                self._failed(job, f"{type(exc).__name__}: {exc}")
+                log.exception("%s %s: unexpected; retrying", job.action.action_id,
+                              job.action.target.name)  # fmt: skip
             finally:
                 self.actuator.count("in_flight", -1)
             self._closing.wait(backoff.next_delay())
+
+    def _failed(self, job: _Job, error: str) -> None:
+        with self._lock:
+            since = self._failing.get(job.record.key, (time.monotonic(), ""))[0]
+            self._failing[job.record.key] = (since, error[:300])
 
     def _give_up(self, job: _Job, error: str) -> None:
         self.actuator.count_refusal("api_rejected")
@@ -228,7 +257,7 @@ def run_actuator(
 
     def started(edge: Any) -> None:
         if readiness is not None:
-            readiness.check = edge.readiness
+            readiness.check = lambda: _both(edge.readiness(), sink.readiness())
 
     topics = [topic_name(settings.kafka, "actions")]
     edge = _ActuatorEdge(settings, name="actuator", topics=topics, group_id=group_id, sink=sink,
@@ -238,3 +267,7 @@ def run_actuator(
         return edge.run()
     finally:
         sink.close()
+
+
+def _both(first: tuple[bool, str], second: tuple[bool, str]) -> tuple[bool, str]:
+    return first if not first[0] else second if not second[0] else (True, first[1])

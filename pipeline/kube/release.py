@@ -23,6 +23,7 @@ from typing import Any
 from pipeline.config import KubernetesSettings
 from pipeline.errors import SinkError
 from pipeline.kube import nodes
+from pipeline.kube.client import UNREACHABLE
 
 log = logging.getLogger(__name__)
 _CONFLICT_RETRIES = 5
@@ -69,7 +70,7 @@ def release(core: Any, name: str, settings: KubernetesSettings, *, who: str,
         except ApiException as exc:
             if exc.status != 409:
                 raise SinkError(f"releasing node {name}: HTTP {exc.status} {exc.reason}") from None
-        except OSError as exc:
+        except UNREACHABLE as exc:
             raise SinkError(f"kubernetes API unreachable: {exc}") from None
     raise SinkError(f"releasing node {name}: still conflicting after {_CONFLICT_RETRIES} tries")
 
@@ -142,7 +143,7 @@ class Releaser:
                         self.consider(event["object"])
                     if stop.is_set():
                         stream.stop()
-            except (SinkError, ApiException, OSError) as exc:
+            except (SinkError, ApiException, *UNREACHABLE) as exc:
                 log.warning("releaser: %s; listing again", exc)
                 stop.wait(min(5.0, self.settings.eviction_backoff_max_s))
             self.stats.watch_restarts += 1
@@ -157,7 +158,7 @@ def _read(core: Any, name: str, settings: KubernetesSettings) -> Any | None:
         if exc.status == 404:
             return None
         raise SinkError(f"reading node {name}: HTTP {exc.status} {exc.reason}") from None
-    except OSError as exc:
+    except UNREACHABLE as exc:
         raise SinkError(f"kubernetes API unreachable: {exc}") from None
 
 
@@ -169,7 +170,7 @@ def _call(method: Callable[..., Any], settings: KubernetesSettings, *args: Any,
         return method(*args, _request_timeout=settings.request_timeout_s, **kwargs)
     except ApiException as exc:
         raise SinkError(f"kubernetes API: HTTP {exc.status} {exc.reason}") from None
-    except OSError as exc:
+    except UNREACHABLE as exc:
         raise SinkError(f"kubernetes API unreachable: {exc}") from None
 
 

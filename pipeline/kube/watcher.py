@@ -23,6 +23,7 @@ from pipeline.codec import encode
 from pipeline.config import KubernetesSettings
 from pipeline.errors import SinkError
 from pipeline.kube import nodes
+from pipeline.kube.client import UNREACHABLE
 from pipeline.model import Event, NodeEvent
 from pipeline.runtime.topics import scoped
 
@@ -183,7 +184,7 @@ class NodeWatcher:
                     raise SinkError(f"watching nodes: HTTP {exc.status} {exc.reason}") from None
                 log.info("watch: resourceVersion %s is gone, listing again", self.resource_version)
                 self.relist(first=False)
-            except OSError as exc:
+            except UNREACHABLE as exc:
                 raise SinkError(f"watching nodes: kubernetes API unreachable: {exc}") from None
 
     def _call(self, method: Callable[..., Any], **kwargs: Any) -> Any:
@@ -193,5 +194,5 @@ class NodeWatcher:
             return method(_request_timeout=self.settings.request_timeout_s, **kwargs)
         except ApiException as exc:
             raise SinkError(f"listing nodes: HTTP {exc.status} {exc.reason}") from None
-        except OSError as exc:
+        except UNREACHABLE as exc:
             raise SinkError(f"listing nodes: kubernetes API unreachable: {exc}") from None

@@ -256,3 +256,49 @@ def test_node_release_clears_the_marks_and_echoes_a_persons_uncordon(
     assert not any(marks.values()), marks
     assert (echo.kind, echo.action_id, echo.target) == ("uncordoned", None, name)
     assert "node release" in echo.actor and "checked by hand" in echo.reason
+
+
+def test_an_unreachable_api_server_stalls_readiness_not_the_commit(setup: Settings) -> None:
+    """Actions that cannot reach the API server are retried in their lanes, never committed,
+    and /readyz says so after `stalled_after_s`."""
+    from collections import namedtuple
+
+    from kubernetes import client
+
+    configuration = client.Configuration()
+    configuration.host = "https://127.0.0.1:1"  # nothing listens there
+    core = client.CoreV1Api(client.ApiClient(configuration))
+    k8s = msgspec.structs.replace(setup.kubernetes, request_timeout_s=0.5)
+    sink = ActuatorSink(Actuator(core, k8s, CLUSTER), lambda outs: None,
+                        setup.kafka.max_value_bytes, stalled_after_s=1.0)  # fmt: skip
+    Record = namedtuple("Record", "topic partition offset key value")
+    act = action("n-unreachable", "cordon")
+    sink.add(Record("actions", 0, 7, f"{CLUSTER}/n-unreachable".encode(), codec.encode(act)))
+    try:
+        assert sink.readiness()[0]
+        _until(lambda: not sink.readiness()[0], 30, "/readyz to name the stalled target")
+        _, why = sink.readiness()
+        assert "1 targets' actions failing" in why and "unreachable" in why, why
+        assert sink.unsettled() == {("actions", 0): 7} and sink.flush() == []
+    finally:
+        sink.close()
+
+
+def test_a_hold_landing_during_a_cordon_wins(setup: Settings, kube: Kube) -> None:  # noqa: F811
+    """A person's hold lands between the actuator's read and its patches (both 409): the
+    actuator asks again before each attempt, and neither the cordon nor the condition lands."""
+    from tests.integration.test_kubernetes_people import HOLD, _PersonFirst
+
+    taken = 0
+    for method in ("patch_node_status", "patch_node"):
+        name = kube.node()
+        core = _PersonFirst(kube, method, name, HOLD)
+        echo = Actuator(core, setup.kubernetes, CLUSTER).handle(action(name, "cordon"))
+        node = kube.core.read_node(name)
+        unhealthy = any(c.type == nodes.CONDITION and c.status == "True"
+                        for c in node.status.conditions)  # fmt: skip
+        taken += int(bool(node.spec.unschedulable) or unhealthy)
+        assert echo is not None and echo.kind == "held", (method, echo)
+    record("control", "a person's hold lands during a cordon (before the condition, before "
+           "the cordon patch)", {"nodes taken over": taken})  # fmt: skip
+    assert taken == 0
