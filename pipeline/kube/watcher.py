@@ -25,9 +25,12 @@ from pipeline.errors import SinkError
 from pipeline.kube import nodes
 from pipeline.kube.client import UNREACHABLE
 from pipeline.model import Event, NodeEvent
+from pipeline.retry import Backoff
 from pipeline.runtime.topics import scoped
 
 log = logging.getLogger(__name__)
+# waits between tries while the API server is away: 1 s, doubling, at most 30 s
+_RETRY_INITIAL_S, _RETRY_MAX_S = 1.0, 30.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class WatcherStats:
     inventory_records: int = 0
     tombstones: int = 0
     nodes: int = 0
+    api_errors: int = 0  # lists and watches that failed (API server away, 5xx): waited, retried
 
 
 class NodeWatcher:
@@ -160,11 +164,51 @@ class NodeWatcher:
         self.stats.nodes = len(self.known)
 
     def run(self, stop: threading.Event) -> None:
-        """List, then watch until `stop`; re-list on 410 Gone."""
+        """List, then watch until `stop`; re-list on 410 Gone. Returns as soon as `stop` is
+        set: a watch blocks in a socket read for up to watch_timeout_s (5 min), so it runs in
+        a daemon thread that is left behind (nothing is lost: a new watcher lists again)."""
+        # the HTTP client retries a refused connection three times at once, each with a
+        # warning: while the API server is away the watcher's own line per try says enough
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+        failed: list[BaseException] = []
+        done = threading.Event()
+
+        def loop() -> None:
+            try:
+                self._run(stop)
+            except BaseException as exc:  # handed to the caller's thread
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=loop, name="node-watch", daemon=True).start()
+        while not done.is_set() and not stop.wait(0.2):
+            pass
+        if failed:
+            raise failed[0]
+
+    def _run(self, stop: threading.Event) -> None:
+        """List and watch; while the API server is away (or Kafka refuses the records) say so
+        in one line, wait and list again, diffing against what was known."""
+        backoff = Backoff(_RETRY_INITIAL_S, _RETRY_MAX_S)
+        first = True
+        while not stop.is_set():
+            try:
+                self.relist(first=first)
+                first = False
+                backoff.reset()
+                self._watch(stop)
+            except SinkError as exc:
+                self.stats.api_errors += 1
+                delay = backoff.next_delay()
+                log.warning("%s; trying again in %.0f s", exc, delay)
+                stop.wait(delay)
+
+    def _watch(self, stop: threading.Event) -> None:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
-        self.relist(first=True)
+        log.info("watching nodes from resourceVersion %s", self.resource_version)
         while not stop.is_set():
             stream = watch.Watch()
             try:
@@ -185,7 +229,7 @@ class NodeWatcher:
                 log.info("watch: resourceVersion %s is gone, listing again", self.resource_version)
                 self.relist(first=False)
             except UNREACHABLE as exc:
-                raise SinkError(f"watching nodes: kubernetes API unreachable: {exc}") from None
+                raise SinkError(f"watching nodes: API server unreachable: {_why(exc)}") from None
 
     def _call(self, method: Callable[..., Any], **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
@@ -195,4 +239,10 @@ class NodeWatcher:
         except ApiException as exc:
             raise SinkError(f"listing nodes: HTTP {exc.status} {exc.reason}") from None
         except UNREACHABLE as exc:
-            raise SinkError(f"listing nodes: kubernetes API unreachable: {exc}") from None
+            raise SinkError(f"listing nodes: API server unreachable: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    """The root of a client error, in one line (urllib3 wraps the refused connection)."""
+    reason = getattr(exc, "reason", None)
+    return str(reason if isinstance(reason, BaseException) else exc).splitlines()[0]
