@@ -6,6 +6,7 @@ against the simulator's ground truth so the summary can say what was found and w
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import msgspec
 
 from pipeline import codec
 from pipeline.config import Settings
+from pipeline.errors import ConfigError
 from pipeline.inventory import from_fleet
 from pipeline.model import Action, Alert, CapacityEvent, Event, Finding, Proposal, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime
@@ -26,6 +28,9 @@ from pipeline.sinks.lake_tables import TABLES
 
 # lake table by the topic suffix its rows travel on
 _TABLE_BY_SUFFIX = {spec.topic_suffix: name for name, spec in TABLES.items()}
+# what a demo run leaves in its folder; the marker says a folder's lake is the demo's to clear
+_MARKER = ".fleetpulse-demo"
+_OUTPUTS = ("lake", "actions.jsonl", "report.html")
 Progress = Callable[[int, "DemoResult"], None]
 
 
@@ -69,9 +74,9 @@ def run_demo(
     result = DemoResult(
         out_dir, lake_dir, out_dir / "actions.jsonl", sim.ground_truth, sim.node_days
     )
+    clear_previous_run(out_dir)
     writer = LakeWriter(lake_dir, settings.lake)
     sequence = Counter[str]()
-    out_dir.mkdir(parents=True, exist_ok=True)
     with result.actions_file.open("wb") as actions_out:
 
         def to_lake(suffix: str, event: Event) -> None:
@@ -112,6 +117,27 @@ def run_demo(
         sim.ground_truth, result.actions, result.findings, sim.node_days, held=held.held()
     )
     return result
+
+
+def clear_previous_run(out_dir: Path) -> None:
+    """Remove what an earlier demo left in `out_dir`, so that its lake and report hold this
+    run alone (a shorter run wrote fewer files and kept the rest of the old one). A folder
+    whose lake a demo did not write (no marker, no actions.jsonl beside it) is refused."""
+    lake = out_dir / "lake"
+    ours = (out_dir / _MARKER).exists() or (out_dir / "actions.jsonl").exists()
+    if lake.exists() and not ours:
+        raise ConfigError(
+            f"{out_dir} holds a lake that `fleetpulse demo` did not write; give the demo "
+            "another --out folder"
+        )
+    for name in _OUTPUTS:
+        path = out_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / _MARKER).write_text("written by `fleetpulse demo`; cleared by the next run\n")
 
 
 def _remember(result: DemoResult, event: Event) -> None:

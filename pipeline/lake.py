@@ -43,8 +43,8 @@ import pyarrow as pa
 from pipeline.catalog import accelerator_prices, xid_catalog
 from pipeline.config import LakeSettings
 from pipeline.errors import FleetPulseError
-from pipeline.sinks.lake import visible_files
-from pipeline.sinks.lake_check import check_file, readable_files
+from pipeline.sinks.lake import partition_dirs, visible_files
+from pipeline.sinks.lake_check import QUARANTINE_DIR, check_file, readable_files
 from pipeline.sinks.lake_tables import TABLES, TableSpec
 
 _PARAM = re.compile(r"\$([a-z_]+)\b")
@@ -144,6 +144,26 @@ def parse_time(text: str) -> datetime:
     except ValueError:
         raise QueryError(f"time {text!r}: expected ISO 8601, like 2026-01-01T12:00Z") from None
     return when.astimezone(UTC).replace(tzinfo=None) if when.tzinfo else when
+
+
+def require_lake(root: Path | str) -> Path:
+    """`root` as a Path when it holds a lake: at least one Parquet file of a table (readable
+    or not, or quarantined). A folder holding none is a QueryError naming the folder and what
+    was expected: `sql`, `report` and `lake status` answered such a folder (a typo, the wrong
+    --lake) with empty results and exit 0, a report dated 1970."""
+    root = Path(root)
+    if not root.is_dir():
+        raise QueryError(f"lake folder {root} does not exist (see lake.path or --lake)")
+    for name in TABLES:
+        if any(any(d.glob("*.parquet")) for d in partition_dirs(root, name)):
+            return root
+    if any((root / QUARANTINE_DIR).rglob("*.parquet")):
+        return root
+    raise QueryError(
+        f"{root} holds no lake: expected Parquet files under <table>/date=YYYY-MM-DD/hour=HH/ "
+        f"for one of {', '.join(TABLES)} (written by `fleetpulse sink lake` or "
+        "`fleetpulse demo`); check --lake or lake.path"
+    )
 
 
 class Lake:

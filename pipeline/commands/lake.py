@@ -56,9 +56,10 @@ def _compact(args: argparse.Namespace, settings: Settings) -> int:
 def _status(args: argparse.Namespace, settings: Settings) -> int:
     import pyarrow.parquet as pq
 
+    from pipeline.lake import require_lake
     from pipeline.sinks.lake_check import QUARANTINE_DIR, quarantined_files, readable_files
 
-    root = Path(args.lake or settings.lake.path)
+    root = require_lake(args.lake or settings.lake.path)
     unreadable = []
     for name in TABLES:
         files, broken = readable_files(root, name, deep=args.verify)

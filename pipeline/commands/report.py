@@ -29,10 +29,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.commands.sql import window_params
-    from pipeline.lake import Lake
+    from pipeline.lake import Lake, require_lake
     from pipeline.report import build_report
 
-    with Lake(args.lake or settings.lake.path, settings.lake) as lake:
+    with Lake(require_lake(args.lake or settings.lake.path), settings.lake) as lake:
         window = window_params(args, lake)
         html = build_report(lake, window["since"], window["until"], args.pool)
         skipped = len(lake.skipped)

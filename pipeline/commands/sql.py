@@ -34,6 +34,7 @@ from pipeline.lake import (
     adhoc_query,
     canned_queries,
     parse_duration,
+    require_lake,
 )
 from pipeline.lake import parse_time as parse_iso
 
@@ -99,7 +100,8 @@ def _handle(args: argparse.Namespace, settings: Settings) -> int:
     if bool(args.text) == bool(args.query):
         raise QueryError("give either SQL text or --query NAME (see --list)")
     # a canned analysis runs locked like `report`; ad-hoc SQL has the user's own rights
-    with Lake(args.lake or settings.lake.path, settings.lake, locked=bool(args.query)) as lake:
+    root = require_lake(args.lake or settings.lake.path)
+    with Lake(root, settings.lake, locked=bool(args.query)) as lake:
         query = _query(args)
         given = {k: v for k, v in window_params(args, lake).items() if v is not None}
         result = lake.sql(query.sql, lake.bind(query, given))

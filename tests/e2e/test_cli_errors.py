@@ -183,3 +183,25 @@ def test_serve_sim_with_a_bad_fault_spec_is_the_same_clear_error_as_simulate(tmp
         errors.append(run.stderr)
     assert errors[0] == errors[1] == \
         "fleetpulse: error: fault spec 'G1-at-noon': expected TYPE[/VARIANT]@SECONDS[:TARGET[:DEVICE]]\n"
+
+
+@pytest.mark.parametrize("command", [["sql", "SELECT 1"], ["sql", "--query", "top_offenders"],
+                                     ["report", "-o", "r.html"], ["lake", "status"]],
+                         ids=["sql", "sql-canned", "report", "lake-status"])  # fmt: skip
+def test_a_folder_holding_no_lake_is_refused_in_one_line(tmp_path: Path, command: list[str]
+                                                         ) -> None:
+    """It was an empty report dated 1970 (or no rows) and exit 0: a typo in --lake looked
+    like a quiet fleet. Now: exit 2, one line naming the folder and what was expected."""
+    empty = tmp_path / "not-a-lake"
+    (empty / "utilization").mkdir(parents=True)  # a table folder, but no Parquet file in it
+    (empty / "notes.txt").write_text("hello")
+    for folder, expected in ((empty, f"{empty} holds no lake: expected Parquet files under "
+                              "<table>/date=YYYY-MM-DD/hour=HH/ for one of utilization, "),
+                             (tmp_path / "missing", f"lake folder {tmp_path / 'missing'} "
+                              "does not exist")):  # fmt: skip
+        run = fleetpulse(*command, "--lake", str(folder), env={"HOME": str(tmp_path)})
+        _no_traceback(run)
+        assert run.returncode == 2, run.stdout
+        assert run.stderr.startswith(f"fleetpulse: error: {expected}"), run.stderr
+        assert run.stderr.count("\n") == 1 and run.stdout == "", run.stderr
+    assert not (tmp_path / "r.html").exists()

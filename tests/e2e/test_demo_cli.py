@@ -70,3 +70,27 @@ def test_piped_output_keeps_commands_whole_and_leaves_no_blank_progress_lines(tm
     assert lines[0].startswith("FleetPulse demo:") and lines[0].endswith("seed 7")
     assert lines[1] == "" and lines[2].startswith("Processed "), run.stdout[:500]
     assert run.stderr == ""
+
+
+def test_a_second_run_into_the_same_folder_keeps_nothing_of_the_first(tmp_path: Path) -> None:
+    """A shorter run wrote fewer lake files (and fewer hour partitions) and left the longer
+    one's beyond them: the lake and report mixed two runs."""
+    out = tmp_path / "demo"
+    small = ("--gpu-nodes", "4", "--tpu-slices", "1", "--no-report")
+    assert _demo(out, *small, "--hours", "1.2").returncode == 0  # into hour=01 too
+    second = _demo(out, *small, "--hours", "0.1")
+    assert second.returncode == 0, second.stderr
+    latest = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "sql", "--lake", str(out / "lake"), "--format",
+         "csv", "SELECT max(window_start + to_seconds(window_s)) FROM utilization"],
+        capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()[1]  # fmt: skip
+    assert latest <= "2026-01-01 00:06:00", latest  # the 0.1 h run alone
+    assert not list((out / "lake").rglob("hour=01"))
+
+
+def test_a_folder_with_a_lake_the_demo_did_not_write_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "mine" / "lake" / "utilization").mkdir(parents=True)
+    run = _demo(tmp_path / "mine", "--no-report")
+    assert run.returncode == 2
+    assert "holds a lake that `fleetpulse demo` did not write" in run.stderr
+    assert (tmp_path / "mine" / "lake" / "utilization").is_dir()

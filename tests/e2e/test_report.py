@@ -136,9 +136,10 @@ def test_every_chart_renders_without_script_errors_and_the_page_is_self_containe
     assert distinct > 100, "the screenshot is (nearly) blank"
 
 
-def test_an_empty_lake_still_renders_every_chart_as_empty(tmp_path: Path) -> None:
-    (tmp_path / "lake").mkdir()
-    page = report(tmp_path / "lake", tmp_path / "empty.html", "--until", "2026-01-01T00:00")
+def test_a_window_without_data_still_renders_every_chart_as_empty(tmp_path: Path) -> None:
+    # (a folder holding no lake at all is refused: tests/e2e/test_cli_errors.py)
+    lake = fx.build_lake(tmp_path / "lake")
+    page = report(lake, tmp_path / "empty.html", "--until", "2025-06-01T00:00")
     dom = chromium(tmp_path, page, "--dump-dom")
     (body,) = attributes(dom, "body")
     assert (body["data-errors"], body["data-charts-rendered"]) == ("0", str(len(CHARTS)))
