@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from pipeline import alerts, guard
 from pipeline.config import MetricsSettings
+from pipeline.model import ActionKind
 from pipeline.selfmetrics import Ready
 from pipeline.selfmetrics import serve as serve_http
 
 log = logging.getLogger("fleetpulse.worker")
+# The alerts (and actions) the Helm chart's PrometheusRule and dashboard count with increase():
+# each starts at 0, because increase() sees nothing of a series whose first sample is already
+# 1, so without it the first FleetPulseBudgetExhausted of a worker's life never fired.
+COUNTED_ALERTS = (*(name for name, _ in alerts.POOL_ALERTS.values()), alerts.CORDONED,
+                  alerts.MAINTENANCE, guard.COMMON_CAUSE, guard.NO_INVENTORY)  # fmt: skip
 
 
 def _registry() -> CollectorRegistry:
@@ -76,6 +84,12 @@ class WorkerMetrics:
             ["status", "alertname"],
             registry=r,
         )
+        for name in COUNTED_ALERTS:
+            for status in ("firing", "resolved"):
+                self.alerts.labels(status, name)
+        for kind in get_args(ActionKind):
+            for dry_run in ("true", "false"):
+                self.actions.labels(kind, dry_run)
         self.roll_backs = Counter(
             "fleetpulse_worker_roll_backs",
             "Stage states put back after a record or staleness check raised half-way",

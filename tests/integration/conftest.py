@@ -80,4 +80,6 @@ def settings(kafka_settings: KafkaSettings) -> Settings:
 
 
 # the real kube-apiserver and helm for tests/integration/test_kubernetes_*.py
+# a worker and an actuator scraped by a real Prometheus (test_rules_promtool, test_dashboard_queries)
+from tests.integration.fleet_processes import fleet_scraped  # noqa: E402, F401
 from tests.kube_fixture import helm, kube  # noqa: E402, F401
