@@ -130,7 +130,11 @@ def handle(value: bytes, done: Done, mode: str, now_ms: int) -> dict[str, Any] |
         done.record(action_id, "dry_run")
         return None
     expires_at = action.get("expires_at")
-    if expires_at is not None and now_ms > expires_at:
+    if expires_at is None:  # defend yourself: FleetPulse's policy always sets it (a forgery?)
+        log.warning("%s has no expires_at: refused", action_id)
+        done.record(action_id, "refused")
+        return None
+    if now_ms > expires_at:
         log.warning("%s expired %d ms ago: not started", action_id, now_ms - expires_at)
         done.record(action_id, "expired")
         return None
