@@ -7,7 +7,8 @@ files, so the table is never typed by hand. Suites: "input" (hostile or faulty r
 fail-safe issue), "control" (the control path: maintenance notices, control records,
 principals, the actuator and people, alert delivery), "poison" (undecodable records in every
 consumer), "lake" (corrupt Parquet files) and "infrastructure" (broker, process, network and disk faults), the last split into
-families (FAMILIES), each table with the columns its scenarios measure.
+families (FAMILIES), and "control" by what it guards (CONTROL_FAMILIES), each table with the
+columns its scenarios measure.
 
 `--keep` keeps the README's rows of scenarios this run did not measure (a `make test` run
 refreshes the short scenarios and keeps the slow ones `make faults` measured last).
@@ -27,6 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 MARKER = "reliability"  # the README section between <!-- reliability:start/end -->
 SUITES = ("input", "control", "poison", "lake", "infrastructure")
 # infrastructure scenarios by family (first match), so each table has its own columns
+CONTROL_FAMILIES = (
+    ("principals", r"own principal"),
+    ("alert delivery", r"receiver"),
+    ("the actuator and people", r"forged (drains|cordons)|cordons in one pool|slice|drain|person"),
+    ("maintenance and control records", r"."),
+)
 FAMILIES = (
     ("process crashes", r"^SIGKILL"),
     ("broker outages", r"^broker"),
@@ -88,17 +95,18 @@ def _tables(documents: list[dict[str, object]]) -> list[tuple[str, list[dict[str
     tables: list[tuple[str, list[dict[str, object]]]] = []
     for suite in SUITES:
         rows = [d for d in documents if d["suite"] == suite]
-        if suite != "infrastructure":
+        families = {"infrastructure": FAMILIES, "control": CONTROL_FAMILIES}.get(suite)
+        if families is None:
             tables.append((f"{suite.capitalize()} faults", rows))
             continue
-        for family in [*(f for f, _ in FAMILIES), "other"]:
-            mine = [r for r in rows if _family(str(r["scenario"])) == family]
-            tables.append((f"Infrastructure faults: {family}", mine))
+        for family in [*(f for f, _ in families), "other"]:
+            mine = [r for r in rows if _family(str(r["scenario"]), families) == family]
+            tables.append((f"{suite.capitalize()} faults: {family}", mine))
     return [(title, rows) for title, rows in tables if rows]
 
 
-def _family(scenario: str) -> str:
-    return next((f for f, pattern in FAMILIES if re.search(pattern, scenario)), "other")
+def _family(scenario: str, families: tuple[tuple[str, str], ...] = FAMILIES) -> str:
+    return next((f for f, pattern in families if re.search(pattern, scenario)), "other")
 
 
 def parse(table: str) -> list[dict[str, object]]:
