@@ -6,8 +6,12 @@ offenders, open actions, TPU slice availability, degraded ICI links, cost per us
 accelerator-hour, MTBF per pool, quota headroom, the prices used. The tables come from the canned
 analyses in sql/analyses, so the report and `fleetpulse sql --query …` never disagree. A row that
 names a node or slice links to that target's section at the end (its findings, actions,
-utilization and XIDs over the window, from _TARGET_SQL). Wide tables scroll in their own box so
-the page itself never scrolls sideways.
+utilization and XIDs over the window, from _TARGET_SQL); a target's utilization is one row for
+all its devices (a 64-chip slice was 64 rows), naming the least used device. Tables are for
+people: headers in words (the query's column name stays in `data-column`), numbers rounded by
+what they are (percentages to 0.1, dollars to the cent, counts with thousands separators),
+names in natural order (node-2 before node-10) where the query leaves a tie, and long text
+wrapped so that no table is wider than the page.
 
 The page runs one small inline script that checks each chart drew something and counts script
 errors, and writes the result into the DOM (`<body data-charts-rendered=… data-errors=…>`, and
@@ -20,6 +24,7 @@ import hashlib
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from decimal import Decimal
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -93,10 +98,11 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
                 _capacity(run("capacity_headroom"))),
         _figure("cost", "Cost of idle at list price, per pool and accelerator (USD)",
                 _cost(run("cost_of_idle"))),
-        _table("Top offenders", offenders, link=_target_link),
-        _table("Open actions", open_actions, hide=("action_id",), link=_target_link),
-        _table("TPU slice availability", slices, link=_slice_link),
-        _table("Degraded ICI links", ici, link=_slice_link),
+        _table("Top offenders", _natural_ties(offenders, "target_name"), link=_target_link),
+        _table("Open actions", _natural_ties(open_actions, "target_name"),
+               hide=("action_id", "target_kind"), link=_target_link),
+        _table("TPU slice availability", _natural_ties(slices, "slice"), link=_slice_link),
+        _table("Degraded ICI links", _natural_ties(ici, "slice"), link=_slice_link),
         _table("Cost per useful accelerator-hour (list price / utilization achieved)",
                run("cost_per_useful_hour")),
         _table("MTBF per pool (node- or slice-hours per failure)", run("mtbf_by_pool")),
@@ -156,7 +162,7 @@ def _xid(result: Result, since: datetime, until: datetime, bucket: timedelta) ->
     totals: dict[str, int] = {}
     for r in rows:
         totals[r["node"]] = totals.get(r["node"], 0) + r["events"]
-    nodes = sorted(totals, key=lambda n: (-totals[n], n))[:HEATMAP_ROWS]
+    nodes = sorted(totals, key=lambda n: (-totals[n], natural_key(n)))[:HEATMAP_ROWS]
     columns, at = [], since - (since - datetime(1970, 1, 1)) % bucket
     while at < until:
         columns.append(at)
@@ -189,7 +195,7 @@ def _cost(result: Result) -> str:
 def _summary(result: Result, since: datetime, until: datetime, pool: str | None) -> str:
     row = result.records()[0] if result.rows else {}
     cards = "".join(
-        f'<div class="card"><div class="value">{escape(_cell(row.get(key)))}</div>'
+        f'<div class="card"><div class="value">{escape(_cell(row.get(key), key))}</div>'
         f'<div class="label">{escape(label)}</div></div>'
         for key, label in (("devices", "devices"), ("device_hours", "device-hours"),
                            ("util_mean_pct", "mean utilization %"),
@@ -223,16 +229,16 @@ def _table(title: str, result: Result, hide: tuple[str, ...] = (), link: Link | 
            ) -> str:
     """A table; `link` says which cell of a row names a target, and so links to its section."""
     shown = [i for i, c in enumerate(result.columns) if c not in hide]
-    head = "".join(f"<th>{escape(result.columns[i])}</th>" for i in shown)
+    head = "".join(_th(result.columns[i]) for i in shown)
     rows = []
     for row, record in zip(result.rows, result.records(), strict=True):
         target = link(record) if link else None
         cells = []
         for i in shown:
-            text = escape(_cell(row[i]))
+            text = escape(_cell(row[i], result.columns[i]))
             if target and result.columns[i] == target[0]:
                 text = f'<a href="#{anchor(target[1], target[2])}">{text}</a>'
-            cells.append(f"<td>{text}</td>")
+            cells.append(_td(text, row[i]))
         rows.append("<tr>" + "".join(cells) + "</tr>")
     body = "".join(rows)
     if not result.rows:
@@ -241,6 +247,25 @@ def _table(title: str, result: Result, hide: tuple[str, ...] = (), link: Link | 
     return (f'<section data-table="{escape(name)}"><h2>{escape(title)}</h2>'
             f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
             "</table></div></section>")
+
+
+def _th(column: str) -> str:
+    return f'<th data-column="{escape(column)}">{escape(_header(column))}</th>'
+
+
+def _td(text: str, value: Any) -> str:
+    """A cell: numbers right-aligned and kept whole; a time may break between its date and
+    clock; text may wrap, a long name after its dots, slashes, colons and underscores."""
+    if isinstance(value, datetime):
+        return f'<td class="time">{text}</td>'
+    if _numeric(value):
+        return f'<td class="num">{text}</td>'
+    return f"<td>{_breakable(text)}</td>"
+
+
+def _breakable(html: str) -> str:
+    """Escaped text with a break opportunity after . / : _ in words too long to fit a cell."""
+    return re.sub(r"[^\s<>]{20,}", lambda m: re.sub(r"([./:_])", r"\1<wbr>", m.group(0)), html)
 
 
 def anchor(kind: str, name: str) -> str:
@@ -299,21 +324,32 @@ _TARGET_SQL = {
         QUALIFY row_number() OVER (PARTITION BY target_kind, target_name ORDER BY ts DESC)
                 <= $limit
         ORDER BY ts DESC""",
+    # one row per target, all its devices: a 64-chip slice was 64 rows
     "utilization": """
-        SELECT CASE WHEN list_contains($names, slice) THEN 'slice' ELSE 'node' END
-                   AS target_kind,
-               CASE WHEN list_contains($names, slice) THEN slice ELSE node END AS target_name,
-               node, device, any_value(accelerator) AS accelerator,
-               round(sum(hours), 2) AS device_hours,
-               round(sum(util_mean * hours) / nullif(sum(hours), 0), 2) AS util_mean_pct,
-               round(max(util_max), 2) AS util_max_pct,
-               round(100 * coalesce(sum(hours) FILTER (WHERE allocated), 0)
-                     / nullif(sum(hours), 0), 2) AS allocated_pct
-        FROM utilization
-        WHERE window_start >= $since AND window_start < $until
-          AND (list_contains($names, slice) OR list_contains($names, node))
-        GROUP BY ALL
-        ORDER BY node, device""",
+        WITH device AS (
+            SELECT CASE WHEN list_contains($names, slice) THEN 'slice' ELSE 'node' END
+                       AS target_kind,
+                   CASE WHEN list_contains($names, slice) THEN slice ELSE node END
+                       AS target_name,
+                   node, device, any_value(accelerator) AS accelerator, sum(hours) AS hours,
+                   sum(util_mean * hours) / nullif(sum(hours), 0) AS util,
+                   max(util_max) AS util_max,
+                   coalesce(sum(hours) FILTER (WHERE allocated), 0) AS allocated_hours
+            FROM utilization
+            WHERE window_start >= $since AND window_start < $until
+              AND (list_contains($names, slice) OR list_contains($names, node))
+            GROUP BY ALL)
+        SELECT target_kind, target_name, any_value(accelerator) AS accelerator,
+               count(DISTINCT node) AS nodes, count(*) AS devices,
+               sum(hours) AS device_hours,
+               sum(util * hours) / nullif(sum(hours), 0) AS util_mean_pct,
+               max(util_max) AS util_max_pct,
+               first(CASE WHEN target_kind = 'slice' THEN node || ' #' || device
+                          ELSE '#' || device END ORDER BY util, node, device) AS lowest_device,
+               min(util) AS util_lowest_pct,
+               100 * sum(allocated_hours) / nullif(sum(hours), 0) AS allocated_pct
+        FROM device
+        GROUP BY target_kind, target_name""",
     "xids": """
         SELECT 'node' AS target_kind, node AS target_name, xid, any_value(mnemonic) AS mnemonic,
                count(*) AS events, string_agg(DISTINCT gpu_index::VARCHAR, ',') AS gpus,
@@ -362,7 +398,7 @@ def _target_section(kind: str, name: str, found: dict[str, dict[tuple[str, str],
                       if about.get(key))
     parts = []
     for part, title in (("findings", "Unhealthy findings"), ("actions", "Actions"),
-                        ("utilization", "Utilization per device"), ("xids", "XIDs")):
+                        ("utilization", "Utilization (all devices)"), ("xids", "XIDs")):
         if part == "xids" and kind != "node":
             continue  # XIDs are NVIDIA GPU errors: a TPU slice has none
         parts.append(_detail(part, title, found[part].get((kind, name), empty)))
@@ -377,21 +413,88 @@ def _detail(part: str, title: str, result: Result) -> str:
     total = result.records()[0].get("total", len(result.rows)) if result.rows else 0
     shown = [i for i, c in enumerate(result.columns) if c != "total"]
     more = f" (latest {len(result.rows)} of {total})" if total > len(result.rows) else ""
-    head = "".join(f"<th>{escape(result.columns[i])}</th>" for i in shown)
-    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(row[i]))}</td>" for i in shown) + "</tr>"
+    head = "".join(_th(result.columns[i]) for i in shown)
+    body = "".join("<tr>" + "".join(_td(escape(_cell(row[i], result.columns[i])), row[i])
+                                    for i in shown) + "</tr>"
                    for row in result.rows) or '<tr><td class="none">none</td></tr>'
     return (f'<div data-part="{part}"><h4>{escape(title)}{more}</h4><div class="scroll">'
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div></div>")
 
 
-def _cell(value: Any) -> str:
+# Column names as people read them; the rest are worded by _header's rules.
+_HEADERS = {
+    "target_kind": "kind", "target_name": "target", "target_pool": "pool",
+    "target_zone": "zone", "util_mean_pct": "mean utilization %", "util_max_pct": "peak %",
+    "util_lowest_pct": "least used device %", "lowest_device": "least used device",
+    "usd_per_useful_hour": "USD per useful hour", "usd_per_hour": "USD per hour",
+    "hours_open": "open (h)", "reason_summary": "reason", "quota_metric": "quota",
+    "mtbf_hours": "MTBF (h)", "device_hours": "device-hours", "state_now": "state now",
+    "as_of": "as of", "ts": "time", "fatal_xids": "fatal XIDs", "xids": "XIDs", "xid": "XID",
+}
+_WORDS = {"pct": "%", "usd": "USD", "xid": "XID", "xids": "XIDs", "ici": "ICI", "id": "ID",
+          "mtbf": "MTBF", "tpu": "TPU", "gpu": "GPU", "gpus": "GPUs"}
+
+
+def _header(column: str) -> str:
+    """A column name in words: util_mean_pct -> "mean utilization %"."""
+    if column in _HEADERS:
+        return _HEADERS[column]
+    return " ".join(_WORDS.get(word, word) for word in column.split("_"))
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sorts node-2 before node-10: runs of digits compare as numbers."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part)
+                 for part in re.split(r"(\d+)", text) if part)
+
+
+def _natural_ties(result: Result, column: str) -> Result:
+    """`result` with the rows that tie on every value but text (the query's sort keys among
+    them) in natural order of `column`; the query's own order between them is kept."""
+    if column not in result.columns or not result.rows:
+        return result
+    at = result.columns.index(column)
+
+    def tie(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(v for v in row if not isinstance(v, str))
+
+    rows: list[tuple[Any, ...]] = []
+    run: list[tuple[Any, ...]] = []
+    for row in [*result.rows, None]:
+        if run and (row is None or tie(row) != tie(run[0])):
+            rows += sorted(run, key=lambda r: natural_key(str(r[at])))
+            run = []
+        if row is not None:
+            run.append(tuple(row))
+    return Result(result.columns, rows, result.seconds)
+
+
+def _cell(value: Any, column: str = "") -> str:
+    """A value as a person reads it, rounded by what it is: a percentage or hours to 0.1,
+    dollars to the cent, other numbers to about 3 figures, counts with separators."""
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M")
-    if isinstance(value, float):
-        return f"{value:,.2f}"
-    return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float | Decimal):
+        number = float(value)
+        if column.endswith("_pct") or column.endswith("%"):
+            return f"{number:,.1f}"
+        if "usd" in column or column.endswith("_cost"):
+            return f"{number:,.2f}"
+        if "hours" in column or column.endswith("_h"):
+            return f"{number:,.1f}"
+        return f"{number:,.{0 if abs(number) >= 100 else 1 if abs(number) >= 10 else 2}f}"
+    text = str(value)
+    return text.replace(",", ", ") if "," in text and " " not in text else text
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 
 
 _STYLE = """
@@ -401,8 +504,10 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px}.period{col
 .card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:110px}
 .card .value{font-size:20px;font-weight:600}.card .label{font-size:12px;color:#666}
 figure{margin:24px 0}figcaption{font-weight:600;margin-bottom:6px}
-table{border-collapse:collapse;font-size:12px}th,td{border:1px solid #ddd;padding:3px 6px;
-text-align:left;white-space:nowrap}th{background:#f4f4f4}td.none{color:#888}
+table{border-collapse:collapse;font-size:12px;max-width:100%}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top;
+overflow-wrap:break-word}th{background:#f4f4f4;font-weight:600}td.none{color:#888}
+td{max-width:28em}td.num{text-align:right;white-space:nowrap}
 .scroll{overflow-x:auto;max-width:100%}h3{font-size:15px;margin:22px 0 2px}
 h4{font-size:13px;margin:10px 0 4px}section.target{border-top:1px solid #ddd;margin-top:18px}
 section.target:target{background:#fffbe6}

@@ -3,6 +3,7 @@ screenshot shows a page that is not blank. No network: the page must need nothin
 
 from __future__ import annotations
 
+import itertools
 import re
 import struct
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.catalog import price_for
+from pipeline.report import natural_key
 from tests import lake_fixture as fx
 
 pytestmark = pytest.mark.chromium
@@ -53,6 +55,15 @@ LAYOUT_PROBE = """
     }
     document.body.setAttribute('data-links', String(links.length));
     document.body.setAttribute('data-broken-links', broken.join(' '));
+    var boxes = document.querySelectorAll('div.scroll'), wide = [];
+    for (var t = 0; t < boxes.length; t++) {
+      if (boxes[t].scrollWidth > boxes[t].clientWidth + 1) {
+        var owner = boxes[t].closest('[data-part],[data-table]');
+        wide.push((owner.getAttribute('data-part') || owner.getAttribute('data-table')) + ':' +
+                  boxes[t].scrollWidth + '>' + boxes[t].clientWidth);
+      }
+    }
+    document.body.setAttribute('data-wide-tables', wide.join(' '));
     var root = document.documentElement;
     document.body.setAttribute('data-scroll-width', String(root.scrollWidth));
     document.body.setAttribute('data-inner-width', String(window.innerWidth));
@@ -206,7 +217,7 @@ def test_the_xid_heatmap_has_a_colour_scale(tmp_path: Path) -> None:
 def table(html: str, name: str) -> list[dict[str, str]]:
     """The rows of the table `data-table=name` as {column: cell text}."""
     section = html.split(f'data-table="{name}"')[1].split("</table>")[0]
-    columns = re.findall(r"<th>(.*?)</th>", section)
+    columns = re.findall(r'<th data-column="([^"]*)">', section)  # the query's column names
     rows = re.findall(r"<tr>(.*?)</tr>", section.split("<tbody>")[1])
     cells = [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
              for r in rows]
@@ -232,11 +243,16 @@ def test_table_rows_link_to_a_section_per_target_with_its_window(tmp_path: Path)
     unhealthy = [f for f in fx.FINDINGS if f.entity.target.name == "g1" and not f.healthy]
     assert len(parts["findings"]) == len(unhealthy) == 3
     assert [a["kind"] for a in parts["actions"]] == ["cordon", "repair", "cordon"]
-    assert [(u["device"], u["util_mean_pct"]) for u in parts["utilization"]] == [
-        ("0", f"{fx.BUSY:.2f}"), ("1", f"{fx.BUSY:.2f}")]
+    # one row for all the node's devices (a 64-chip slice was 64 rows)
+    assert [(u["devices"], u["util_mean_pct"], u["lowest_device"]) for u in parts["utilization"]
+            ] == [("2", f"{fx.BUSY:.1f}", "#0")]  # fmt: skip
     assert [(x["xid"], x["events"]) for x in parts["xids"]] == [("79", "2")]
     s1 = target_section(html, "target-slice-s1")
-    assert s1.count("<td>v5litepod-4</td>") == 4 and 'data-part="xids"' not in s1
+    (s1_util,) = table('data-table="utilization"' + s1.split('data-part="utilization"')[1],
+                       "utilization")  # fmt: skip
+    assert (s1_util["accelerator"], s1_util["nodes"], s1_util["devices"]) == ("v5litepod-4", "2",
+                                                                               "4")  # fmt: skip
+    assert 'data-part="xids"' not in s1
     dom = laid_out(tmp_path, tmp_path / "report.html")
     (body,) = attributes(dom, "body")
     assert int(body["data-links"]) >= 4 and body["data-broken-links"] == ""
@@ -246,7 +262,7 @@ def test_tpu_slices_ici_links_cost_per_useful_hour_and_mtbf_per_pool(tmp_path: P
     lake = fx.build_lake(tmp_path / "lake")
     html = report(lake, tmp_path / "report.html").read_text()
     (s1,) = table(html, "tpu-slice-availability")
-    assert (s1["slice"], s1["available_pct"]) == ("s1", f"{100 * (1 - 0.5 / fx.HOURS):.2f}")
+    assert (s1["slice"], s1["available_pct"]) == ("s1", f"{100 * (1 - 0.5 / fx.HOURS):.1f}")
     assert '<a href="#target-slice-s1">s1</a>' in html.split('data-table="degraded-ici-links"')[1]
     (link,) = table(html, "degraded-ici-links")
     assert (link["slice"], link["link"], link["worst_severity"]) == ("s1", "0", "critical")
@@ -256,7 +272,7 @@ def test_tpu_slices_ici_links_cost_per_useful_hour_and_mtbf_per_pool(tmp_path: P
     useful = (3 * fx.BUSY + fx.IDLE) / 4 / 100  # g1 and g2: three busy GPUs, one idle
     assert cost["train"]["usd_per_useful_hour"] == f"{h100.usd_per_hour / useful:,.2f}"
     mtbf = {r["pool"]: r["mtbf_hours"] for r in table(html, "mtbf-per-pool")}
-    assert mtbf == {"train": "4.00", "tpu": "4.00", "infer": ""}
+    assert mtbf == {"train": "4.0", "tpu": "4.0", "infer": ""}
 
 
 def alerts_fired(html: str) -> str:
@@ -282,3 +298,51 @@ def test_health_changes_leave_out_targets_arriving_healthy(tmp_path: Path) -> No
     # g1 and s1 arrive healthy at 00:00 (no change); the real changes are all there
     assert not any(b.startswith("2026-01-01 00:00 healthy") for b in bars)
     assert sum(float(b.rsplit(": ", 1)[1]) for b in bars) == 8
+
+
+@pytest.fixture(scope="module")
+def demo_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo run's lake: real names (fp-us-east5-h200-train-010), long checks and reasons,
+    quota metrics, and a 64-chip v5p-128 slice."""
+    out = tmp_path_factory.mktemp("demo")
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "demo", "--out", str(out), "--gpu-nodes", "24",
+         "--tpu-slices", "4", "--hours", "0.5", "--intensity", "2000", "--no-report"],
+        capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out / "lake"
+
+
+@pytest.mark.parametrize("source", ["fixture", "demo"])
+def test_no_table_is_wider_than_the_page_and_headers_are_words(
+    tmp_path: Path, demo_lake: Path, source: str
+) -> None:
+    lake = demo_lake if source == "demo" else fx.build_lake(tmp_path / "lake")
+    page = report(lake, tmp_path / "report.html")
+    html = page.read_text()
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", html)
+    assert headers and [h for h in headers if "_" in h] == [], "column names, not words"
+    dom = laid_out(tmp_path, page)
+    (body,) = attributes(dom, "body")
+    assert body["data-wide-tables"] == "", f"tables wider than their box: {body['data-wide-tables']}"
+    assert int(body["data-scroll-width"]) <= WIDTH
+
+
+def test_a_slice_is_one_utilization_row_and_names_sort_naturally(tmp_path: Path,
+                                                                 demo_lake: Path) -> None:
+    html = report(demo_lake, tmp_path / "report.html").read_text()
+    slices = {r["slice"]: r for r in table(html, "tpu-slice-availability")}
+    big = next(name for name, row in slices.items() if row["chips"] == "64")
+    section = target_section(html, f"target-slice-{big}")
+    (util,) = table('data-table="utilization"' + section.split('data-part="utilization"')[1],
+                    "utilization")  # fmt: skip
+    assert (util["devices"], util["nodes"]) == ("64", "16")
+    assert re.fullmatch(r"\d+\.\d", util["util_mean_pct"]), util  # 0.1 %, not 0.01
+    assert util["lowest_device"].startswith(big)  # names the least used chip's host
+    # rows that tie on every number keep their names in natural order (node-2 before node-10;
+    # the simulator's names are zero-padded, so tests/unit/test_report_format.py shows that)
+    text = ("target_name", "target_kind", "pool", "zone", "checks", "action_kinds")
+    rows = [(r["target_name"], [v for k, v in r.items() if k not in text])
+            for r in table(html, "top-offenders")]  # fmt: skip
+    for (a, numbers_a), (b, numbers_b) in itertools.pairwise(rows):
+        assert numbers_a != numbers_b or natural_key(a) <= natural_key(b), (a, b)
