@@ -271,6 +271,7 @@ class Lake:
             "pool": None,
             "bucket": timedelta(hours=1),
             "idle_pct": self.settings.idle_util_pct,
+            "target": None,  # why_not_removed: every target's
         }
         values = {**defaults, **{k: v for k, v in given.items() if v is not None}}
         missing = [p for p in query.params if p not in values]

@@ -890,6 +890,39 @@ class NodeState(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_
     ] = []
 
 
+WITHHELD_REASON_DOC = (
+    "The rule that holds the proposal back (pipeline/policy.py WITHHELD_ALERT): budget, "
+    "fatal_ceiling, capacity, slow_start, rate_limit, busy, awaiting_cordon, zone_cap, "
+    "fleet_cap, common_cause, not_in_inventory, inventory_mismatch, and for scheduled "
+    "maintenance maintenance_budget, maintenance_zone_cap, maintenance_fleet_cap, "
+    "maintenance_storm; or 'dropped: <why>' when the proposal is given up (human_hold, "
+    "replayed, maintenance, not_our_cordon, episode_over, cleared, expired, superseded, "
+    "reported, window_over, out_of_service)."
+)
+
+
+class WithheldRecord(Event, frozen=True, kw_only=True, tag_field="schema", tag="withheld/1"):
+    """Why an action was not taken (fleet.withheld, key = cluster/target): one record when a
+    proposal is first held back, one each time the rule holding it changes, and one when it
+    is dropped. Nothing here acts; it answers "why was this node not cordoned"."""
+
+    ts: Annotated[
+        TimestampMs, Meta(description="The pool's clock when the rule applied, Unix epoch ms.")
+    ]
+    withheld_id: Annotated[
+        Id, Meta(description="Deterministic id of (proposal, reason): the dedupe key.")
+    ]
+    proposal_id: Annotated[Id, Meta(description="The health machine's proposal held back.")]
+    kind: Annotated[ActionKind, Meta(description="The action proposed (see action/3).")]
+    target: Annotated[Target, Meta(description="The node or slice it was for.")]
+    reason: Annotated[ShortText, Meta(description=WITHHELD_REASON_DOC)]
+    detail: Annotated[
+        Text, Meta(description="The rule's numbers in words, e.g. 'pool a3: 2 of 2 out'.")
+    ] = ""
+    checks: Annotated[list[ShortText], Meta(description="Checks behind the proposal.")] = []
+    fatal: Annotated[bool, Meta(description="A fatal condition is among the reasons.")] = False
+
+
 class Alert(Event, frozen=True, kw_only=True, tag_field="schema", tag="alert/1"):
     """Alertmanager-shaped alert (fleet.alerts, key = fingerprint); times are RFC 3339 as
     Alertmanager's API wants them, with `ts` in ms like every other topic."""
@@ -1083,6 +1116,7 @@ TOPIC_VALUES: dict[str, type[Event]] = {
     "action": Action,
     "node_state": NodeState,
     "alert": Alert,
+    "withheld": WithheldRecord,
     "utilization": Utilization,
     "dead_letter": DeadLetter,
 }

@@ -60,13 +60,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from pipeline import alerts
 from pipeline.config import PolicySettings
-from pipeline.guard import GuardView
+from pipeline.guard import FLEET, GuardView, cause_check
 from pipeline.health import MAINTENANCE_CHECK, REPAIR_KINDS, target_key
 from pipeline.ids import stable_id
 from pipeline.model import (
@@ -79,6 +79,7 @@ from pipeline.model import (
     Proposal,
     Reason,
     Target,
+    WithheldRecord,
 )
 
 _MS = 1000
@@ -201,6 +202,14 @@ class PolicyState(msgspec.Struct, kw_only=True):
 class _Out:
     actions: list[Action] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    withheld: list[WithheldRecord] = field(default_factory=list)
+
+
+class Decision(NamedTuple):
+    state: PolicyState
+    actions: list[Action]
+    alerts: list[Alert]
+    withheld: list[WithheldRecord]  # why proposals were held back or dropped (withheld/1)
 
 
 def decide(
@@ -213,6 +222,18 @@ def decide(
 
     `guard` is the fleet beyond this pool (pipeline/guard.py): inventory membership, zone and
     fleet caps, common causes. Without it the pool decides alone, as it did before."""
+    st, actions, pool_alerts, _ = decide_all(state, signal, settings, guard)
+    return st, actions, pool_alerts
+
+
+def decide_all(
+    state: PolicyState | None,
+    signal: Proposal | NodeState | CapacityEvent,
+    settings: PolicySettings,
+    guard: GuardView | None = None,
+) -> Decision:
+    """`decide`, with the withheld/1 records of what it held back or dropped: one when a
+    proposal is first held, one when the rule holding it changes, one when it is dropped."""
     st = _start(state, signal)
     if not isinstance(signal, CapacityEvent):
         # The pool's time is the health machine's (proposals and node states). Capacity events
@@ -224,16 +245,16 @@ def decide(
         st.clock = max(st.clock, signal.ts)
     out = _Out()
     if isinstance(signal, Proposal):
-        _on_proposal(st, signal, settings)
+        _on_proposal(st, signal, settings, out)
     elif isinstance(signal, NodeState):
         _on_node_state(st, signal, out)
     else:
         _on_capacity(st, signal, settings)
-    _expire(st, settings)
+    _expire(st, settings, out)
     _run_maintenance(st, settings, out, guard)
     _release_withheld(st, settings, out, guard)
     _sync_pool_alerts(st, settings, out, guard)
-    return st, out.actions, out.alerts
+    return Decision(st, out.actions, out.alerts, out.withheld)
 
 
 def _start(state: PolicyState | None, signal: Proposal | NodeState | CapacityEvent) -> PolicyState:
@@ -263,7 +284,9 @@ def _learn(st: PolicyState, target: Target, state: HealthStateName) -> TargetVie
     return view
 
 
-def _on_proposal(st: PolicyState, proposal: Proposal, settings: PolicySettings) -> None:
+def _on_proposal(
+    st: PolicyState, proposal: Proposal, settings: PolicySettings, out: _Out
+) -> None:
     _learn(st, proposal.target, proposal.state)
     prior = st.acted.get(proposal.proposal_id)
     if prior is not None and (not prior.dry_run or _is_dry(proposal, settings)):
@@ -273,6 +296,8 @@ def _on_proposal(st: PolicyState, proposal: Proposal, settings: PolicySettings) 
     if held is not None and held.proposal.proposal_id == proposal.proposal_id:
         st.withheld[key] = msgspec.structs.replace(held, last_ts=st.clock)
     else:
+        if held is not None and held.reason:  # a newer proposal takes the held one's place
+            _note_dropped(st, held.proposal, "superseded", out)
         st.withheld[key] = Withheld(proposal=proposal, first_ts=st.clock, last_ts=st.clock)
 
 
@@ -295,7 +320,9 @@ def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
         del st.open[key]  # the health machine has seen it: no longer open
         # what it proposed before it saw our action assumed the action was not taken (it came
         # back late, a backlog): it proposes again, right after this state, what it still wants
-        st.withheld.pop(key, None)
+        gone = st.withheld.pop(key, None)
+        if gone is not None and gone.reason:
+            _note_dropped(st, gone.proposal, "reported", out)
     if key in st.shadow and st.shadow[key] != ns.episode:
         del st.shadow[key]
     held = st.withheld.get(key)
@@ -306,6 +333,12 @@ def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
         # contested by a person, its episode is over, or what it was for has cleared (a
         # removal withheld through an outage must not run once the node reads well again)
         del st.withheld[key]
+        why = (
+            "human_hold" if ns.human_hold
+            else "episode_over" if ns.episode != held.proposal.episode
+            else "cleared"
+        )
+        _note_dropped(st, held.proposal, why, out)
     if ns.last_action is not None and ns.last_action == f"cordon:{st.unreported.get(key)}":
         del st.unreported[key]
     name = f"cordon:{key}"
@@ -408,12 +441,15 @@ def _maintenance_target(st: PolicyState, event: CapacityEvent) -> Target | None:
 # --- housekeeping -------------------------------------------------------------------------
 
 
-def _expire(st: PolicyState, settings: PolicySettings) -> None:
+def _expire(st: PolicyState, settings: PolicySettings, out: _Out) -> None:
     now = st.clock
     st.open = {k: o for k, o in st.open.items() if now < o.expires_at}
     keep = settings.dedupe_window_s * _MS
     st.acted = {k: a for k, a in st.acted.items() if now - a.ts <= keep}
     ttl = settings.pending_ttl_s * _MS
+    for held in st.withheld.values():
+        if now - held.last_ts > ttl and held.reason:
+            _note_dropped(st, held.proposal, "expired", out)
     st.withheld = {k: w for k, w in st.withheld.items() if now - w.last_ts <= ttl}
     window = max(settings.burst_window_s * _MS, _HOUR_MS)
     st.cordons = [t for t in st.cordons if now - t < window]
@@ -454,10 +490,14 @@ def _begin_maintenance(
     if not plan.cordoned:
         if view is not None and view.unavailable:
             st.maintenance[key] = _plan(plan, done=True)  # out already (a fault, a person)
+            if plan.withheld:
+                _note_dropped(st, _maintenance_proposal(st, plan, "cordon"), "out_of_service", out)
             return
         cordon = _maintenance_proposal(st, plan, "cordon")
         verdict = _maintenance_gate(st, plan, cordon, settings, guard)
         if verdict:
+            if verdict != plan.withheld:  # once per reason, not at every signal
+                _note(st, cordon, verdict, out, settings, guard)
             st.maintenance[key] = _plan(plan, withheld=verdict)
             return
         _act(st, cordon, settings, out, maintenance=True)
@@ -479,6 +519,8 @@ def _end_maintenance(
     if plan.cordoned and key in st.open:
         return
     release = _maintenance_proposal(st, plan, "uncordon")
+    if not plan.cordoned and plan.withheld:  # held until its window was over
+        _note_dropped(st, _maintenance_proposal(st, plan, "cordon"), "window_over", out)
     if plan.cordoned and plan.dry_run:  # a dry-run cordon gets a dry-run release
         _act(st, release, settings, out, maintenance=True, dry=True)
     elif plan.cordoned and view is not None and view.cordoned_by_us and not view.human_hold:
@@ -588,8 +630,11 @@ def _release_withheld(
                 at = proposal.ts if held.reason in _OWN_WAITS else st.clock
                 _act(st, proposal, settings, out, maintenance=False, at=at)
                 counted.clear()
+            else:
+                _note_dropped(st, proposal, _why_dropped(st, proposal), out)
         elif verdict != held.reason:
             st.withheld[target_key(proposal.target)] = msgspec.structs.replace(held, reason=verdict)
+            _note(st, proposal, verdict, out, settings, guard, now())
 
 
 def _gate(
@@ -774,6 +819,156 @@ def _target_alert(
     elif action.kind == "uncordon" and name in st.alerts:
         st.unreported.pop(target_key(action.target), None)
         out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
+
+
+# --- withheld records ---------------------------------------------------------------------
+
+# why a proposal was given up, in words (the reason is "dropped: <why>")
+_DROPPED: dict[str, str] = {
+    "human_hold": "a person holds the target: FleetPulse never fights a person",
+    "replayed": "a newer node state is in another episode: the proposal is a replay",
+    "maintenance": "the target is out for scheduled maintenance",
+    "not_our_cordon": "an uncordon of a cordon that is not ours",
+    "episode_over": "the target's trouble episode is over",
+    "cleared": "none of its checks is still open on the target",
+    "expired": "held longer than pending_ttl_s without being proposed again",
+    "superseded": "a newer proposal for the target took its place",
+    "reported": "our earlier action came back: the health machine proposes again",
+    "window_over": "its maintenance window is over",
+    "out_of_service": "the target went out of service before its maintenance",
+}
+
+
+def _record(st: PolicyState, proposal: Proposal, reason: str, detail: str) -> WithheldRecord:
+    return WithheldRecord(
+        ts=st.clock,
+        withheld_id=stable_id("whd", proposal.proposal_id, reason),
+        proposal_id=proposal.proposal_id,
+        kind=proposal.kind,
+        target=proposal.target,
+        reason=reason,
+        detail=detail,
+        checks=list(proposal.reason.checks),
+        fatal=proposal.fatal,
+    )
+
+
+def _note(
+    st: PolicyState,
+    proposal: Proposal,
+    reason: str,
+    out: _Out,
+    settings: PolicySettings,
+    guard: GuardView | None,
+    now: Budget | None = None,
+) -> None:
+    """A proposal held back for `reason` (called when the reason is new for it)."""
+    detail = _detail(st, proposal, reason, settings, guard, now)
+    out.withheld.append(_record(st, proposal, reason, detail))
+
+
+def _note_dropped(st: PolicyState, proposal: Proposal, why: str, out: _Out) -> None:
+    out.withheld.append(_record(st, proposal, f"dropped: {why}", _DROPPED.get(why, why)))
+
+
+def _why_dropped(st: PolicyState, proposal: Proposal) -> str:
+    """Which of `_gate`'s drop rules gave the proposal up."""
+    key = target_key(proposal.target)
+    view = st.targets.get(key)
+    if view is not None and view.human_hold:
+        return "human_hold"
+    if view is not None and _stale(proposal, view):
+        return "replayed"
+    plan = st.maintenance.get(key)
+    if plan is not None and plan.cordoned and not plan.done:
+        return "maintenance"
+    return "not_our_cordon"
+
+
+def _detail(
+    st: PolicyState,
+    proposal: Proposal,
+    reason: str,
+    settings: PolicySettings,
+    guard: GuardView | None,
+    now: Budget | None,
+) -> str:
+    """The rule's numbers in words, for a person asking why the target is still in service."""
+    target = proposal.target
+    kinds = f"{target.kind}s"
+    counts = now or budget(st, settings, guard)
+    out = len(counts.failure)
+    if reason == "budget":
+        return (f"pool {st.pool}: {out} of {counts.limit} out "
+                f"(budget {counts.limit} of {counts.size} {kinds})")
+    if reason == "fatal_ceiling":
+        return (f"pool {st.pool}: {out} out; fatal faults may take it to {counts.ceiling} "
+                f"of {counts.size} {kinds}")
+    if reason == "capacity":
+        return f"zone {target.zone}: {st.capacity_note or 'capacity constrained'}"
+    if reason == "slow_start":
+        return (f"pool {st.pool}: slow start, one cordon per {settings.slow_start_interval_s} s "
+                f"until {alerts.rfc3339(st.slow_start_until)}")
+    if reason == "rate_limit":
+        return (f"pool {st.pool}: {len(st.disruptive)} of {settings.max_actions_per_hour} "
+                "cordons and repairs in the last hour")
+    if reason == "busy":
+        open_action = st.open.get(target_key(target))
+        what = f"{open_action.kind} {open_action.action_id}" if open_action else "action"
+        return f"our {what} on {target.name} is not reported back yet"
+    if reason == "awaiting_cordon":
+        return f"{proposal.kind} waits for our cordon of {target.name}"
+    if reason == "correlating":
+        return "silence only: waiting out the grace in which an outage's peers fall silent too"
+    if reason.startswith("maintenance_"):
+        return _maintenance_detail(st, target, reason, settings, counts)
+    return _guard_detail(target, reason, proposal, guard)
+
+
+def _maintenance_detail(
+    st: PolicyState, target: Target, reason: str, settings: PolicySettings, counts: Budget
+) -> str:
+    pct = f"{settings.maintenance_max_unavailable_pct:g}%"
+    if reason == "maintenance_budget":
+        allowance = max(
+            settings.maintenance_floor,
+            math.floor(settings.maintenance_max_unavailable_pct * counts.size / 100),
+        )
+        return (f"pool {st.pool}: {len(maintenance_out(st))} of {allowance} out for "
+                f"maintenance ({pct} of {counts.size} {target.kind}s)")
+    if reason == "maintenance_storm":
+        return ("a storm of maintenance notices: canaries only, until a person releases it "
+                "or the window starts")
+    scope = "zone " + target.zone if reason == "maintenance_zone_cap" else "the fleet"
+    return f"{scope}: its maintenance allowance ({pct}) is spent"
+
+
+def _guard_detail(
+    target: Target, reason: str, proposal: Proposal, guard: GuardView | None
+) -> str:
+    """The guard's rules (pipeline/guard.py): membership, caps above the pool, common causes."""
+    counted = guard.counted if guard is not None else {}
+    if reason == "zone_cap":
+        size = counted.get(("zone", target.zone), 0)
+        return f"zone {target.zone}: its cap of targets out is reached ({size} in the zone)"
+    if reason == "fleet_cap":
+        size = counted.get(("fleet", FLEET), 0)
+        return f"the fleet's cap of targets out is reached ({size} in the fleet)"
+    if reason == "not_in_inventory":
+        return f"{target.kind} {target.name} is not in the inventory, which is enforced"
+    if reason == "inventory_mismatch":
+        return (f"the inventory has {target.name} in another pool or zone than "
+                f"{target.pool} / {target.zone}")
+    if reason == "common_cause" and guard is not None:
+        checks = {cause_check(check) for check in proposal.reason.checks}
+        causes = sorted(
+            f"{c.check} across {c.scope} {c.name}"
+            for c in guard.state.causes.values()
+            if not c.released and c.check in checks
+        )
+        return ("a common cause is open: " + (", ".join(causes) or "its checks") +
+                "; its canaries are spent until it clears or a person releases it")
+    return reason
 
 
 # --- pool alerts --------------------------------------------------------------------------

@@ -32,9 +32,10 @@ DLQ = "dlq"
 # The worker's inputs (streams/worker.py INPUTS) and outputs (pipeline/runtime/topology.py).
 WORKER_READS = (*TELEMETRY, "events.xid", "findings", "events.node", "actions",
                 "events.capacity", "inventory", "events.policy")  # fmt: skip
-WORKER_WRITES = ("findings", "proposals", "actions", "node-state", "alerts", "utilization", DLQ)
+WORKER_WRITES = ("findings", "proposals", "actions", "node-state", "alerts", "withheld",
+                 "utilization", DLQ)  # fmt: skip
 # The lake sink's tables (pipeline/sinks/lake_tables.py).
-LAKE_READS = ("utilization", "findings", "actions", "node-state", "alerts",
+LAKE_READS = ("utilization", "findings", "actions", "node-state", "alerts", "withheld",
               "events.capacity", "events.xid")  # fmt: skip
 WORKER_GROUP = "<worker group>"  # group_name(): "<prefix>-worker" unless worker.group_id says
 

@@ -31,6 +31,7 @@ from pipeline.model import (
     Reason,
     Target,
     Utilization,
+    WithheldRecord,
     XidEvent,
 )
 from pipeline.sinks.lake import LakeWriter
@@ -173,10 +174,28 @@ ALERTS = [
           annotations={"summary": "g1 cordoned"}, startsAt="2026-01-01T01:05:00Z"),
 ]
 
+
+
+def withheld(at: int, name: str, reason: str, proposal_id: str) -> WithheldRecord:
+    return WithheldRecord(ts=at, withheld_id=f"w-{proposal_id}-{reason}"[:128].replace(" ", "_"),
+                          proposal_id=proposal_id, kind="cordon", target=target(name),
+                          reason=reason, detail=f"{reason} in words", checks=["xid"])
+
+
+# g2's cordon: held for the budget, then a common cause, then dropped when its checks cleared;
+# g1's second cordon held for the budget at 3 h, then acted (ACTIONS, 3 h 5 min)
+G2_PROPOSAL, G1_PROPOSAL = "p-g2-held", f"p-g1-{T0 + 3 * HOUR + 5 * MINUTE}"
+WITHHELD = [
+    withheld(T0 + HOUR + 6 * MINUTE, "g2", "budget", G2_PROPOSAL),
+    withheld(T0 + HOUR + 20 * MINUTE, "g2", "common_cause", G2_PROPOSAL),
+    withheld(T0 + 2 * HOUR, "g2", "dropped: cleared", G2_PROPOSAL),
+    withheld(T0 + 3 * HOUR, "g1", "budget", G1_PROPOSAL),
+]
+
 EVERYTHING = {
     "utilization": utilization, "findings": lambda: FINDINGS, "node_state": lambda: NODE_STATES,
     "actions": lambda: ACTIONS, "xid": lambda: XIDS, "capacity": lambda: CAPACITY,
-    "alerts": lambda: ALERTS,
+    "alerts": lambda: ALERTS, "withheld": lambda: WITHHELD,
 }
 
 

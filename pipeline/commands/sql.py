@@ -5,9 +5,10 @@
     fleetpulse sql --list
 
 --since/--until/--pool/--bucket are bound to $since/$until/$pool/$bucket in the query (canned
-or not), never pasted into it. --since takes a duration before --until (24h, 7d) or a time;
---until defaults to the end of the newest data in the lake, so a replayed or simulated day
-reads the same as a live one.
+or not), never pasted into it; --param NAME=VALUE binds any other $NAME as text
+(`fleetpulse sql --query why_not_removed --param target=node-1`). --since takes a duration
+before --until (24h, 7d) or a time; --until defaults to the end of the newest data in the
+lake, so a replayed or simulated day reads the same as a live one.
 
 Ad-hoc SQL runs with your own rights: DuckDB can read and write any file you can (read_csv,
 COPY ... TO, ATTACH). Canned analyses (--query), `report` and `lake status` run locked: no
@@ -52,6 +53,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--query", "-q", metavar="NAME", help="run the canned analysis NAME")
     parser.add_argument("--list", action="store_true", help="list the canned analyses")
     add_window_arguments(parser)
+    parser.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
+                        help="bind $NAME to VALUE (text), e.g. --param target=node-1")
     parser.add_argument("--format", "-f", choices=("table", "csv", "json"), default="table")
     parser.set_defaults(handler=_handle)
 
@@ -104,11 +107,25 @@ def _handle(args: argparse.Namespace, settings: Settings) -> int:
     with Lake(root, settings.lake, locked=bool(args.query)) as lake:
         query = _query(args)
         given = {k: v for k, v in window_params(args, lake).items() if v is not None}
+        given |= _named_params(args.param)
         result = lake.sql(query.sql, lake.bind(query, given))
     write_result(result, args.format, sys.stdout)
     if args.format == "table":
         print(f"({len(result.rows)} rows, {result.seconds:.3f} s)", file=sys.stderr)
     return 0
+
+
+def _named_params(pairs: list[str]) -> dict[str, str]:
+    """--param NAME=VALUE as text parameters; the window's own have their options."""
+    named: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.isidentifier():
+            raise QueryError(f"--param {pair!r}: expected NAME=VALUE, e.g. target=node-1")
+        if name in ("since", "until", "pool", "bucket"):
+            raise QueryError(f"--param {name}: give --{name} instead (it is parsed as one)")
+        named[name] = value
+    return named
 
 
 def _query(args: argparse.Namespace) -> CannedQuery:

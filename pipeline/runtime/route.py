@@ -35,6 +35,7 @@ from pipeline.model import (
     Target,
     TpuSample,
     Utilization,
+    WithheldRecord,
     XidEvent,
 )
 from pipeline.runtime.clock import RobustClock
@@ -383,13 +384,21 @@ def capacity_pools(event: CapacityEvent, pools_by_zone: Mapping[str, Iterable[st
     return known
 
 
+class PolicyOutcome(NamedTuple):
+    state: policy.PolicyState | None
+    fleet: guard.GuardState
+    actions: list[Action]
+    alerts: list[Alert]
+    withheld: list[WithheldRecord]  # why proposals were held back or dropped
+
+
 def on_policy(
     state: policy.PolicyState | None,
     fleet: guard.GuardState | None,
     signal: PolicySignal,
     settings: Settings,
     pool: str,
-) -> tuple[policy.PolicyState | None, guard.GuardState, list[Action], list[Alert]]:
+) -> PolicyOutcome:
     """One policy-stage input: the guard learns from it (membership, open checks, releases),
     then the pool decides, gated by the guard (caps, common causes); the guard then learns
     what the pool has out. Inventory records and releases concern the guard only."""
@@ -399,9 +408,11 @@ def on_policy(
     else:
         fleet, alerts = guard.observe(fleet, signal, settings)
     if isinstance(signal, Inventory | PolicyRelease):
-        return state, fleet, [], alerts
+        return PolicyOutcome(state, fleet, [], alerts, [])
     gate = guard.view(fleet, settings, pool)
-    state, actions, pool_alerts = policy.decide(state, signal, settings.policy, gate)
+    state, actions, pool_alerts, withheld = policy.decide_all(
+        state, signal, settings.policy, gate
+    )
     out = policy.out_for_faults(state, settings.policy)
     fleet = guard.settle(fleet, gate, pool, out, policy.maintenance_out(state))
     notices = {
@@ -410,7 +421,7 @@ def on_policy(
     }
     if guard.note_maintenance(fleet, pool, notices):
         alerts += guard.sync(fleet, settings)
-    return state, fleet, actions, alerts + pool_alerts
+    return PolicyOutcome(state, fleet, actions, alerts + pool_alerts, withheld)
 
 
 _ENCODER = msgspec.msgpack.Encoder()

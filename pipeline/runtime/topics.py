@@ -26,6 +26,7 @@ from pipeline.model import (
     Proposal,
     TpuSample,
     Utilization,
+    WithheldRecord,
     XidEvent,
 )
 
@@ -61,6 +62,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("actions", Action, "cluster/target"),
     TopicSpec("node-state", NodeState, "cluster/target", compacted=True),
     TopicSpec("alerts", Alert, "fingerprint"),
+    # Why a proposal was held back or dropped (budget, caps, common cause, a person's hold...).
+    TopicSpec("withheld", WithheldRecord, "cluster/target"),
     TopicSpec("utilization", Utilization, "cluster/target"),
     # Dead letters are kept four times longer: someone has to read them and fix a producer.
     TopicSpec("dlq", DeadLetter, "source key", retention_factor=4),

@@ -33,7 +33,8 @@ runtime stops at the first error, so it keeps none. No stage copies its state.
                                                                          announce-input
     zone       events.capacity, zone-input (zone)             zones      policy-input,
                                                                          announce-input
-    policy     policy-input (pool), events.policy (guard)     policy     actions, alerts
+    policy     policy-input (pool), events.policy (guard)     policy     actions, alerts,
+                                                                         withheld
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ HEALTH_TOPICS = ("findings", "events.node", "actions")
 # the door, and passed on to the policy stage's guard. Not event-time aligned: its time is
 # when the inventory was loaded, not when anything happened.
 INVENTORY = "inventory"
+# Why the policy held a proposal back or dropped it (withheld/1): data, nothing acts on it.
+WITHHELD = "withheld"
 
 
 class Out(NamedTuple):
@@ -441,13 +444,17 @@ def on_policy(part: Part, signal: route.PolicySignal, pool: str) -> list[Out]:
             return refused
     state = part.get(pool, policy.PolicyState) if pool != route.GUARD_KEY else None
     fleet = part.get(route.GUARD_KEY, guard.GuardState)
-    state, fleet, actions, alerts = route.on_policy(state, fleet, signal, part.settings, pool)
+    state, fleet, actions, alerts, withheld = route.on_policy(
+        state, fleet, signal, part.settings, pool
+    )
     part.put(route.GUARD_KEY, fleet)
     if state is not None:
         part.put(pool, state)
-    return [_action(a) for a in actions] + [
-        Out("alerts", alert.fingerprint, alert) for alert in alerts
-    ]
+    return (
+        [_action(a) for a in actions]
+        + [Out("alerts", alert.fingerprint, alert) for alert in alerts]
+        + [Out(WITHHELD, route.target_name(w.target), w) for w in withheld]
+    )
 
 
 def _tag(event: Event) -> str:
@@ -507,7 +514,7 @@ STAGES: tuple[Stage, ...] = (
         table="policy",
         key=policy_key,
         on_item=on_policy,
-        outputs=("actions", "alerts", DEAD_LETTERS),
+        outputs=("actions", "alerts", WITHHELD, DEAD_LETTERS),
     ),
 )
 # Which stage reads a topic: every topic has at most one reader inside the pipeline.

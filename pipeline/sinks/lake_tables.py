@@ -29,6 +29,7 @@ from pipeline.model import (
     Finding,
     NodeState,
     Utilization,
+    WithheldRecord,
     XidEvent,
 )
 
@@ -292,6 +293,29 @@ ALERTS = TableSpec(
     once_in_views=True,
 )
 
+WITHHELD = TableSpec(
+    name="withheld",
+    topic_suffix="withheld",
+    event=WithheldRecord,
+    version=1,
+    time=attrgetter("ts"),
+    columns=(
+        _col("ts", TIMESTAMP),
+        _col("withheld_id", pa.string()),
+        _col("proposal_id", pa.string()),
+        _col("kind", pa.string()),
+        *_target(),
+        _col("reason", pa.string()),
+        _col("detail", pa.string()),
+        _col("checks", STRINGS),
+        _col("fatal", pa.bool_()),
+        SCHEMA,
+    ),
+    # a replay re-emits the same id at the same time; a rule that comes back later is a row
+    key=("withheld_id", "ts"),
+    once_in_views=True,
+)
+
 CAPACITY = TableSpec(
     name="capacity",
     topic_suffix="events.capacity",
@@ -338,7 +362,8 @@ XID = TableSpec(
 )
 
 TABLES: dict[str, TableSpec] = {
-    spec.name: spec for spec in (UTILIZATION, FINDINGS, ACTIONS, NODE_STATE, ALERTS, CAPACITY, XID)
+    spec.name: spec
+    for spec in (UTILIZATION, FINDINGS, ACTIONS, NODE_STATE, ALERTS, WITHHELD, CAPACITY, XID)
 }
 TABLE_BY_TOPIC_SUFFIX: dict[str, TableSpec] = {spec.topic_suffix: spec for spec in TABLES.values()}
 _TABLE_BY_EVENT: dict[type[Event], TableSpec] = {spec.event: spec for spec in TABLES.values()}

@@ -275,3 +275,22 @@ def test_fixture_events_are_valid_contract_values() -> None:
     for make in fx.EVERYTHING.values():
         for event in make()[:50]:
             assert decode(encode(event), type(event)) == event
+
+
+def test_why_not_removed_gives_every_rule_that_held_a_target_back_and_what_came_of_it(
+    lake: Lake,
+) -> None:
+    rows = run(lake, "why_not_removed", target="g2")
+    assert [(r["reason"], r["acted_at"]) for r in rows] == [
+        ("budget", None), ("common_cause", None), ("dropped: cleared", None)
+    ], rows
+    assert rows[0]["detail"] == "budget in words" and rows[0]["checks"] == "xid"
+    # held at 3 h for the budget, then cordoned at 3 h 5 min (a real action, not a dry run)
+    (g1,) = run(lake, "why_not_removed", target="c1/g1")
+    assert (g1["reason"], g1["acted_at"], g1["acted_dry_run"]) == (
+        "budget", at(fx.T0 + 3 * fx.HOUR + 5 * fx.MINUTE), False
+    )
+    assert run(lake, "why_not_removed", target="g3") == []
+    assert len(run(lake, "why_not_removed")) == len(fx.WITHHELD)  # no target: every one
+    assert run(lake, "why_not_removed", target="g2", until=at(fx.T0 + 2 * fx.HOUR))[-1][
+        "reason"] == "common_cause"  # the period ends before the drop
