@@ -8,9 +8,10 @@ when one is given (and then enforced, as the worker does with `[inventory] enfor
 is decoded like a consumer decodes a record: a bad line becomes a dead letter naming its file,
 line and what is wrong, and the replay goes on.
 
-Withheld proposals are not records; they are read from the policy state after each record
-that can change it, and reported with the rule that held them last (pipeline/policy.py
-WITHHELD_ALERT lists the rules) and whether an action for them went out later.
+Withheld proposals are read from the policy state after each record that can change it, and
+reported with the rule that held them last (pipeline/policy.py WITHHELD_ALERT lists the rules)
+and whether an action for them went out later; `withheld_records` are the policy's withheld/1
+records as the worker publishes them on fleet.withheld (every rule in turn, and drops).
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ import msgspec
 from pipeline.codec import OLDER, decode
 from pipeline.config import Settings
 from pipeline.errors import DecodeError, FleetPulseError
-from pipeline.model import INPUT_TYPES, Action, DeadLetter, Event, Finding, Inventory
+from pipeline.model import (
+    INPUT_TYPES,
+    Action,
+    DeadLetter,
+    Event,
+    Finding,
+    Inventory,
+    WithheldRecord,
+)
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.runtime.topics import TOPICS
 
@@ -94,6 +103,7 @@ class ReplayResult:
     findings: list[Finding] = field(default_factory=list)  # not healthy: what was found
     cleared: int = 0  # healthy findings other than heartbeats: checks that closed
     withheld: dict[str, WithheldProposal] = field(default_factory=dict)
+    withheld_records: list[WithheldRecord] = field(default_factory=list)  # fleet.withheld
     dead_letters: list[LineDeadLetter] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
@@ -103,15 +113,17 @@ class ReplayResult:
             "findings": len(self.findings),
             "findings_cleared": self.cleared,
             "withheld": len(self.withheld),
+            "withheld_records": len(self.withheld_records),
             "dead_letters": len(self.dead_letters),
         }
 
     def lists(self) -> dict[str, list[Any]]:
-        """The four reports as plain JSON values, by name."""
+        """The reports as plain JSON values, by name."""
         return {
             "actions": msgspec.to_builtins(self.actions),
             "findings": msgspec.to_builtins(self.findings),
             "withheld": msgspec.to_builtins(list(self.withheld.values())),
+            "withheld_records": msgspec.to_builtins(self.withheld_records),
             "dead_letters": msgspec.to_builtins(self.dead_letters),
         }
 
@@ -155,6 +167,8 @@ def replay(
                 result.cleared += 1
         elif isinstance(event, DeadLetter):
             result.dead_letters.append(_line_letter(at[0], event))
+        elif isinstance(event, WithheldRecord):
+            result.withheld_records.append(event)
 
     runtime = EmbeddedRuntime(settings, emit)
     for record in inventory or []:

@@ -14,8 +14,9 @@ first and enforced: budgets count its members and a target it does not know is n
 The report: actions (all dry run), findings, proposals the policy withheld with the rule that
 held them, and dead letters (bad lines, refused records) with their reason. A bad line is a
 dead letter, never an error. --json prints one document with those lists and their counts;
---out DIR writes them as DIR/actions.jsonl, findings.jsonl, withheld.jsonl, dead_letters.jsonl
-and DIR/summary.json.
+--out DIR writes them as DIR/actions.jsonl, findings.jsonl, withheld.jsonl,
+withheld_records.jsonl (the withheld/1 records: every rule that held a proposal, and drops),
+dead_letters.jsonl and DIR/summary.json.
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ def _summary(result: ReplayResult, out: Path | None) -> None:
         print(f"  {letter.file}:{letter.line}  {letter.error}")
     _more(len(result.dead_letters))
     if out is not None:
-        print(f"\nWrote {out}/actions.jsonl, findings.jsonl, withheld.jsonl, dead_letters.jsonl, "
-              "summary.json")
+        print(f"\nWrote {out}/actions.jsonl, findings.jsonl, withheld.jsonl, "
+              "withheld_records.jsonl, dead_letters.jsonl, summary.json")
 
 
 def _more(count: int) -> None:

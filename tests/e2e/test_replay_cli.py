@@ -50,7 +50,7 @@ def clean(recording: Path) -> dict[str, Any]:
 
 def _consistent(document: dict[str, Any]) -> None:
     counts = document["counts"]
-    for name in ("actions", "findings", "withheld", "dead_letters"):
+    for name in ("actions", "findings", "withheld", "withheld_records", "dead_letters"):
         assert counts[name] == len(document[name]), name
 
 
@@ -97,7 +97,7 @@ def test_garbage_lines_are_dead_letters_and_change_nothing_else(
     assert "schema" in letters[2]["error"]
     assert document["counts"]["lines"] == len(lines) + 4
     assert document["actions"] == clean["actions"]
-    for name in ("actions", "findings", "withheld", "dead_letters"):
+    for name in ("actions", "findings", "withheld", "withheld_records", "dead_letters"):
         written = (tmp_path / "report" / f"{name}.jsonl").read_text().splitlines()
         assert len(written) == document["counts"][name], name
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
@@ -150,9 +150,21 @@ def test_removals_beyond_the_caps_are_reported_with_their_rule(tmp_path: Path) -
     assert cordoned and held, document["counts"]
     assert cordoned | {name for name, w in held.items() if not w["acted"]} == set(nodes)
     assert all(w["rule"] and not w["acted"] for w in held.values())
-    human = _cli("replay", str(out / "events.jsonl"), "--inventory", str(out / "inventory.jsonl"))
+    # the withheld/1 records the worker would publish: each held cordon's rule, as the summary
+    # has it last, with its numbers in words; a second replay says the same, ids included
+    records = [r for r in document["withheld_records"] if r["kind"] == "cordon"]
+    last = {r["target"]["name"]: r for r in records if not r["reason"].startswith("dropped")}
+    assert {name: r["reason"] for name, r in last.items()} == {
+        name: w["rule"] for name, w in held.items()
+    }
+    assert all(r["schema"] == "withheld/1" and r["detail"] and r["checks"] for r in records)
+    assert len({(r["proposal_id"], r["reason"]) for r in records}) == len(records)
+    human = _cli("replay", str(out / "events.jsonl"), "--inventory", str(out / "inventory.jsonl"),
+                 "--out", str(tmp_path / "again"))
     assert f"Withheld proposals: {len(document['withheld'])}" in human.stdout
     assert "held by " in human.stdout and "Actions (dry run):" in human.stdout
+    again = (tmp_path / "again" / "withheld_records.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in again] == document["withheld_records"]
 
 
 def test_without_inventory_replay_says_where_budgets_come_from(recording: Path) -> None:
