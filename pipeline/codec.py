@@ -33,6 +33,7 @@ from pipeline.model import (
     IciSample,
     PeerSample,
     TpuSample,
+    XidEventV1,
 )
 
 E = TypeVar("E", bound=Event)
@@ -43,7 +44,7 @@ Format = Literal["msgpack", "json"]
 # the values FleetPulse's producers may write as msgpack (KafkaSettings.telemetry_format)
 FAST = (GpuSample, TpuSample, IciSample, FabricSample, PeerSample, FabricTick)
 # earlier versions still read, each upgraded to the current value on decode (`upgraded`)
-OLDER = (GpuSampleV2,)
+OLDER = (GpuSampleV2, XidEventV1)
 
 _ENCODER = msgspec.json.Encoder()
 _GENERIC = msgspec.json.Decoder()
@@ -190,7 +191,7 @@ def _as_json(raw: bytes) -> bytes:
 
 
 def _expect(event: Event, expected: type[E]) -> E:
-    if isinstance(event, GpuSampleV2):
+    if isinstance(event, OLDER):
         event = event.upgraded()
     if not isinstance(event, expected):
         raise DecodeError(

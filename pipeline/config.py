@@ -261,6 +261,13 @@ class SourcesSettings(Section, frozen=True):
     tpu_topology: str = ""
     tpu_worker_id: Annotated[int, Meta(ge=0)] = 0
     xid_log_path: str = "/var/log/kern.log"
+    # XID storms (a node can print hundreds of thousands of lines): a GPU's first line of an
+    # Xid goes out at once; repeats of the same GPU, Xid and process within this many seconds
+    # go out as one record with their count (sources/xid.py Coalescer). 0 = every line its own
+    # record. Keep it below detect.xid_dedupe_s: a record must fall within one episode.
+    xid_coalesce_s: Annotated[float, Meta(ge=0, le=60)] = 10.0
+    # Bound on the GPU/Xid/process windows held at once; beyond it the oldest goes out early.
+    xid_coalesce_max_keys: Annotated[int, Meta(ge=1)] = 4096
 
     def __post_init__(self) -> None:
         if not _MATCHERS.fullmatch(selector_matchers(self.prometheus_selector)):

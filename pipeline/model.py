@@ -479,8 +479,9 @@ class PeerSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="peer
         NAMES.check(self, "cluster", "node", "pool", "zone")
 
 
-class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_event/1"):
-    """One NVRM Xid kernel-log line (fleet.events.xid, key = node)."""
+class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_event/2"):
+    """One NVRM Xid kernel-log line, or `count` repeats of one GPU's Xid coalesced by the
+    source (fleet.events.xid, key = node): `ts` is the first line's time, `last_ts` the last's."""
 
     ts: EventTs
     cluster: Cluster
@@ -510,9 +511,34 @@ class XidEvent(Event, frozen=True, kw_only=True, tag_field="schema", tag="xid_ev
     source: Annotated[
         Literal["kernel_log", "dcgm", "simulator"], Meta(description="Where the line was read.")
     ]
+    count: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="Lines this record stands for: repeats of the same GPU, Xid and "
+            "process within sources.xid_coalesce_s are one record (1: one line).",
+        ),
+    ] = 1
+    last_ts: Annotated[
+        EventTs | None,
+        Meta(description="Time of the last line counted (null: one line, at ts)."),
+    ] = None
 
     def __post_init__(self) -> None:
         NAMES.check(self, "cluster", "node", "pool", "zone", "job")
+
+    @property
+    def end_ts(self) -> int:
+        """The time of the last line counted (never before `ts`: a schema cannot say so)."""
+        return self.ts if self.last_ts is None else max(self.ts, self.last_ts)
+
+
+class XidEventV1(XidEvent, frozen=True, kw_only=True, tag="xid_event/1"):
+    """An xid_event/1 value from a source not yet upgraded (one line, no count): the codec
+    reads it as an XidEvent (`upgraded`). Not a topic value of its own."""
+
+    def upgraded(self) -> XidEvent:
+        return XidEvent(**msgspec.structs.asdict(self))
 
 
 NodeEventKind = Literal[

@@ -10,7 +10,10 @@
                                      inventory (sources.cloudmon_inventory) names the hosts
     fleetpulse ingest tpu-runtime    libtpu on this TPU host → fleet.telemetry.tpu / .ici
     fleetpulse ingest xid            NVRM Xid lines of the kernel log → fleet.events.xid
-                                     (--log FILE, --journal-json FILE|-, or --kmsg [PATH])
+                                     (--log FILE, --journal-json FILE|-, or --kmsg [PATH]);
+                                     a storm's repeats (same GPU, Xid and process within
+                                     sources.xid_coalesce_s) go out as one record with their
+                                     count; --once reads the log to its end
     fleetpulse ingest capacity       the cloud's capacity signals → fleet.events.capacity:
                                      GPU/TPU quota usage, limits, exceeded (Cloud Monitoring),
                                      TPU queued resources, stock-outs and node maintenance (TPU
@@ -39,7 +42,7 @@ from pathlib import Path
 from pipeline.config import Settings
 from pipeline.retry import Backoff
 from pipeline.selfmetrics import Ready, serve_stats
-from pipeline.sources.base import LoopStats, Publisher, Source, run_source
+from pipeline.sources.base import RETRYABLE, LoopStats, Publisher, Source, run_source
 
 SOURCES = ("prometheus", "cloudmon", "tpu-runtime", "xid", "capacity")
 # `--once` is a check run by a person or a script: a few tries, then an error and a non-zero
@@ -105,14 +108,31 @@ def build_source(
     if journal_json is not None:
         from pipeline.sources.xid_streams import JournalXidSource
 
-        return JournalXidSource(config, path=journal_json)
+        return JournalXidSource(config, path=journal_json, once=once)
     if kmsg is not None:
         from pipeline.sources.xid_streams import KmsgXidSource
 
-        return KmsgXidSource(config, path=kmsg)
+        return KmsgXidSource(config, path=kmsg, once=once)
     from pipeline.sources.xid import XidSource
 
-    return XidSource(config, path=log_path)
+    return XidSource(config, path=log_path, once=once)
+
+
+def _drain(source: Source, publisher: Publisher) -> None:
+    """At a stop, send what the source still holds (the XID sources' storm windows). If that
+    fails, nothing is lost: their checkpoint is before the held lines, read again at start."""
+    drain = getattr(source, "drain", None)
+    if drain is None:
+        return
+    batch = drain()
+    if not batch.events:
+        return  # nothing held: the checkpoint is where the last poll left it
+    try:
+        publisher.publish(source.name, batch.events, batch.bad)
+    except RETRYABLE as exc:
+        logging.getLogger(__name__).warning("%s: held records not sent (%s)", source.name, exc)
+        return
+    source.commit(batch.position)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -157,6 +177,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             stats=stats,
             max_failures=ONCE_ATTEMPTS if args.once else None,
         )
+        _drain(source, publisher)
     finally:
         source.close()
         publisher.close()

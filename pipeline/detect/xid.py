@@ -3,6 +3,11 @@
 - A burst of the same XID on the same GPU is one episode (a new one only after
   `xid_dedupe_s` of silence, as NVIDIA's own dedupe does); one node once logged ~800K XID-95
   lines with 29 distinct events.
+- A record the source coalesced (`count` lines of one GPU, Xid and process from `ts` to
+  `last_ts`, within `sources.xid_coalesce_s`) is those lines: its lines fall within one
+  episode, so it is at most one episode and one strike, as the lines one by one would be
+  (strikes are crashes, not lines: a storm of repeats within seconds is one crash); its count
+  goes to the episode's count, and the episode runs to its last line.
 - Fatal XIDs open a finding at once with the catalog's severity and action (`xid.<code>`),
   unless the line itself says the error was non-fatal (NVLink "non-fatal error detected"):
   then `xid.<code>.nonfatal`, warning, watch.
@@ -106,16 +111,17 @@ def detect_xid(
     device = str(event.gpu_index) if event.gpu_index is not None else event.pci_bus_id
     key = f"{device}|{event.xid}"
     episode = state.episodes.get(key)
+    end = event.end_ts  # a coalesced record: its lines run from ts to last_ts
     if episode is not None:
-        if event.ts <= episode.last_ts:
+        if end <= episode.last_ts:
             state.dropped += 1  # replayed or late: already part of this episode
             return state, out
         if event.ts - episode.last_ts <= settings.xid_dedupe_s * 1000:
-            episode.last_ts = event.ts
-            episode.count += 1
+            episode.last_ts = end
+            episode.count += event.count
             return state, out
     state.episodes[key] = XidEpisode(
-        device=device, code=event.xid, start_ts=event.ts, last_ts=event.ts
+        device=device, code=event.xid, start_ts=event.ts, last_ts=end, count=event.count
     )
     entry = xid_info(event.xid)
     if event.xid == RECOVERY_XID:
@@ -127,6 +133,16 @@ def detect_xid(
     if finding is not None:
         out.append(finding)
     return state, out
+
+
+def what_rules_read(event: XidEvent) -> str:
+    """What the rules read in a line's text besides its code: an Xid 154's new recovery action,
+    whether the driver says the error was non-fatal. Lines of one GPU, Xid and process that
+    agree on it are alike to every rule here (the XID source counts them as one record)."""
+    if event.xid == RECOVERY_XID:
+        match = _RECOVERY_TO.search(event.message)
+        return match.group(1).lower() if match else ""
+    return "non-fatal" if _NON_FATAL.search(event.message) else ""
 
 
 def note_repair(state: XidState, ts: int) -> XidState:

@@ -346,7 +346,7 @@ XID = TableSpec(
     name="xid",
     topic_suffix="events.xid",
     event=XidEvent,
-    version=1,
+    version=2,  # v2: count and last_ts (a storm's repeats coalesced); NULL in v1 files
     time=attrgetter("ts"),
     columns=(
         _col("ts", TIMESTAMP),
@@ -356,6 +356,8 @@ XID = TableSpec(
         _col("xid", pa.int32()),
         _col("pid", pa.int64()),
         *(_col(name, pa.string()) for name in ("process", "job", "message", "source")),
+        _col("count", pa.int64()),  # lines this row stands for
+        _col("last_ts", TIMESTAMP),
         SCHEMA,
     ),
     once_in_views=True,  # no id: the whole line (node, time, GPU, xid, pid, text) is one

@@ -26,14 +26,16 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from pipeline.codec import normalize_pci
 from pipeline.config import SourcesSettings
+from pipeline.detect.xid import what_rules_read
 from pipeline.errors import DecodeError
 from pipeline.model import Event, XidEvent
 from pipeline.sources.base import (
@@ -283,7 +285,126 @@ def parse_lines(
 
 
 def _invalid(line: str, exc: Exception) -> DecodeError:
-    return DecodeError(field="line", expected="an XID line valid for xid_event/1", got=str(exc))
+    return DecodeError(field="line", expected="an XID line valid for xid_event/2", got=str(exc))
+
+
+# --- storms: repeats coalesced ---------------------------------------------------------------
+
+
+@dataclass
+class _Window:
+    """One GPU/Xid/process's window: the repeats held since it opened."""
+
+    ends_at: float  # wall time it closes: what it holds goes out then
+    lo: int  # event times of the lines in it, the opening line included
+    hi: int
+    held: XidEvent | None = None  # the first repeat held (the record's fields)
+    count: int = 0
+    first_ts: int = 0
+    last_ts: int = 0
+    uuid: str | None = None
+    mark: Any = None  # where a re-read from the checkpoint takes in the first repeat
+
+    def record(self) -> XidEvent | None:
+        if self.held is None:
+            return None
+        last = self.last_ts if self.count > 1 or self.last_ts != self.first_ts else None
+        return replace_event(
+            self.held, ts=self.first_ts, last_ts=last, count=self.count, uuid=self.uuid
+        )
+
+
+def replace_event(event: XidEvent, **changes: object) -> XidEvent:
+    return msgspec.structs.replace(event, **changes)
+
+
+class Coalescer:
+    """Storms at the source: the first line of a GPU's Xid (per process, and per what the rules
+    read in its text: pipeline.detect.xid.what_rules_read) goes out at once and opens a window
+    of `window_s`; the repeats that arrive in it, no more than `window_s` of event time apart
+    from its other lines, are held and go out as ONE record with their `count`, first and last
+    times when it ends (`due`, on the wall clock) or when a repeat falls outside it. A line after
+    a window that held repeats is the storm going on: it opens the next window held, not sent.
+    So a storm is about one record per window, a lone line is sent as it was, and every line is
+    in some record's count.
+
+    Bounded: at most `max_keys` windows; the oldest goes out early to make room. `marks()`
+    names where the lines still held were read, so the source commits no offset past them.
+    Pure (the caller passes the wall clock); `copy()` lets a poll work on a copy that its
+    commit installs, so a batch the broker refused is read again into the same state.
+    """
+
+    def __init__(self, window_s: float, max_keys: int = 4096) -> None:
+        self.window_s = window_s
+        self._window_ms = round(window_s * 1000)
+        self._max_keys = max_keys
+        self._windows: dict[Hashable, _Window] = {}
+
+    def copy(self) -> Coalescer:
+        other = Coalescer(self.window_s, self._max_keys)
+        other._windows = {key: replace(window) for key, window in self._windows.items()}
+        return other
+
+    def add(self, event: XidEvent, now: float, mark: Any, out: list[Event]) -> None:
+        """One parsed line (read at `mark`): sent into `out`, or held."""
+        if self._window_ms == 0:
+            out.append(event)
+            return
+        key = (event.node, event.pci_bus_id, event.xid, event.pid, event.process,
+               what_rules_read(event))  # fmt: skip
+        window = self._windows.get(key)
+        if window is not None:
+            lo, hi = min(window.lo, event.ts), max(window.hi, event.end_ts)
+            if now < window.ends_at and hi - lo <= self._window_ms:
+                window.lo, window.hi = lo, hi
+                _hold(window, event, mark)
+                return
+            del self._windows[key]
+            self._emit(window, out)
+        while len(self._windows) >= self._max_keys:
+            self._emit(self._windows.pop(next(iter(self._windows))), out)
+        opened = _Window(now + self.window_s, event.ts, event.end_ts)
+        self._windows[key] = opened
+        if window is not None and window.count:
+            _hold(opened, event, mark)  # the storm goes on
+        else:
+            out.append(event)
+
+    def due(self, now: float, out: list[Event]) -> None:
+        """Send what the windows ended by `now` held."""
+        for key in [key for key, window in self._windows.items() if now >= window.ends_at]:
+            self._emit(self._windows.pop(key), out)
+
+    def flush(self, out: list[Event]) -> None:
+        """Send everything held (the end of a `--once` run)."""
+        for window in self._windows.values():
+            self._emit(window, out)
+        self._windows.clear()
+
+    def marks(self) -> Iterator[Any]:
+        return (window.mark for window in self._windows.values() if window.held is not None)
+
+    @property
+    def held(self) -> int:
+        """Lines held, not sent yet."""
+        return sum(window.count for window in self._windows.values())
+
+    @staticmethod
+    def _emit(window: _Window, out: list[Event]) -> None:
+        record = window.record()
+        if record is not None:
+            out.append(record)
+
+
+def _hold(window: _Window, event: XidEvent, mark: Any) -> None:
+    if window.held is None:
+        window.held, window.mark = event, mark
+        window.first_ts, window.last_ts, window.uuid = event.ts, event.end_ts, event.uuid
+    else:
+        window.first_ts = min(window.first_ts, event.ts)
+        window.last_ts = max(window.last_ts, event.end_ts)
+        window.uuid = window.uuid or event.uuid
+    window.count += event.count
 
 
 # --- the tailer -----------------------------------------------------------------------------
@@ -318,7 +439,11 @@ def _tail_digest(fd: int, offset: int) -> str:
 
 
 class XidSource:
-    """Tails the kernel log; `poll()` returns the XID events of complete new lines."""
+    """Tails the kernel log; `poll()` returns the XID events of complete new lines, a storm's
+    repeats coalesced (Coalescer). The checkpoint stays before the first line still held, so a
+    restart reads it again: a line's offset is saved only once the record counting it is sent
+    (lines after it sent already are sent again then: at least once). `once`: read the log to
+    its end and send everything held (`ingest xid --once`)."""
 
     name = "xid"
 
@@ -332,8 +457,13 @@ class XidSource:
         clock: Callable[[], float] = time.time,
         rotate_wait_s: float = 5.0,
         max_bytes: int = 1 << 20,
+        once: bool = False,
     ) -> None:
         self.path = path or Path(settings.xid_log_path)
+        self._coalescer = Coalescer(settings.xid_coalesce_s, settings.xid_coalesce_max_keys)
+        self._once = once
+        # what the last poll read and held: its commit installs them (see poll)
+        self._polled: tuple[XidPosition, list[FilePosition], Coalescer] | None = None
         self._identity = Identity(
             settings.cluster, settings.node or socket.gethostname(), settings.pool, settings.zone
         )
@@ -411,24 +541,32 @@ class XidSource:
         after = inodes.index(inode) + 1 if inode in inodes else 0
         return [path for _, _, path in numbered[after:]]
 
-    def _read(self, tracked: _Tracked, budget: int) -> tuple[list[str], int, int]:
-        """Complete lines from the tracked offset, the offset after them, the bytes read."""
+    def _read(
+        self, tracked: _Tracked, offset: int, tail: str, budget: int
+    ) -> tuple[list[tuple[int, str]], int, int]:
+        """Complete lines from `offset` (each with the offset it starts at), the offset after
+        them, the bytes read."""
         size = os.fstat(tracked.fd).st_size
-        offset = tracked.offset
-        if size < offset or (offset and _tail_digest(tracked.fd, offset) != tracked.tail):
+        if size < offset or (offset and _tail_digest(tracked.fd, offset) != tail):
             offset = 0  # shrank or rewritten: copytruncate
         data = os.pread(tracked.fd, max(0, min(budget, size - offset)), offset)
         end = data.rfind(b"\n") + 1
-        lines = data[:end].decode("utf-8", errors="replace").splitlines(keepends=True)
+        lines = []
+        at = offset
+        for raw in data[:end].split(b"\n")[:-1]:
+            text = raw.decode("utf-8", errors="replace")
+            lines += [(at, line) for line in (text + "\n").splitlines(keepends=True)]
+            at += len(raw) + 1
         return lines, offset + end, end
 
     def _drop_drained(self) -> None:
         now = self._clock()
+        holding = {inode for inode, _ in self._coalescer.marks()}
         keep = []
         for tracked in self._tracked:
             done = tracked.rotated_at is not None and now - tracked.rotated_at > self._rotate_wait
             drained = os.fstat(tracked.fd).st_size <= tracked.offset
-            if done and drained:
+            if done and drained and tracked.inode not in holding:
                 os.close(tracked.fd)
             else:
                 keep.append(tracked)
@@ -441,26 +579,78 @@ class XidSource:
         self._follow_name()
         gpus = {**{p: GpuInfo(None, u) for p, u in self._uuids.items()}, **self._known}
         parsed = Parsed()
-        positions = []
+        events: list[Event] = []
+        read = []
         budget = self._max_bytes
-        now_ms = int(self._clock() * 1000)
+        now = self._clock()
+        now_ms = int(now * 1000)
         reader = LineReader(self._identity, gpus, self._last_79)
+        coalescer = self._coalescer.copy()  # installed by commit, once the batch is sent
         for tracked in self._tracked:
-            lines, offset, consumed = self._read(tracked, budget)
-            budget -= consumed
-            for line in lines:
-                reader.feed(line, now_ms, parsed)
-            tail = _tail_digest(tracked.fd, offset) if offset else ""
-            positions.append(FilePosition(tracked.inode, offset, tail))
+            offset, tail = tracked.offset, tracked.tail
+            while True:
+                lines, offset, consumed = self._read(tracked, offset, tail, budget)
+                tail = _tail_digest(tracked.fd, offset) if offset else ""
+                for at, line in lines:
+                    seen = len(parsed.events)
+                    reader.feed(line, now_ms, parsed)
+                    for event in parsed.events[seen:]:
+                        assert isinstance(event, XidEvent)  # LineReader makes nothing else
+                        coalescer.add(event, now, (tracked.inode, at), events)
+                if not self._once:
+                    budget -= consumed
+                if not (self._once and consumed):
+                    break  # --once reads the log to its end, a chunk at a time
+            read.append(FilePosition(tracked.inode, offset, tail))
+        coalescer.due(now, events)
+        if self._once:
+            coalescer.flush(events)
         uuids = {pci: info.uuid for pci, info in gpus.items() if info.uuid}
-        events: list[Event] = list(parsed.events)
-        return Batch(events, parsed.bad, XidPosition(positions, uuids))
+        position = XidPosition(self._durable(read, coalescer), uuids)
+        self._polled = (position, read, coalescer)
+        return Batch(events, parsed.bad, position)
+
+    def _durable(self, read: list[FilePosition], coalescer: Coalescer) -> list[FilePosition]:
+        """What the checkpoint may say: each file's read offset, or the first line still held
+        in it when that is earlier (a restart reads the held lines again)."""
+        held: dict[int, int] = {}
+        for inode, at in coalescer.marks():
+            held[inode] = min(held.get(inode, at), at)
+        fds = {tracked.inode: tracked.fd for tracked in self._tracked}
+        out = []
+        for file in read:
+            at = held.get(file.inode, file.offset)
+            if at < file.offset:
+                tail = _tail_digest(fds[file.inode], at) if at else ""
+                file = FilePosition(file.inode, at, tail)
+            out.append(file)
+        return out
+
+    @property
+    def held(self) -> int:
+        """Lines read and held in a storm's window, not sent yet."""
+        return self._coalescer.held
+
+    def drain(self) -> Batch:
+        """Everything held, as records, and the position after what was read: sent before a
+        stop, so a held window neither waits for the next start nor is read twice."""
+        events: list[Event] = []
+        coalescer = self._coalescer.copy()
+        coalescer.flush(events)
+        read = [FilePosition(t.inode, t.offset, t.tail) for t in self._tracked]
+        position = XidPosition(read, dict(self._uuids))
+        self._polled = (position, read, coalescer)
+        return Batch(events, [], position)
 
     def commit(self, position: msgspec.Struct | None) -> None:
         if not isinstance(position, XidPosition):
             return
         save_checkpoint(self._checkpoint, position)
-        saved = {file.inode: file for file in position.files}
+        read = position.files
+        if self._polled is not None and self._polled[0] is position:
+            _, read, self._coalescer = self._polled
+        self._polled = None
+        saved = {file.inode: file for file in read}
         for tracked in self._tracked:
             if tracked.inode in saved:
                 tracked.offset, tracked.tail = (

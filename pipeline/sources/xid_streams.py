@@ -22,6 +22,10 @@ Records overwritten in the ring before we read them (EPIPE) are lost; we log how
 
 Until a position is committed, what was read stays buffered: a poll whose batch was not
 published reads it again (a pipe or /dev/kmsg cannot be read twice).
+
+A storm's repeats are coalesced as in the tailer (pipeline.sources.xid.Coalescer); the saved
+position stays before the first record still held (the cursor and offset before it), so a
+restart reads the held records again.
 """
 
 from __future__ import annotations
@@ -32,15 +36,16 @@ import socket
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from pipeline.config import SourcesSettings
 from pipeline.errors import DecodeError
-from pipeline.model import Event
+from pipeline.model import Event, XidEvent
 from pipeline.sources.base import BadRecord, Batch, Parsed, load_checkpoint, save_checkpoint
-from pipeline.sources.xid import GpuInfo, Identity, LineReader
+from pipeline.sources.xid import Coalescer, GpuInfo, Identity, LineReader
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,44 @@ class StreamPosition(msgspec.Struct, frozen=True):
     cursor: str = ""  # journal: __CURSOR; kmsg: "<boot id>;<seq>"
     offset: int = 0  # bytes of the input consumed (a file's offset; a stream's count)
     uuids: dict[str, str] = {}  # PCI → UUID learned from `NVRM: GPU at` lines
+
+
+@dataclass
+class _Polled:
+    """What a poll read (the position in memory) and held: its commit installs them."""
+
+    saved: StreamPosition  # what the checkpoint says: before the first record still held
+    read: StreamPosition
+    coalescer: Coalescer
+
+
+def _coalesced(
+    coalescer: Coalescer, parsed: Parsed, seen: int, now: float, mark: tuple[str, int],
+    out: list[Event],
+) -> None:
+    """The events parsed since `seen` into the coalescer (read at `mark`: cursor, offset)."""
+    for event in parsed.events[seen:]:
+        assert isinstance(event, XidEvent)  # LineReader makes nothing else
+        coalescer.add(event, now, mark, out)
+
+
+def _ends(
+    coalescer: Coalescer, now: float, once: bool, read: StreamPosition, out: list[Event]
+) -> _Polled:
+    """The windows that ended sent (all, `once`); the position to save: before the first
+    record still held."""
+    coalescer.due(now, out)
+    if once:
+        coalescer.flush(out)
+    marks = sorted(coalescer.marks(), key=lambda mark: mark[1])
+    saved = read if not marks else StreamPosition(marks[0][0], marks[0][1], read.uuids)
+    return _Polled(saved, read, coalescer)
+
+
+def _drained(source: JournalXidSource | KmsgXidSource, read: StreamPosition) -> Batch:
+    events: list[Event] = []
+    source._polled = _ends(source._coalescer.copy(), 0.0, True, read, events)
+    return Batch(events, [], source._polled.saved)
 
 
 def cursor_after(cursor: str, saved: str) -> bool:
@@ -133,8 +176,12 @@ class JournalXidSource:
         checkpoint: Path | None = None,
         clock: Callable[[], float] = time.time,
         max_bytes: int = 1 << 20,
+        once: bool = False,
     ) -> None:
         self._settings = settings
+        self._coalescer = Coalescer(settings.xid_coalesce_s, settings.xid_coalesce_max_keys)
+        self._once = once
+        self._polled: _Polled | None = None
         self._checkpoint = checkpoint or Path(settings.state_dir) / "xid-journal.json"
         self._clock = clock
         saved = load_checkpoint(self._checkpoint, StreamPosition) or StreamPosition()
@@ -155,14 +202,30 @@ class JournalXidSource:
         reader = LineReader(default, gpus, self._last_79)
         parsed = Parsed()
         cursor = self._position.cursor
-        now_ms = int(self._clock() * 1000)
-        for raw in data[:end].splitlines():
+        now = self._clock()
+        now_ms = int(now * 1000)
+        coalescer = self._coalescer.copy()  # installed by commit, once the batch is sent
+        events: list[Event] = []
+        at = self._input.start
+        for raw in data[:end].split(b"\n")[:-1]:
             if raw.strip():
-                cursor = self._record(raw, cursor, reader, now_ms, parsed)
+                seen, before = len(parsed.events), cursor
+                cursor = self._record(raw.rstrip(b"\r"), cursor, reader, now_ms, parsed)
+                _coalesced(coalescer, parsed, seen, now, (before, at), events)
+            at += len(raw) + 1
         uuids = {pci: info.uuid for pci, info in gpus.items() if info.uuid}
-        position = StreamPosition(cursor, self._input.start + end, uuids)
-        events: list[Event] = list(parsed.events)
-        return Batch(events, parsed.bad, position)
+        read = StreamPosition(cursor, self._input.start + end, uuids)
+        self._polled = _ends(coalescer, now, self._once, read, events)
+        return Batch(events, parsed.bad, self._polled.saved)
+
+    @property
+    def held(self) -> int:
+        """Lines read and held in a storm's window, not sent yet."""
+        return self._coalescer.held
+
+    def drain(self) -> Batch:
+        """Everything held, as records (sent before a stop)."""
+        return _drained(self, self._position)
 
     def _record(
         self, raw: bytes, cursor: str, reader: LineReader, now_ms: int, parsed: Parsed
@@ -197,6 +260,9 @@ class JournalXidSource:
         if not isinstance(position, StreamPosition):
             return
         save_checkpoint(self._checkpoint, position)
+        if self._polled is not None and self._polled.saved is position:
+            position, self._coalescer = self._polled.read, self._polled.coalescer
+        self._polled = None
         self._input.consumed(position.offset)
         self._position = position
 
@@ -226,7 +292,11 @@ class KmsgXidSource:
         monotonic: Callable[[], float] = time.monotonic,
         boot_id: Callable[[], str] = _boot_id,
         max_bytes: int = 1 << 20,
+        once: bool = False,
     ) -> None:
+        self._coalescer = Coalescer(settings.xid_coalesce_s, settings.xid_coalesce_max_keys)
+        self._once = once
+        self._polled: _Polled | None = None
         self._identity = Identity(
             settings.cluster, settings.node or socket.gethostname(), settings.pool, settings.zone
         )
@@ -245,33 +315,53 @@ class KmsgXidSource:
         end = data.rfind(b"\n") + 1
         gpus = {pci: GpuInfo(None, uuid) for pci, uuid in self._uuids.items()}
         reader = LineReader(self._identity, gpus, self._last_79)
-        boot_ms = (self._clock() - self._monotonic()) * 1000
+        now = self._clock()
+        boot_ms = (now - self._monotonic()) * 1000
         parsed = Parsed()
         seq = self._after
-        for raw in data[:end].decode("utf-8", errors="replace").splitlines():
+        coalescer = self._coalescer.copy()  # installed by commit, once the batch is sent
+        events: list[Event] = []
+        at = self._input.start
+        for line in data[:end].split(b"\n")[:-1]:
+            start, at = at, at + len(line) + 1
+            raw = line.decode("utf-8", errors="replace").rstrip("\r")
             header, sep, message = raw.partition(";")
             fields = header.split(",")
             if not sep or len(fields) < 3 or not all(f.isdigit() for f in fields[:3]):
                 continue  # a continuation line (` KEY=value`)
             if int(fields[0]) >> 3 != 0 or int(fields[1]) <= self._after:
                 continue  # not the kernel's, or read before the restart
-            seq = max(seq, int(fields[1]))
-            bad = len(parsed.bad)
+            before, seq = seq, max(seq, int(fields[1]))
+            bad, seen = len(parsed.bad), len(parsed.events)
             reader.feed(message, round(boot_ms + int(fields[2]) / 1000), parsed)
             if len(parsed.bad) > bad:
                 parsed.bad[-1] = BadRecord(raw.encode(), parsed.bad[-1].error)
+            _coalesced(coalescer, parsed, seen, now, (f"{self._boot};{before}", start), events)
         if self._input.overwritten:
             log.warning("/dev/kmsg: %d reads found records overwritten", self._input.overwritten)
             self._input.overwritten = 0
         uuids = {pci: info.uuid for pci, info in gpus.items() if info.uuid}
-        position = StreamPosition(f"{self._boot};{seq}", self._input.start + end, uuids)
-        events: list[Event] = list(parsed.events)
-        return Batch(events, parsed.bad, position)
+        read = StreamPosition(f"{self._boot};{seq}", self._input.start + end, uuids)
+        self._polled = _ends(coalescer, now, self._once, read, events)
+        return Batch(events, parsed.bad, self._polled.saved)
+
+    @property
+    def held(self) -> int:
+        """Lines read and held in a storm's window, not sent yet."""
+        return self._coalescer.held
+
+    def drain(self) -> Batch:
+        """Everything held, as records (sent before a stop)."""
+        read = StreamPosition(f"{self._boot};{self._after}", self._input.start, self._uuids)
+        return _drained(self, read)
 
     def commit(self, position: msgspec.Struct | None) -> None:
         if not isinstance(position, StreamPosition):
             return
         save_checkpoint(self._checkpoint, position)
+        if self._polled is not None and self._polled.saved is position:
+            position, self._coalescer = self._polled.read, self._polled.coalescer
+        self._polled = None
         self._input.consumed(position.offset)
         self._after = int(position.cursor.partition(";")[2])
         self._uuids = dict(position.uuids)
