@@ -687,6 +687,11 @@ class PolicySettings(Section, frozen=True):
     common_cause_min_targets: Annotated[int, Meta(ge=2)] = 3
     common_cause_window_s: PositiveInt = 600
     common_cause_canaries: Annotated[int, Meta(ge=0)] = 1
+    # Silence is no evidence of a node fault while its peers are silent too: a removal citing
+    # silence only waits this long after it was first proposed, so an outage's peers are seen
+    # going silent before its first node is judged, and a silence cause lets no canary through
+    # (only a node with evidence of its own, another check, is removed during a cause).
+    silence_grace_s: Annotated[int, Meta(ge=0)] = 120
     # Alert links: annotation runbook_url = runbook_base/<check>; generatorURL =
     # generator_base/<cluster>/<node, slice or pool> (pipeline/alerts.py)
     runbook_base: str = "https://fleetpulse.io/runbooks"

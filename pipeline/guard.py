@@ -111,6 +111,12 @@ def cause_check(check: str) -> str:
     return SILENCE if check in _SILENCE_CHECKS else check
 
 
+def silence_only(checks: Iterable[str]) -> bool:
+    """Does a removal cite nothing but silence (no evidence of the node's own)?"""
+    named = set(checks)
+    return bool(named) and named <= _SILENCE_CHECKS
+
+
 def pool_of(target: Target) -> str:
     return f"{target.cluster}/{target.pool}"
 
@@ -534,18 +540,26 @@ class GuardView:
         return ""
 
     def _cause(self, proposal: Proposal, admitted: list[tuple[str, Proposal]] | None = None) -> str:
+        """'common_cause' when every check the removal cites is a common cause in one of the
+        target's scopes with its canaries spent; '' when some check is the node's own
+        evidence. Silence lets no canary through: a node that stopped reporting with its
+        peers has shown nothing of its own."""
         target = proposal.target
         member = Member(pool=pool_of(target), zone=target.zone)
         admitted = self.admitted if admitted is None else admitted
-        for check in {cause_check(check) for check in proposal.reason.checks}:
+        checks = _checks(proposal)
+        held = set()
+        for check in checks:
+            canaries = 0 if check == SILENCE else self.settings.policy.common_cause_canaries
             for scope in SCOPES:
                 cause = self.state.causes.get(f"{check}|{scope}|{_scope_name(scope, member)}")
                 if cause is None or cause.released:
                     continue
                 let_through = cause.removed + sum(1 for _, p in admitted if check in _checks(p))
-                if let_through >= self.settings.policy.common_cause_canaries:
-                    return "common_cause"
-        return ""
+                if let_through >= canaries:
+                    held.add(check)
+                    break
+        return "common_cause" if held and held == checks else ""
 
 
 def _checks(proposal: Proposal) -> set[str]:

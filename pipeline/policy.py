@@ -26,7 +26,9 @@ Gates, in order:
   quota, near it, or stocked out): defer, with an alert;
 - slow start (non-fatal cordons): after burst_cordons within burst_window_s, one per
   slow_start_interval_s until calm_s after the last one;
-- rate (non-fatal cordons and repairs): max_actions_per_hour per pool.
+- rate (non-fatal cordons and repairs): max_actions_per_hour per pool;
+- correlating (cordons citing silence only): silence_grace_s after first proposed, so the
+  guard sees an outage's peers fall silent before it judges the first of them.
 Releases (uncordon) pass every capacity gate: a breaker must never keep recovered nodes out.
 
 Dry run (global, or per check when every check behind a disruptive proposal is a dry-run
@@ -66,7 +68,7 @@ import msgspec
 
 from pipeline import alerts
 from pipeline.config import PolicySettings
-from pipeline.guard import FLEET, GuardView, cause_check
+from pipeline.guard import FLEET, GuardView, cause_check, silence_only
 from pipeline.health import MAINTENANCE_CHECK, REPAIR_KINDS, target_key
 from pipeline.ids import stable_id
 from pipeline.model import (
@@ -98,6 +100,7 @@ WITHHELD_ALERT: dict[str, alerts.PoolAlert | None] = {
     "rate_limit": "throttle",
     "busy": None,
     "awaiting_cordon": None,
+    "correlating": None,  # silence only: waiting silence_grace_s to see its peers
     # above the pool (pipeline/guard.py): the caps report as a spent budget; a common cause
     # raises its own alert; membership holds are for the inventory's owner to fix
     "zone_cap": "budget",
@@ -153,6 +156,9 @@ class Withheld(msgspec.Struct, kw_only=True, frozen=True):
     first_ts: int
     last_ts: int
     reason: str = ""
+    # held by a common cause at some point: when the cause ends it goes only if the node's own
+    # evidence persists (its checks still open in a node state), fatal or not
+    common: bool = False
 
 
 class Acted(msgspec.Struct, kw_only=True, frozen=True):
@@ -327,7 +333,9 @@ def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
         del st.shadow[key]
     held = st.withheld.get(key)
     stale = held is not None and (
-        ns.human_hold or ns.episode != held.proposal.episode or _cleared(held.proposal, ns)
+        ns.human_hold
+        or ns.episode != held.proposal.episode
+        or _cleared(held.proposal, ns, held.common)
     )
     if held is not None and stale and ns.ts >= held.proposal.ts:
         # contested by a person, its episode is over, or what it was for has cleared (a
@@ -347,11 +355,12 @@ def _on_node_state(st: PolicyState, ns: NodeState, out: _Out) -> None:
         out.alerts.append(alerts.resolve(st.alerts.pop(name), st.clock))
 
 
-def _cleared(proposal: Proposal, ns: NodeState) -> bool:
-    """A non-fatal cordon none of whose checks the node state still has open."""
+def _cleared(proposal: Proposal, ns: NodeState, common: bool = False) -> bool:
+    """A cordon none of whose checks the node state still has open: a non-fatal one, or any
+    that a common cause held (what the cause made, it drops: a fatal reading of an outage)."""
     return (
         proposal.kind == "cordon"
-        and not proposal.fatal
+        and (common or not proposal.fatal)
         and not set(proposal.reason.checks) & set(ns.open_checks)
     )
 
@@ -621,6 +630,8 @@ def _release_withheld(
     for held in sorted(st.withheld.values(), key=_priority):
         proposal = held.proposal
         verdict = _gate(st, proposal, settings, now)
+        if verdict == _ACT and _correlating(st, held, settings):
+            verdict = "correlating"
         if verdict == _ACT and proposal.kind == "cordon" and guard is not None:
             key = target_key(proposal.target)
             verdict = guard.admit(proposal, key in now().really_out) or _ACT
@@ -633,7 +644,10 @@ def _release_withheld(
             else:
                 _note_dropped(st, proposal, _why_dropped(st, proposal), out)
         elif verdict != held.reason:
-            st.withheld[target_key(proposal.target)] = msgspec.structs.replace(held, reason=verdict)
+            common = held.common or verdict == "common_cause"
+            st.withheld[target_key(proposal.target)] = msgspec.structs.replace(
+                held, reason=verdict, common=common
+            )
             _note(st, proposal, verdict, out, settings, guard, now())
 
 
@@ -665,6 +679,17 @@ def _gate(
     if kind in RATE_LIMITED and len(st.disruptive) >= settings.max_actions_per_hour:
         return "rate_limit"
     return _ACT
+
+
+def _correlating(st: PolicyState, held: Withheld, settings: PolicySettings) -> bool:
+    """A cordon citing silence only waits silence_grace_s from when it was first proposed:
+    the peers of an outage go silent within it, and the guard then sees one cause."""
+    proposal = held.proposal
+    return (
+        proposal.kind == "cordon"
+        and silence_only(proposal.reason.checks)
+        and st.clock - held.first_ts < settings.silence_grace_s * _MS
+    )
 
 
 def _stale(proposal: Proposal, view: TargetView) -> bool:

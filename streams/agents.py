@@ -88,6 +88,8 @@ class KafkaPart:
     def count(self, what: str) -> None:
         if what == "unknown_target":
             self.ctx.metrics.unknown_targets.inc()
+        elif what == "impossible_values":
+            self.ctx.metrics.impossible_values.inc()
 
     def failed(self, key: str, now_ms: int, exc: Exception) -> None:
         log.error("staleness check of %r at %d failed", key, now_ms, exc_info=exc)

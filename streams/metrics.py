@@ -65,6 +65,12 @@ class WorkerMetrics:
             "Telemetry of targets the inventory does not know (processed, never removed)",
             registry=r,
         )
+        self.impossible_values = Counter(
+            "fleetpulse_worker_impossible_values",
+            "Values no working device reports (PCIe width 0, every metric 0, a port state "
+            "outside its enum), taken out before detection as missing data",
+            registry=r,
+        )
         self.errors = Counter(
             "fleetpulse_worker_errors",
             "Unexpected exceptions while processing a record (the record is dead-lettered)",

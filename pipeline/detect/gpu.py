@@ -24,6 +24,7 @@ from pipeline.detect.findings import Book, evidence, heartbeat, refresh
 from pipeline.detect.gpu_context import Ctx, Peers, View
 from pipeline.detect.gpu_counters import counter_rules
 from pipeline.detect.gpu_gauges import gauge_rules
+from pipeline.detect.plausible import unread
 from pipeline.detect.stats import Baseline, alpha_for, median, median_mad
 from pipeline.model import Finding, GpuSample
 
@@ -95,13 +96,15 @@ def detect_gpu(
     if book.open:
         for check in (NODE_STALE, NODE_DOWN):
             ctx.emit(clear_episode(book, check, sample.ts, None, f"node {book.name} reporting"))
+    # a GPU whose every metric reads 0 is listed (not missing) but unread (detect/plausible.py)
+    seen = {r.device for r in sample.gpus if unread(r.metrics) and r.device in state.devices}
     views = [
         View(r.device, r.uuid, r.job, r.metrics, settings.busy_util_pct,
              settings.clock_active_util_pct)
         for r in sample.gpus
+        if not unread(r.metrics)
     ]
     peers = _peer_groups(views, settings.peer_min)
-    seen = set()
     for view in views:
         if not view.reporting:
             continue

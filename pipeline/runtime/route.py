@@ -14,7 +14,7 @@ import msgspec
 
 from pipeline import aggregate, detect, guard, health, policy
 from pipeline.config import Settings
-from pipeline.detect import job_peers
+from pipeline.detect import job_peers, plausible
 from pipeline.ids import stable_id
 from pipeline.model import (
     Action,
@@ -121,6 +121,16 @@ def on_telemetry(
     else:
         state.ici, findings = detect.detect_ici(state.ici, event, settings.detect)
     return state, findings, rows
+
+
+def screen(event: Telemetry) -> tuple[Telemetry, int]:
+    """The record without the values no working device reports (detect/plausible.py), and how
+    many were taken out."""
+    if isinstance(event, GpuSample):
+        return plausible.screen_gpu(event)
+    if isinstance(event, FabricSample):
+        return plausible.screen_fabric(event)
+    return event, 0
 
 
 def fleet_inputs(

@@ -140,7 +140,7 @@ class Part(Protocol):
 
     def note_key(self, key: str, family: Family) -> None: ...
 
-    def count(self, what: str) -> None: ...  # "unknown_target"
+    def count(self, what: str) -> None: ...  # "unknown_target", "impossible_values", ...
 
     def failed(self, key: str, now_ms: int, exc: Exception) -> None:
         """A staleness check raised: no record is to blame (log, count, roll back)."""
@@ -241,6 +241,9 @@ def on_telemetry(part: Part, event: Event | None, key: str) -> list[Out]:
         return [*outs, Out(DEAD_LETTERS, key, refusal or Refusal("refused", "refused"))]
     if part.settings.inventory.enforce and state.inventory is None:
         part.count("unknown_target")  # processed, never removed (pipeline/guard.py)
+    admitted, impossible = route.screen(admitted)
+    for _ in range(impossible):
+        part.count("impossible_values")  # missing data, not evidence (detect/plausible.py)
     if isinstance(admitted, route.CLOCK_MOVERS):
         outs += tick(part, family, part.observe(family, key, admitted.ts))
         state = part.get(key, route.TelemetryState)  # the tick may have changed it
