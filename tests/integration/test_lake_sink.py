@@ -28,7 +28,8 @@ from tests import lake_fixture as fx
 
 pytestmark = pytest.mark.kafka
 BAD_RECORDS = [b"not json", b'{"schema": "utilization/1"}', b'{"schema": "finding/2", "ts": 5}']
-IDS = {"findings": "finding_id", "actions": "action_id", "capacity": "event_id"}
+IDS = {"findings": "finding_id", "actions": "action_id", "capacity": "event_id",
+       "withheld": "withheld_id"}
 
 
 def _key(event: Event) -> bytes:
