@@ -66,8 +66,9 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         )
     elif inventory is None:
         print(
-            "fleetpulse replay: [inventory] enforce is set but no --inventory FILE was given: "
-            "no target is known, so none will be removed",
+            "fleetpulse replay: no --inventory FILE: membership comes from the recording's own "
+            "inventory records once one arrives; until then pools, zones and budgets come from "
+            "telemetry (caps sized by the largest fleet seen)",
             file=sys.stderr,
         )
     result = replay(settings, args.files, inventory, _Progress())

@@ -492,7 +492,7 @@ def test_an_echo_of_an_older_action_changes_nothing() -> None:
 def test_a_cordon_that_never_landed_leaves_the_node_in_service_and_asks_again() -> None:
     t = target()
     state, (cordon,) = transition(None, finding(t, 0, fatal=True), SETTINGS)
-    state, (drain,) = transition(state, action_for(cordon, 1), SETTINGS)
+    state, (_drain,) = transition(state, action_for(cordon, 1), SETTINGS)
     echo = node_event(t, 30, "skipped", action_id=action_for(cordon).action_id)
     state, proposals = transition(state, echo, SETTINGS)
     assert not state.cordoned_by_us and state.state == "degraded"
