@@ -324,6 +324,18 @@ _TARGET_SQL = {
         QUALIFY row_number() OVER (PARTITION BY target_kind, target_name ORDER BY ts DESC)
                 <= $limit
         ORDER BY ts DESC""",
+    # why not: each proposal's latest withheld/1 record (the rule holding it, or its drop)
+    "withheld": """
+        WITH latest AS (
+            SELECT target_kind, target_name, ts, kind, reason, detail
+            FROM withheld
+            WHERE ts >= $since AND ts < $until AND list_contains($names, target_name)
+            QUALIFY row_number() OVER (PARTITION BY proposal_id ORDER BY ts DESC) = 1)
+        SELECT *, count(*) OVER (PARTITION BY target_kind, target_name) AS total
+        FROM latest
+        QUALIFY row_number() OVER (PARTITION BY target_kind, target_name ORDER BY ts DESC)
+                <= $limit
+        ORDER BY ts DESC""",
     # one row per target, all its devices: a 64-chip slice was 64 rows
     "utilization": """
         WITH device AS (
@@ -398,6 +410,7 @@ def _target_section(kind: str, name: str, found: dict[str, dict[tuple[str, str],
                       if about.get(key))
     parts = []
     for part, title in (("findings", "Unhealthy findings"), ("actions", "Actions"),
+                        ("withheld", "Not acted on (withheld)"),
                         ("utilization", "Utilization (all devices)"), ("xids", "XIDs")):
         if part == "xids" and kind != "node":
             continue  # XIDs are NVIDIA GPU errors: a TPU slice has none

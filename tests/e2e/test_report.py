@@ -243,6 +243,9 @@ def test_table_rows_link_to_a_section_per_target_with_its_window(tmp_path: Path)
     unhealthy = [f for f in fx.FINDINGS if f.entity.target.name == "g1" and not f.healthy]
     assert len(parts["findings"]) == len(unhealthy) == 3
     assert [a["kind"] for a in parts["actions"]] == ["cordon", "repair", "cordon"]
+    # why not: its second cordon was held for the budget (then acted on, 5 min later)
+    assert [(w["kind"], w["reason"], w["detail"]) for w in parts["withheld"]] == [
+        ("cordon", "budget", "budget in words")]
     # one row for all the node's devices (a 64-chip slice was 64 rows)
     assert [(u["devices"], u["util_mean_pct"], u["lowest_device"]) for u in parts["utilization"]
             ] == [("2", f"{fx.BUSY:.1f}", "#0")]  # fmt: skip
