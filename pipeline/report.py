@@ -5,13 +5,13 @@ changes and actions over time, XIDs by node × time, capacity headroom, cost of 
 offenders, open actions, TPU slice availability, degraded ICI links, cost per useful
 accelerator-hour, MTBF per pool, quota headroom, the prices used. The tables come from the canned
 analyses in sql/analyses, so the report and `fleetpulse sql --query …` never disagree. A row that
-names a node or slice links to that target's section at the end (its findings, actions,
-utilization and XIDs over the window, from _TARGET_SQL); a target's utilization is one row for
-all its devices (a 64-chip slice was 64 rows), naming the least used device. Tables are for
-people: headers in words (the query's column name stays in `data-column`), numbers rounded by
-what they are (percentages to 0.1, dollars to the cent, counts with thousands separators),
-names in natural order (node-2 before node-10) where the query leaves a tie, and long text
-wrapped so that no table is wider than the page.
+names a node or slice links to that target's section at the end (its findings, actions, why
+proposals were not acted on, utilization and XIDs over the window, from _TARGET_SQL); a target's
+utilization is one row for all its devices (a 64-chip slice was 64 rows), naming the least used
+device. Tables are for people: headers in words (the query's column name stays in `data-column`),
+numbers rounded by what they are (percentages to 0.1, dollars to the cent, counts with thousands
+separators), names in natural order (node-2 before node-10) where the query leaves a tie, and long
+text wrapped so that no table is wider than the page.
 
 The page runs one small inline script that checks each chart drew something and counts script
 errors, and writes the result into the DOM (`<body data-charts-rendered=… data-errors=…>`, and
