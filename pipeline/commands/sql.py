@@ -40,6 +40,7 @@ from pipeline.lake import (
 from pipeline.lake import parse_time as parse_iso
 
 _MAX_CELL = 60
+_WINDOW = ("since", "until", "pool", "bucket")  # parameters with options of their own
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,7 +123,7 @@ def _named_params(pairs: list[str]) -> dict[str, str]:
         name, sep, value = pair.partition("=")
         if not sep or not name.isidentifier():
             raise QueryError(f"--param {pair!r}: expected NAME=VALUE, e.g. target=node-1")
-        if name in ("since", "until", "pool", "bucket"):
+        if name in _WINDOW:
             raise QueryError(f"--param {name}: give --{name} instead (it is parsed as one)")
         named[name] = value
     return named
@@ -139,7 +140,8 @@ def _query(args: argparse.Namespace) -> CannedQuery:
 
 def _print_list(out: TextIO) -> None:
     for query in canned_queries().values():
-        params = " ".join(f"--{p}" for p in query.params if p != "idle_pct")
+        params = " ".join(f"--{p}" if p in _WINDOW else f"--param {p}=…"
+                          for p in query.params if p != "idle_pct")
         out.write(f"{query.name}  [{params}]\n    {query.question}\n")
 
 

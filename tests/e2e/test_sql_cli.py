@@ -87,3 +87,15 @@ def test_table_output_and_errors(lake: Path, cli: Cli) -> None:
     assert "takes no pool" in extra.stderr
     missing = cli("--lake", str(lake / "nowhere"), "-q", "fleet_summary", ok=False)
     assert "does not exist" in missing.stderr
+
+
+def test_why_not_removed_takes_its_target_as_a_param(lake: Path, cli: Cli) -> None:
+    out = sql(lake, "--query", "why_not_removed", "--param", "target=c1/g2", "--until",
+              "2026-01-01T04:00", "--format", "json").stdout
+    assert [row["reason"] for row in json.loads(out)] == [
+        "budget", "common_cause", "dropped: cleared"]
+    assert "why_not_removed  [--until --param target=…]" in cli("--list").stdout
+    assert "expected NAME=VALUE" in cli("--query", "why_not_removed", "--param", "target",
+                                        ok=False).stderr
+    assert "give --pool instead" in cli("--query", "why_not_removed", "--param", "pool=train",
+                                        ok=False).stderr
