@@ -17,8 +17,9 @@ from pipeline.model import Action, Event, GpuSample, XidEvent
 from pipeline.runtime.kafka_admin import create_topics
 from pipeline.runtime.topics import topic_name
 from pipeline.schemas_tool import SCHEMA_DIR, file_name
+from pipeline.sources.base import load_checkpoint
 from pipeline.sources.publish import KafkaPublisher
-from pipeline.sources.xid import Identity, XidSource, parse_lines
+from pipeline.sources.xid import Identity, XidPosition, XidSource, parse_lines
 from streams.testing import TopicReader, embedded_outputs
 from tests.faults import reliability
 from tests.faults.infra import XID_NODE, Proc, base_env
@@ -148,3 +149,45 @@ def test_lines_per_second_to_the_broker_with_and_without_coalescing(
           f"{every_line:,.0f} lines/s one record per line")  # fmt: skip
     # parsing bounds the first; 100,003 records acknowledged one by one bound the second
     assert coalesced > every_line, (coalesced, every_line)
+
+
+def test_a_stop_in_a_storm_sends_what_it_held_and_a_restart_counts_the_rest_once(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    kafka = kafka_settings
+    create_topics(kafka)
+    log = tmp_path / "kern.log"
+    storm = _kernel_log(1_767_225_600_000)[0]
+    log.write_text("".join(storm[:30_000]))  # 3 MiB: the daemon reads 1 MiB a poll
+    env = base_env(kafka.bootstrap, kafka.topic_prefix, tmp_path)
+    daemon = Proc("ingest", ["ingest", "xid", "--log", str(log)], env, tmp_path / "daemon.log")
+    topic = topic_name(kafka, "events.xid")
+    reader = TopicReader(kafka.bootstrap, [topic])
+    try:
+        daemon.start()
+        reader.until(lambda: bool(reader.values(topic, XidEvent)), 60, "the storm's first line")
+        assert daemon.stop() == 0, daemon.tail()  # SIGTERM: what its windows hold goes out
+        saved = load_checkpoint(tmp_path / "sources" / "xid.json", XidPosition)
+        assert saved is not None
+        read = log.read_bytes()[: saved.files[0].offset].count(b"\n")
+        reader.until(lambda: sum(x.count for x in reader.values(topic, XidEvent)) >= read, 30,
+                     "the lines it read")  # fmt: skip
+        reader.poll()
+        sent = sum(x.count for x in reader.values(topic, XidEvent))
+        # its first poll read a MiB (thousands of lines): held, they would leave the checkpoint
+        # at the second line; sent at the stop, it is after all of them
+        assert sent == read > 1000, f"the stopped adapter read {read} lines and counted {sent}"
+        with log.open("a") as out:
+            out.write("".join(storm[30_000:]))
+        once = Proc("ingest", ["ingest", "xid", "--log", str(log), "--once"], env,
+                    tmp_path / "once.log").start()  # fmt: skip
+        assert once.wait(120) == 0, once.tail()
+        reader.until(lambda: sum(x.count for x in reader.values(topic, XidEvent)) >= LINES + 3,
+                     60, "every line counted")  # fmt: skip
+        time.sleep(1)
+        reader.poll()
+        counted = sum(x.count for x in reader.values(topic, XidEvent))
+    finally:
+        reader.close()
+        daemon.stop()
+    assert counted == LINES + 3, f"expected {LINES + 3} lines counted once, got {counted}"
