@@ -13,7 +13,7 @@
                                      (--log FILE, --journal-json FILE|-, or --kmsg [PATH]);
                                      a storm's repeats (same GPU, Xid and process within
                                      sources.xid_coalesce_s) go out as one record with their
-                                     count; --once reads the log to its end
+                                     count; --once reads a --log file to its end
     fleetpulse ingest capacity       the cloud's capacity signals → fleet.events.capacity:
                                      GPU/TPU quota usage, limits, exceeded (Cloud Monitoring),
                                      TPU queued resources, stock-outs and node maintenance (TPU
