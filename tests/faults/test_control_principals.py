@@ -60,6 +60,7 @@ WRITERS: dict[str, set[str]] = {
     "actions": {"worker"},
     "node-state": {"worker", "watcher"},  # the watcher: a deleted node's tombstone
     "alerts": {"worker"},
+    "withheld": {"worker"},  # why removals were held back: data, nobody acts on it
     "utilization": {"worker"},
     "dlq": _DEAD_LETTERING,
     f"worker-{POLICY_INPUT}": {"worker"},
