@@ -358,3 +358,54 @@ def test_a_record_counts_into_its_episode_and_a_replayed_one_is_dropped() -> Non
     state, _ = detect_xid(state, record, detect)  # sent again (at least once)
     (episode,) = state.episodes.values()
     assert (episode.count, episode.last_ts, state.dropped) == (500, T0 + 9000, 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 40), st.sampled_from(["0000:53:00", "0000:54:00"]),
+                  st.floats(0, 12), st.booleans()),
+        min_size=1, max_size=8,
+    ),
+)
+def test_polls_and_crashes_anywhere_lose_no_line_and_without_crashes_count_each_once(
+    tmp_path_factory: object, steps: list[tuple[int, str, float, bool]]
+) -> None:
+    """Each step appends `n` lines of one GPU, lets `wait` seconds pass, polls (and commits);
+    with `crash`, the process then dies without a stop. At the end a last process reads on
+    and stops (drain): every line is in some record's count, exactly once without crashes."""
+    folder = Path(tmp_path_factory.mktemp("storm"))  # type: ignore[attr-defined]
+    log = folder / "kern.log"
+    log.write_text("")
+    wall, ms, sent = [WALL], 0, _out()
+    written: dict[tuple[str, int], int] = {}
+
+    def start() -> XidSource:
+        return XidSource(_settings(folder), path=log, clock=lambda: wall[0], max_bytes=2048)
+
+    source, crashed = start(), False
+    for n, pci, wait, crash in steps:
+        with log.open("a") as out:
+            for _ in range(n):
+                ms += 7
+                out.write(_line(ms, pci))
+        written[(pci, 95)] = written.get((pci, 95), 0) + n
+        wall[0] += wait
+        batch = source.poll()
+        sent += batch.events
+        source.commit(batch.position)
+        if crash:
+            source.close()
+            source, crashed = start(), True
+    for _ in range(log.stat().st_size // 2048 + 2):  # read on to the end (2 KiB a poll)
+        batch = source.poll()
+        sent += batch.events
+        source.commit(batch.position)
+    drained = source.drain()
+    sent += drained.events
+    source.commit(drained.position)
+    source.close()
+    counted = _counts(sent)
+    assert all(counted.get(key, 0) >= lines for key, lines in written.items()), (counted, written)
+    if not crashed:
+        assert counted == written
