@@ -16,6 +16,12 @@ The tailer keeps the open file of every log it still reads: after a rename (logr
 the old file is drained for `rotate_wait_s` while the new one is read from its start; a file
 that shrank (`copytruncate`) is read again from 0. Position = [(inode, offset), …] of the
 files being read, so a restart finds a rotated file again by its inode.
+
+Storms (a node can print hundreds of thousands of lines of one Xid): the Coalescer sends a GPU's
+first line of an Xid at once and its repeats within `sources.xid_coalesce_s` as one record with
+their count (xid_event/2 `count`, `last_ts`). What it holds goes out when its window ends (at the
+first poll after), at the end of `--once`, and at a stop (`drain`); the saved position stays
+before the first line held, so a crash loses none of them (and sends the lines after it again).
 """
 
 from __future__ import annotations
