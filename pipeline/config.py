@@ -765,7 +765,7 @@ class ClockSettings(Section, frozen=True):
     # telemetry's clock than this is a dead letter too: looser than max_ahead_s, since a
     # monitoring outage stops the telemetry's clock while the cloud's events keep their time.
     control_max_ahead_s: PositiveInt = 86_400
-    skew_finding_s: PositiveInt = 120  # a host this far off gets a watch-only clock_skew finding
+    skew_finding_s: PositiveInt = 60  # a host this far off gets a watch-only clock_skew finding
     min_keys: Annotated[int, Meta(ge=1)] = 3  # keys reporting before the reference is trusted
     quorum_pct: Annotated[float, Meta(gt=0.0, le=50.0)] = 10.0  # keys that must agree on "now"
 

@@ -72,6 +72,7 @@ ClockName = Family | Literal["fabric"]
 CLOCKS: tuple[ClockName, ...] = (*FAMILIES, "fabric")
 DOOR_CLOCK: dict[type, ClockName] = {**FAMILY_OF, FabricSample: "fabric"}
 CLOCK_SKEW = "clock_skew"
+OFFSET_MIN_MS = 30_000  # a node's offset from the partition clock below this is the tick's
 GUARD_KEY = "*guard"  # the guard's key among the policy states (no pool name has a '*')
 
 
@@ -87,6 +88,9 @@ class TelemetryState(msgspec.Struct, kw_only=True):
     window: aggregate.WindowState | None = None
     inventory: Inventory | None = None  # what the fleet's owner says this target is
     heard_ms: int | None = None  # a refused record arrived then: talking, with a wrong clock
+    # how far the node's GPU samples are stamped behind the partition's clock when they arrive
+    # (negative: ahead), so its silence is measured in its own time base (on_time)
+    offset_ms: int = 0
     skew_since: int | None = None  # open clock_skew episode (reference time it opened)
     in_job: bool = False  # the last GPU sample ran a job (fleet_inputs: job peers)
     placed: bool = False  # the fleet stage has this inventory record (fleet_inputs)
@@ -180,6 +184,8 @@ def door(
         skew = _skew_finding(state, event, reference, verdict.skew_ms, settings)
         return state, None, Refusal(verdict.reason, verdict.message), skew
     findings = _skew_finding(state, event, reference, clock.skew(event.ts), settings)
+    if isinstance(event, GpuSample) and reference is not None:
+        state.offset_ms = reference - event.ts  # liveness from arrival (on_time)
     refusal = _identity(state.inventory, event)
     if refusal is not None:
         if settings.inventory.on_mismatch == "dead_letter":
@@ -287,7 +293,11 @@ def on_time(
         return state, []  # it reports with a wrong clock (see door), or the stream just resumed
     findings: list[Finding] = []
     if state.gpu is not None:
-        state.gpu, stale = detect.check_stale_gpu(state.gpu, now_ms, settings.detect)
+        # A node is silent when its records stop arriving, not when they arrive stamped late:
+        # its silence is measured in its own time base (a host 240 s behind, reporting on
+        # time, was judged down). A few seconds of offset are the clock's tick, not a skew.
+        node_now = now_ms - _own_offset(state)
+        state.gpu, stale = detect.check_stale_gpu(state.gpu, node_now, settings.detect)
         findings += stale
     if state.xid is not None:
         state.xid, closed = detect.expire_xid(state.xid, now_ms, settings.detect)
@@ -296,6 +306,10 @@ def on_time(
         state.tpu, stale = detect.check_stale_tpu(state.tpu, now_ms, settings.detect)
         findings += stale
     return state, findings
+
+
+def _own_offset(state: TelemetryState) -> int:
+    return state.offset_ms if abs(state.offset_ms) > OFFSET_MIN_MS else 0
 
 
 def close_silent_windows(
@@ -307,6 +321,7 @@ def close_silent_windows(
     window = state.window
     if window is None or not window.open:
         return state, []
+    now_ms -= _own_offset(state)  # a node stamping late is not silent (on_time)
     if now_ms - window.newest_ts < 2 * settings.aggregate.window_s * 1000:
         return state, []
     state.window, rows = aggregate.advance(window, now_ms, settings.aggregate)

@@ -176,21 +176,40 @@ def skew_host(events: list[Event], node: str, from_ts: int, by_ms: int) -> list[
     return out
 
 
-def outage(events: list[Event], start: int, end: int) -> list[Event]:
-    """Every GPU node's telemetry stops between `start` and `end` (a monitoring outage: the
-    DCGM, kernel-log and node_exporter scrapes all go through the monitoring that is down)."""
+Scope = Callable[[Event], bool]
+
+
+def everywhere(_: Event) -> bool:
+    return True
+
+
+def in_zone(zone: str) -> Scope:
+    return lambda event: getattr(event, "zone", None) == zone
+
+
+def in_pool(pool: str) -> Scope:
+    return lambda event: getattr(event, "pool", None) == pool
+
+
+def outage(events: list[Event], start: int, end: int, scope: Scope = everywhere) -> list[Event]:
+    """Every GPU node's telemetry (in `scope`) stops between `start` and `end` (a monitoring
+    outage: the DCGM, kernel-log and node_exporter scrapes all go through the monitoring that
+    is down)."""
     return [
         e
         for e in events
-        if not (isinstance(e, GpuSample | XidEvent | FabricSample) and start <= e.ts < end)
+        if not (
+            isinstance(e, GpuSample | XidEvent | FabricSample) and start <= e.ts < end and scope(e)
+        )
     ]
 
 
-def zeroed(events: list[Event], start: int, end: int) -> list[Event]:
-    """Every GPU metric reads 0 between `start` and `end` (an exporter or ingest bug)."""
+def zeroed(events: list[Event], start: int, end: int, scope: Scope = everywhere) -> list[Event]:
+    """Every GPU metric (in `scope`) reads 0 between `start` and `end` (an exporter or ingest
+    bug)."""
     out: list[Event] = []
     for event in events:
-        if isinstance(event, GpuSample) and start <= event.ts < end:
+        if isinstance(event, GpuSample) and start <= event.ts < end and scope(event):
             gpus = [
                 msgspec.structs.replace(g, metrics=dict.fromkeys(g.metrics, 0.0))
                 for g in event.gpus
