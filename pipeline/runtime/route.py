@@ -88,8 +88,8 @@ class TelemetryState(msgspec.Struct, kw_only=True):
     window: aggregate.WindowState | None = None
     inventory: Inventory | None = None  # what the fleet's owner says this target is
     heard_ms: int | None = None  # a refused record arrived then: talking, with a wrong clock
-    # how far the node's GPU samples are stamped behind the partition's clock when they arrive
-    # (negative: ahead), so its silence is measured in its own time base (on_time)
+    # how far the node's GPU samples are stamped behind the partition's clock when they arrive,
+    # so its silence is measured in its own time base (on_time)
     offset_ms: int = 0
     skew_since: int | None = None  # open clock_skew episode (reference time it opened)
     in_job: bool = False  # the last GPU sample ran a job (fleet_inputs: job peers)
@@ -185,7 +185,10 @@ def door(
         return state, None, Refusal(verdict.reason, verdict.message), skew
     findings = _skew_finding(state, event, reference, clock.skew(event.ts), settings)
     if isinstance(event, GpuSample) and reference is not None:
-        state.offset_ms = reference - event.ts  # liveness from arrival (on_time)
+        # liveness from arrival (on_time): how far behind the clock it stamps. Never ahead: a
+        # record past the clock is a stream resuming (the clock follows), or a host ahead,
+        # whose records already look fresh
+        state.offset_ms = max(0, reference - event.ts)
     refusal = _identity(state.inventory, event)
     if refusal is not None:
         if settings.inventory.on_mismatch == "dead_letter":

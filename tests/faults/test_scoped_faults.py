@@ -1,0 +1,159 @@
+"""Fail safe, round 2 (issue 35): outages and impossible readings scoped to one zone or pool,
+hosts whose clocks run behind or ahead within the door's bounds, and a real fault beside an
+outage. Silence and impossible values are no evidence of a node fault: no node is removed for
+them, canaries included, while a node with evidence of its own still is.
+
+Each scenario runs the 64-node simulated fleet (40 minutes, no random faults) with its
+inventory through the embedded runtime and records its figures for the Reliability table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from pipeline.model import Event, Finding, GpuSample, Inventory
+from tests.faults import reliability
+from tests.faults.hostile import (
+    MINUTE,
+    Outcome,
+    fatal_xid,
+    first_samples,
+    fleet_settings,
+    in_pool,
+    in_zone,
+    inventory_of,
+    merge,
+    outage,
+    run,
+    simulate,
+    skew_host,
+    zeroed,
+)
+from tests.faults.test_fail_safe_property import MINUTES as SMALL_MINUTES
+from tests.faults.test_fail_safe_property import _fleet as small_fleet
+
+SIM = fleet_settings()
+
+
+@pytest.fixture(scope="module")
+def fleet() -> tuple[list[Event], list[Inventory]]:
+    sim, events = simulate(SIM)
+    return events, inventory_of(sim.fleet, SIM.start_ms)
+
+
+def _t(minutes: float) -> int:
+    return SIM.start_ms + int(minutes * MINUTE)
+
+
+def _scopes(inventory: list[Inventory]) -> tuple[str, str]:
+    """The fleet's largest zone and pool."""
+    zones = Counter(r.zone for r in inventory if r.kind == "node")
+    pools = Counter(r.pool for r in inventory if r.kind == "node")
+    return zones.most_common(1)[0][0], pools.most_common(1)[0][0]
+
+
+def _record(name: str, out: Outcome, **extra: int | str) -> None:
+    impossible = out.runtime.counts.get("impossible_values", 0)
+    reliability.record("input", name, out.figures(**{"impossible values": impossible, **extra}))
+
+
+@pytest.mark.parametrize("scope", ["zone", "pool"])
+def test_an_outage_of_one_scope_removes_nothing(
+    fleet: tuple[list[Event], list[Inventory]], scope: str
+) -> None:
+    events, inventory = fleet
+    zone, pool = _scopes(inventory)
+    where = in_zone(zone) if scope == "zone" else in_pool(pool)
+    out = run(outage(events, _t(10), _t(25), where), inventory)
+    assert out.removals == [], [(a.target.name, a.reason.checks) for a in out.removals]
+    assert out.lost == 0
+    name = zone if scope == "zone" else pool
+    _record(f"monitoring outage of one {scope} ({name}): its telemetry stops 15 min", out)
+
+
+def test_one_zone_reading_zero_removes_nothing_and_is_counted(
+    fleet: tuple[list[Event], list[Inventory]],
+) -> None:
+    events, inventory = fleet
+    zone, _ = _scopes(inventory)
+    out = run(zeroed(events, _t(10), _t(25), in_zone(zone)), inventory)
+    assert out.removals == [], [(a.target.name, a.reason.checks) for a in out.removals]
+    assert out.runtime.counts["impossible_values"] > 0
+    assert out.lost == 0
+    _record(f"one zone ({zone}) reads 0 for 15 min", out)
+
+
+@pytest.mark.parametrize(("name", "skew_ms"), [
+    ("100 s behind", -100_000), ("240 s behind", -240_000), ("200 s ahead", 200_000),
+])
+def test_a_host_skewed_within_the_door_is_not_silent(
+    fleet: tuple[list[Event], list[Inventory]], name: str, skew_ms: int
+) -> None:
+    events, inventory = fleet
+    host = sorted({e.node for e in events if isinstance(e, GpuSample)})[7]
+    out = run(skew_host(events, host, _t(10), skew_ms), inventory)
+    assert out.removals == [], [(a.target.name, a.reason.checks) for a in out.removals]
+    opened = {
+        f.check for f in out.of("findings")
+        if isinstance(f, Finding) and not f.healthy and f.entity.target.name == host
+    }
+    assert "clock_skew" in opened and not opened & {"node.stale", "node.down"}, opened
+    _record(f"a host whose clock is {name}, reporting on time", out)
+
+
+def test_a_real_fault_beside_a_zone_outage_is_still_removed(
+    fleet: tuple[list[Event], list[Inventory]],
+) -> None:
+    events, inventory = fleet
+    zone, _ = _scopes(inventory)
+    samples = first_samples(events)
+    elsewhere = next(s for s in samples.values() if s.zone != zone)
+    dark = outage(events, _t(10), _t(25), in_zone(zone))
+    out = run(merge(dark, [fatal_xid(elsewhere, _t(15))]), inventory)
+    assert [a.target.name for a in out.removals] == [elsewhere.node]
+    _record(f"one zone ({zone}) dark 15 min, a fatal XID on a node elsewhere", out)
+
+
+_node = st.integers(0, 23)
+_minute = st.integers(2, SMALL_MINUTES - 4)
+_ops = st.one_of(
+    st.tuples(st.just("outage"), st.sampled_from(["zone", "pool", "fleet"]), _node, _minute,
+              st.integers(1, 12)),
+    st.tuples(st.just("zeroed"), st.sampled_from(["zone", "pool", "fleet"]), _node, _minute,
+              st.integers(1, 12)),
+    st.tuples(st.just("skew"), _node, _minute, st.sampled_from([-240_000, -100_000, 200_000])),
+)
+_SEEN: Counter[str] = Counter()
+
+
+# no shrinking: each example runs a fleet for 20 minutes; the failure names its ops
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(ops=st.lists(_ops, min_size=1, max_size=4))
+def test_no_mix_of_outage_scopes_and_skews_removes_a_healthy_node(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    start, clean, inventory = small_fleet()
+    events = list(clean)
+    samples = first_samples(events)
+    nodes = sorted(samples)
+    for op in ops:
+        if op[0] == "skew":
+            events = skew_host(events, nodes[op[1]][1], start + op[2] * MINUTE, op[3])
+            continue
+        like = samples[nodes[op[2]]]
+        scope = {"zone": in_zone(like.zone), "pool": in_pool(like.pool)}.get(op[1])
+        begin, end = start + op[3] * MINUTE, start + (op[3] + op[4]) * MINUTE
+        fault = outage if op[0] == "outage" else zeroed
+        events = fault(events, begin, end, scope) if scope else fault(events, begin, end)
+    out = run(events, list(inventory))
+    assert out.removals == [], (ops, [(a.target.name, a.reason.checks) for a in out.removals])
+    assert out.lost == 0
+    _SEEN["examples"] += 1
+    _SEEN["faults mixed"] += len(ops)
+    reliability.record(
+        "input", "random mixes of scoped outages, zeros and skews on a healthy fleet (hypothesis)",
+        {**_SEEN, "removals": 0, "lost": 0},
+    )
