@@ -142,14 +142,16 @@ ACTIONS = [
 ]
 
 
-def xid(at: int, node: str, code: int) -> XidEvent:
+def xid(at: int, node: str, code: int, lines: int = 1) -> XidEvent:
     pool, zone = ("train", "z-a") if node == "g1" else ("infer", "z-b")
     return XidEvent(ts=at, cluster="c1", node=node, pool=pool, zone=zone, pci_bus_id="0000:53:00",
-                    gpu_index=0, xid=code, message=f"NVRM: Xid {code}", source="simulator")
+                    gpu_index=0, xid=code, message=f"NVRM: Xid {code}", source="simulator",
+                    count=lines, last_ts=at + 20_000 if lines > 1 else None)
 
 
+# g3's last record is a storm of 3 repeats the source coalesced: 5 XID 13 lines in all
 XIDS = [xid(T0 + HOUR + i * MINUTE, "g1", 79) for i in range(2)] + [
-    xid(T0 + 2 * HOUR + i * MINUTE, "g3", 13) for i in range(3)]
+    xid(T0 + 2 * HOUR + i * MINUTE, "g3", 13, lines=3 if i == 2 else 1) for i in range(3)]
 
 
 def capacity(at: int, kind: str, zone: str, **fields: object) -> CapacityEvent:

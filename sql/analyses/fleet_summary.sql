@@ -18,7 +18,7 @@ SELECT
         AND ($pool IS NULL OR target_pool = $pool)) AS actions,
     (SELECT count(*) FILTER (WHERE dry_run) FROM actions WHERE ts >= $since AND ts < $until
         AND ($pool IS NULL OR target_pool = $pool)) AS dry_run_actions,
-    (SELECT count(*) FROM xid WHERE ts >= $since AND ts < $until
+    (SELECT coalesce(sum(lines), 0) FROM xid WHERE ts >= $since AND ts < $until
         AND ($pool IS NULL OR pool = $pool)) AS xid_events,
     -- an alert's pool: its pool label, else the pool of the node or slice it names
     (SELECT count(*) FROM alerts

@@ -11,8 +11,8 @@ WITH f AS (
     GROUP BY target_kind, target_name
 ), x AS (
     SELECT 'node' AS target_kind, node AS target_name, any_value(pool) AS pool,
-           any_value(zone) AS zone, count(*) AS xids,
-           count(*) FILTER (WHERE xid_fatal) AS fatal_xids
+           any_value(zone) AS zone, sum(lines) AS xids,
+           coalesce(sum(lines) FILTER (WHERE xid_fatal), 0) AS fatal_xids
     FROM xid
     WHERE ts >= $since AND ts < $until
     GROUP BY node

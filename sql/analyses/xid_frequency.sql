@@ -11,12 +11,12 @@ WITH gpu_hours AS (
 SELECT xid,
        any_value(mnemonic) AS mnemonic,
        any_value(xid_severity) AS severity,
-       count(*) AS events,
+       sum(lines) AS events,
        count(DISTINCT node) AS nodes,
        count(DISTINCT node || '/' || pci_bus_id) AS gpus,
        min(ts) AS first_seen,
        max(ts) AS last_seen,
-       round(1000 * count(*) / nullif(any_value(gpu_hours.hours), 0), 3) AS per_1k_gpu_hours
+       round(1000 * sum(lines) / nullif(any_value(gpu_hours.hours), 0), 3) AS per_1k_gpu_hours
 FROM xid, gpu_hours
 WHERE ts >= $since AND ts < $until
   AND ($pool IS NULL OR pool = $pool)

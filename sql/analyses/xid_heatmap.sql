@@ -2,7 +2,7 @@
 -- of them the catalog calls fatal, and the distinct codes seen.
 SELECT node,
        time_bucket($bucket, ts) AS bucket,
-       count(*) AS events,
+       sum(lines) AS events,
        count(*) FILTER (WHERE xid_fatal) AS fatal_events,
        string_agg(DISTINCT xid::VARCHAR, ',' ORDER BY xid::VARCHAR) AS codes
 FROM xid
