@@ -25,13 +25,19 @@ import msgspec.inspect as mi
 from pipeline.errors import DecodeError
 from pipeline.model import (
     TOPIC_VALUES,
+    Action,
+    DeadLetter,
     Event,
     FabricSample,
     FabricTick,
+    Finding,
     GpuSample,
     GpuSampleV2,
     IciSample,
+    NodeEvent,
+    NodeState,
     PeerSample,
+    Proposal,
     TpuSample,
     XidEventV1,
 )
@@ -43,8 +49,64 @@ MSGPACK = "application/msgpack"
 Format = Literal["msgpack", "json"]
 # the values FleetPulse's producers may write as msgpack (KafkaSettings.telemetry_format)
 FAST = (GpuSample, TpuSample, IciSample, FabricSample, PeerSample, FabricTick)
+
+
+# --- earlier versions -----------------------------------------------------------------------
+# A rolling upgrade leaves records of the previous version of each schema on the topics (and a
+# writer not yet rolled keeps writing them), so each current schema's previous version is
+# still read: a struct of the current fields under the old tag, upgraded to the current value
+# on decode. Every previous version so far is the current one narrowed (fewer enum values, a
+# field the current one adds with its default), none renamed a field: its values decode as
+# they are, and the fields it lacks get the current schema's defaults (docs/upgrading.md).
+# Each is a subclass of its current struct, so pipeline.replay finds the old tags of a value.
+
+
+class ActionV2(Action, frozen=True, kw_only=True, tag="action/2"):
+    """action/2: no switch or link targets, no repair_link / repair_switch kinds (v3 adds
+    them); every field as in action/3."""
+
+
+class ProposalV2(Proposal, frozen=True, kw_only=True, tag="proposal/2"):
+    """proposal/2: as proposal/3 without switch or link targets and their repair kinds."""
+
+
+class FindingV1(Finding, frozen=True, kw_only=True, tag="finding/1"):
+    """finding/1: as finding/2 without network entities (nic, fabric_port, switch, link),
+    switch or link targets, or repair_link / repair_switch recommendations."""
+
+
+class NodeEventV1(NodeEvent, frozen=True, kw_only=True, tag="node_event/1"):
+    """node_event/1: the kinds cordoned, uncordoned, drained, deleted, repaired, created only
+    (v2 adds held, blocked, skipped, repair_requested, ready, not_ready, refused)."""
+
+
+class NodeStateV1(NodeState, frozen=True, kw_only=True, tag="node_state/1"):
+    """node_state/1: as node_state/2, its target a node or slice only."""
+
+
+class DeadLetterV1(DeadLetter, frozen=True, kw_only=True, tag="dead_letter/1"):
+    """dead_letter/1: no `reason` (v2 adds it; an upgraded letter has the default "")."""
+
+
 # earlier versions still read, each upgraded to the current value on decode (`upgraded`)
-OLDER = (GpuSampleV2, XidEventV1)
+OLDER: tuple[type[Event], ...] = (
+    GpuSampleV2, XidEventV1, ActionV2, ProposalV2, FindingV1, NodeEventV1, NodeStateV1,
+    DeadLetterV1,
+)  # fmt: skip
+
+
+def upgraded(event: Event) -> Event:
+    """The current value of an earlier version's value (`OLDER`); any other value as it is.
+
+    A version with its own `upgraded` (one that maps fields) uses it; the others are their
+    current struct's fields under an older tag, handed on as that struct."""
+    if not isinstance(event, OLDER):
+        return event
+    own = getattr(event, "upgraded", None)
+    if own is not None:
+        return own()  # type: ignore[no-any-return]
+    current = next(c for c in type(event).__mro__[1:] if c in _CURRENT)
+    return current(**msgspec.structs.asdict(event))  # type: ignore[no-any-return]
 
 _ENCODER = msgspec.json.Encoder()
 _GENERIC = msgspec.json.Decoder()
@@ -53,6 +115,9 @@ _MSGSPEC_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re
 _MAX_SHOWN = 80
 # The default size limit, for callers without settings (backtest): KafkaSettings.max_value_bytes.
 MAX_VALUE_BYTES = 1 << 20
+
+
+_CURRENT = frozenset(TOPIC_VALUES.values())
 
 
 def _union() -> Any:
@@ -191,8 +256,7 @@ def _as_json(raw: bytes) -> bytes:
 
 
 def _expect(event: Event, expected: type[E]) -> E:
-    if isinstance(event, OLDER):
-        event = event.upgraded()
+    event = upgraded(event)
     if not isinstance(event, expected):
         raise DecodeError(
             field="$.schema",
