@@ -69,10 +69,12 @@ def test_missing_topics_are_named_with_the_fix(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "does not exist" in done.stderr and "fleetpulse topics create" in done.stderr
     assert env["FLEETPULSE_KAFKA__TOPIC_PREFIX"] + ".telemetry.gpu" in done.stderr
-    # and it says, first, that without an enforced inventory telemetry names the pools
-    assert done.stderr.startswith("fleetpulse worker: no inventory enforced"), done.stderr
-    enforced = _cli("worker", env={**env, "FLEETPULSE_INVENTORY__ENFORCE": "true"})
-    assert enforced.returncode == 2 and "no inventory" not in enforced.stderr
+    # the inventory is enforced by default: nothing to warn about; switched off, it says
+    # first that telemetry names the pools
+    assert "no inventory" not in done.stderr, done.stderr
+    loose = _cli("worker", env={**env, "FLEETPULSE_INVENTORY__ENFORCE": "false"})
+    assert loose.returncode == 2
+    assert loose.stderr.startswith("fleetpulse worker: no inventory enforced"), loose.stderr
 
 
 @pytest.mark.kafka
