@@ -54,7 +54,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--out", type=Path, help="output folder (required for --to jsonl)")
     parser.add_argument("--duration", type=int, metavar="S", help="simulated seconds")
     parser.add_argument("--seed", type=int, help="random seed")
-    parser.add_argument("--start-ms", type=int, metavar="MS", help="event time of the first tick")
+    parser.add_argument(
+        "--start-ms", type=_start_ms, metavar="MS",
+        help="event time of the first tick, in ms since the epoch, or `now` (default: the "
+        "[sim] section's, 2026-01-01T00:00Z: actions from such a run are born expired for an "
+        "actuator on a real clock; use `now` with --realtime to drive one)",
+    )
+    parser.add_argument(
+        "--realtime", action="store_true",
+        help="with --to kafka or stdout: send each tick when the wall clock reaches its event "
+        "time (from the start), not as fast as possible",
+    )
     parser.add_argument("--gpu-nodes", type=int, metavar="N", help="8-GPU nodes")
     parser.add_argument("--tpu-slices", type=int, metavar="N", help="TPU slices")
     parser.add_argument("--clusters", type=int, metavar="N", help="clusters (one region each)")
@@ -145,6 +155,32 @@ def sim_settings(args: argparse.Namespace, base: SimSettings) -> SimSettings:
         raise ConfigError(f"invalid simulator option: {str(exc).replace('$.', '')}") from None
 
 
+def _start_ms(text: str) -> int:
+    if text.strip().lower() == "now":
+        return int(time.time() * 1000)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected milliseconds since the epoch or `now`, got {text!r}"
+        ) from None
+
+
+def _paced(advance: Any, step_s: float, sleep: Any = time.sleep) -> Any:
+    """A progress callback that also holds each tick back until its event time has come on
+    the wall clock, counted from the first tick."""
+    began = time.monotonic()
+
+    def tick_done(done: int, total: int) -> None:
+        if advance is not None:
+            advance(done, total)
+        wait = began + done * step_s - time.monotonic()
+        if wait > 0:
+            sleep(wait)
+
+    return tick_done
+
+
 def _type_name(text: str) -> str:
     code, sep, variant = text.strip().partition("/")
     return f"{code.upper()}{sep}{variant.lower()}"
@@ -163,13 +199,19 @@ def _handle(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.to == "jsonl" and args.out is None:
         raise ConfigError("--to jsonl needs --out DIR")
+    if args.to == "jsonl" and args.realtime:
+        raise ConfigError(
+            "--realtime paces --to kafka or --to stdout; --to jsonl is written at once"
+        )
     try:
         forced = [parse_forced(spec) for spec in args.inject]
         sim = Simulation(sim_settings(args, settings.sim), forced)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     started = time.perf_counter()
-    with _Progress(args.quiet or args.to == "stdout", sim.n_ticks) as advance:
+    with _Progress(args.quiet or args.to == "stdout" or args.realtime, sim.n_ticks) as advance:
+        if args.realtime:
+            advance = _paced(advance, sim.step_s)
         count = _run(args, settings, sim, advance)
     elapsed = time.perf_counter() - started
     if args.out is not None:
@@ -191,10 +233,13 @@ def _run(args: argparse.Namespace, settings: Settings, sim: Any, advance: Any) -
         return int(produce_kafka(sim, settings.kafka, advance))
     count = 0
     out = sys.stdout.buffer
-    for tick in sim.ticks():
+    for i, tick in enumerate(sim.ticks()):
         for event in tick:
             out.write(codec.encode(event) + b"\n")
         count += len(tick)
+        if advance is not None:
+            out.flush()  # a paced run's reader sees each tick when it is due
+            advance(i + 1, sim.n_ticks)
     out.flush()
     return count
 

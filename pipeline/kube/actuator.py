@@ -139,8 +139,9 @@ class Actuator:
         if refusal is not None:
             result = self._refuse(refusal)
         elif action.expires_at is not None and now_ms > action.expires_at:
-            result = Result("skipped", f"expired {now_ms - action.expires_at} ms before it "
-                            f"could start (expires_at {action.expires_at})")  # fmt: skip
+            late = now_ms - action.expires_at
+            result = Result("skipped", f"expired {defences.in_words(late / 1000)} ({late} ms) "
+                            f"before it could start (expires_at {action.expires_at})")  # fmt: skip
         else:
             result = self._on_target(action)
         with self._lock:

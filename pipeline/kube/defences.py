@@ -46,7 +46,8 @@ def credible(action: Action, key: str | None, now_ms: int,
     age_s = (now_ms - action.ts) / _MS
     if age_s > settings.max_action_age_s:
         limit = f"kubernetes.max_action_age_s ({settings.max_action_age_s:g} s)"
-        return Refusal("too_old", f"ts {action.ts} is {age_s:.0f} s old, more than {limit}")
+        return Refusal("too_old", f"ts {action.ts} is {age_s:.0f} s ({in_words(age_s)}) old, "
+                       f"more than {limit}")
     if -age_s > settings.max_action_ahead_s:
         limit = f"kubernetes.max_action_ahead_s ({settings.max_action_ahead_s:g} s)"
         return Refusal("ahead", f"ts {action.ts} is {-age_s:.0f} s ahead of this clock, "
@@ -133,3 +134,12 @@ class RemovalCap:
             if count >= cap:
                 return f"{count} removals in {scope} already"
         return None
+
+
+def in_words(seconds: float) -> str:
+    """How long, as a person says it: "40 s", "12 min", "5 h", "3 days", "11 months"."""
+    for unit, size, up_to in (("s", 1, 120), ("min", 60, 120), ("h", 3600, 48),
+                              ("days", 86_400, 60)):
+        if seconds < size * up_to:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / (30 * 86_400):.0f} months"

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -69,6 +70,27 @@ def test_stdout_carries_only_events() -> None:
     lines = run.stdout.encode().splitlines()
     assert lines and all(_decode_any(line) for line in lines)
     assert "events over 20 simulated s" in run.stderr
+
+
+def test_now_and_realtime_send_each_tick_when_its_time_has_come() -> None:
+    """`--start-ms now --realtime`: event times begin at the wall clock, and the last tick of a
+    30 s run (three 10 s ticks) is not sent before its time, so actions are not born expired."""
+    before = time.time() * 1000
+    run = _simulate("--to", "stdout", "--duration", "30", "--gpu-nodes", "1", "--tpu-slices",
+                    "0", "--start-ms", "now", "--realtime")
+    took = time.time() * 1000 - before
+    assert run.returncode == 0, run.stderr
+    stamps = [int(json.loads(line)["ts"]) for line in run.stdout.splitlines() if '"ts"' in line]
+    assert stamps and before - 1_000 <= min(stamps) <= before + 10_000
+    ticks = sorted({ts - ts % 10_000 for ts in stamps})
+    assert len(ticks) >= 3 and took >= 2 * 10_000 - 500, (ticks, took)
+
+
+def test_start_ms_says_what_it_expected() -> None:
+    run = _simulate("--to", "stdout", "--start-ms", "yesterday")
+    assert run.returncode == 2 and "milliseconds since the epoch or `now`" in run.stderr
+    paced = _simulate("--out", "x", "--realtime")
+    assert paced.returncode == 2 and "--realtime paces --to kafka" in paced.stderr
 
 
 def test_help_lists_outputs_and_fault_specs() -> None:
