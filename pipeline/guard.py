@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from pipeline import alerts
-from pipeline.config import Settings
+from pipeline.config import PolicySettings, Settings
 from pipeline.health import MAINTENANCE_CHECK, target_key
 from pipeline.model import Alert, Inventory, NodeState, PolicyRelease, Proposal, Target
 
@@ -340,6 +340,14 @@ def _cap(size: int, pct: float, absolute: int, floor: int) -> int:
     return min(absolute, max(floor, math.floor(pct * size / 100)))
 
 
+def maintenance_allowance(size: int, policy: PolicySettings) -> int:
+    """How many of a pool, zone or fleet of `size` targets may be out for scheduled
+    maintenance at once (beside the failure budget and caps)."""
+    return max(
+        policy.maintenance_floor, math.floor(policy.maintenance_max_unavailable_pct * size / 100)
+    )
+
+
 # --- common causes ------------------------------------------------------------------------
 
 
@@ -460,7 +468,7 @@ class GuardView:
     admitted: list[tuple[str, Proposal]] = field(default_factory=list)
     maintenance: list[tuple[str, Proposal]] = field(default_factory=list)  # let out for it
 
-    def pool_size(self) -> int | None:
+    def pool_size(self) -> int:
         """The pool's size for its budget: the inventory's members, or the largest pool seen."""
         return self.counted.get(("pool", self.pool), 0)
 
@@ -491,18 +499,14 @@ class GuardView:
         return verdict
 
     def _maintenance_caps(self, zone: str) -> str:
-        pct = self.settings.policy.maintenance_max_unavailable_pct
-        floor = self.settings.policy.maintenance_floor
-        out = {k: z for pool, keys in self.state.maintenance.items() if pool != self.pool
-               for k, z in keys.items()}
-        out |= self.state.maintenance.get(self.pool, {})
+        out = {k: z for keys in self.state.maintenance.values() for k, z in keys.items()}
         out |= {k: p.target.zone for k, p in self.maintenance}
         for scope, name, count in (
             ("zone", zone, sum(1 for z in out.values() if z == zone)),
             ("fleet", FLEET, len(out)),
         ):
             size = self.counted.get((scope, name), 0)
-            if count + 1 > max(floor, math.floor(pct * size / 100)):
+            if count + 1 > maintenance_allowance(size, self.settings.policy):
                 return f"maintenance_{scope}_cap"
         return ""
 

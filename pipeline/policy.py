@@ -68,7 +68,7 @@ import msgspec
 
 from pipeline import alerts
 from pipeline.config import PolicySettings
-from pipeline.guard import FLEET, GuardView, cause_check, silence_only
+from pipeline.guard import FLEET, GuardView, cause_check, maintenance_allowance, silence_only
 from pipeline.health import MAINTENANCE_CHECK, REPAIR_KINDS, target_key
 from pipeline.ids import stable_id
 from pipeline.model import (
@@ -547,13 +547,8 @@ def _maintenance_gate(
     """'' when the maintenance cordon may go now; else why it waits. Maintenance has its own
     allowance in the pool (beside the failure budget), then the guard's (membership, zone and
     fleet allowances, a storm of notices)."""
-    out = maintenance_out(st)
-    size = budget(st, settings, guard).size
-    allowance = max(
-        settings.maintenance_floor,
-        math.floor(settings.maintenance_max_unavailable_pct * size / 100),
-    )
-    if len(out.keys() | {target_key(plan.target)}) > allowance:
+    allowance = maintenance_allowance(_pool_size(st, guard), settings)
+    if len(maintenance_out(st).keys() | {target_key(plan.target)}) > allowance:
         return "maintenance_budget"
     if guard is None:
         return ""
@@ -709,21 +704,25 @@ class Budget:
 
 
 def budget(st: PolicyState, settings: PolicySettings, guard: GuardView | None = None) -> Budget:
-    """The pool's blast-radius budget right now (its size from the inventory when enforced)."""
+    """The pool's blast-radius budget right now (its size: `_pool_size`)."""
     maintenance = {k for k, m in st.maintenance.items() if m.cordoned and not m.done}
     really_out = {k for k, v in st.targets.items() if v.unavailable}
     really_out |= {k for k, o in st.open.items() if o.kind == "cordon"}
     total = really_out | set(st.shadow)
     failure = total - maintenance
-    size = len(st.targets)
-    if guard is not None and guard.pool_size() is not None:
-        size = guard.pool_size() or 0
+    size = _pool_size(st, guard)
     limit = min(
         settings.max_unavailable,
         max(settings.budget_floor, math.floor(settings.max_unavailable_pct * size / 100)),
     )
     ceiling = max(limit, math.floor(settings.fatal_max_unavailable_pct * size / 100))
     return Budget(size, frozenset(failure), frozenset(total), frozenset(really_out), limit, ceiling)
+
+
+def _pool_size(st: PolicyState, guard: GuardView | None) -> int:
+    """The guard's size of the pool (its inventory, or the largest pool seen); alone, the
+    targets this pool has seen."""
+    return len(st.targets) if guard is None else guard.pool_size()
 
 
 def _budget_gate(now: Budget, key: str, fatal: bool) -> str:

@@ -14,6 +14,8 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import msgspec
 
 from pipeline.detect import gpu_metrics as gm
@@ -33,6 +35,18 @@ PORT_ENUMS: dict[str, frozenset[float]] = {
 }
 
 
+def _outside(allowed: frozenset[float]) -> Callable[[float], bool]:
+    return lambda value: value not in allowed
+
+
+def _is_zero(value: float) -> bool:
+    return value == 0.0
+
+
+_NO_LINK = dict.fromkeys(NONZERO_GPU, _is_zero)
+_OFF_ENUM = {name: _outside(allowed) for name, allowed in PORT_ENUMS.items()}
+
+
 def screen_gpu(sample: GpuSample) -> tuple[GpuSample, int]:
     """The sample without the values no working GPU reports, and how many there were. A GPU
     whose every metric reads 0 is left as it is, for the detector to pass over (`unread`): it is
@@ -44,10 +58,9 @@ def screen_gpu(sample: GpuSample) -> tuple[GpuSample, int]:
             impossible += len(gpu.metrics)
             gpus.append(gpu)
             continue
-        kept = {k: v for k, v in gpu.metrics.items() if not (k in NONZERO_GPU and v == 0.0)}
+        kept = _without(gpu.metrics, _NO_LINK)
         impossible += len(gpu.metrics) - len(kept)
-        same = len(kept) == len(gpu.metrics)
-        gpus.append(gpu if same else msgspec.structs.replace(gpu, metrics=kept))
+        gpus.append(gpu if kept is gpu.metrics else msgspec.structs.replace(gpu, metrics=kept))
     if not impossible:
         return sample, 0
     return msgspec.structs.replace(sample, gpus=gpus), impossible
@@ -61,16 +74,22 @@ def unread(metrics: dict[str, float]) -> bool:
 def screen_fabric(sample: FabricSample) -> tuple[FabricSample, int]:
     """The sample without port states outside their enums, and how many were taken out."""
     ports: list[FabricPort] = []
-    dropped = 0
+    impossible = 0
     for port in sample.ports:
-        kept = {
-            name: value
-            for name, value in port.metrics.items()
-            if name not in PORT_ENUMS or value in PORT_ENUMS[name]
-        }
-        dropped += len(port.metrics) - len(kept)
-        same = len(kept) == len(port.metrics)
-        ports.append(port if same else msgspec.structs.replace(port, metrics=kept))
-    if not dropped:
+        kept = _without(port.metrics, _OFF_ENUM)
+        impossible += len(port.metrics) - len(kept)
+        ports.append(port if kept is port.metrics else msgspec.structs.replace(port, metrics=kept))
+    if not impossible:
         return sample, 0
-    return msgspec.structs.replace(sample, ports=ports), dropped
+    return msgspec.structs.replace(sample, ports=ports), impossible
+
+
+def _without(
+    metrics: dict[str, float], bad: Mapping[str, Callable[[float], bool]]
+) -> dict[str, float]:
+    """`metrics` itself when none of the metrics `bad` names has a bad value (nearly every
+    sample: a few lookups, no copy), else a copy without those."""
+    dropped = [name for name, is_bad in bad.items() if name in metrics and is_bad(metrics[name])]
+    if not dropped:
+        return metrics
+    return {name: value for name, value in metrics.items() if name not in dropped}

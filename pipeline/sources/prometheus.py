@@ -456,4 +456,8 @@ class PrometheusSource:
             self.position = position.last_ts_ms
 
     def close(self) -> None:
-        pass
+        """Close the HTTP session's pooled connections to Prometheus (a stand-in client in
+        tests may have none)."""
+        session = getattr(self._client, "_session", None)
+        if session is not None:
+            session.close()

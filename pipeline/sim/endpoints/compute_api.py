@@ -191,6 +191,6 @@ def _handler_for(server: ComputeStandIn) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def log_message(self, format: str, *args: Any) -> None:
-            pass
+            """Quiet: http.server would log every request of a test to stderr."""
 
     return Handler
