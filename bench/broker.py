@@ -26,22 +26,22 @@ import msgspec
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from bench.common import proc_cpu_seconds
-from pipeline import codec
 from pipeline.config import Settings, load_settings
-from pipeline.kafka_client import client_kwargs
 from pipeline.model import Event
-from pipeline.runtime.batches import PRODUCER_BATCHED, group_by_partition
-from pipeline.runtime.batches import headers as batch_headers
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.output import topic_for
+from pipeline.wire import codec
+from pipeline.wire.admin import create_topics
+from pipeline.wire.batches import PRODUCER_BATCHED, group_by_partition
+from pipeline.wire.batches import headers as batch_headers
+from pipeline.wire.kafka import client_kwargs
+from pipeline.wire.topics import record_key, topic_name
 
 
 class Record(NamedTuple):
     topic: str
     key: str
     value: bytes
-    content_type: str  # the record's content-type header (pipeline/codec.py)
+    content_type: str  # the record's content-type header (pipeline/wire/codec.py)
 
 
 def bench_settings(name: str) -> Settings:
@@ -150,7 +150,7 @@ def wire_records(
     """(topic, key, value, headers, partition) to send. `batched`: each run of telemetry
     records of one topic (a scrape: the simulator writes a tick's records topic by topic) goes
     as batch records, one per partition, as FleetPulse's producers write it by default
-    (`kafka.telemetry_batch`; pipeline/runtime/batches.py); else a record each."""
+    (`kafka.telemetry_batch`; pipeline/wire/batches.py); else a record each."""
     prefix = settings.kafka.topic_prefix + "."
     for topic, run in itertools.groupby(batch, key=lambda r: r.topic):
         if not batched or topic.removeprefix(prefix) not in PRODUCER_BATCHED:

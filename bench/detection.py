@@ -7,7 +7,7 @@
 Simulated GPU + TPU fleet runs at the fault model's rates × 10, × 100 and × 1000, several seeds
 each; faults begin in the first hours of a run, then a quiet tail (TAIL_S, 4.5 h) lets the
 pipeline finish deciding about the last of them. Each run's events go once through the embedded pipeline and through the static-threshold
-baseline (bench/baseline_thresholds.py), and both are scored by pipeline.score against the
+baseline (bench/baseline_thresholds.py), and both are scored by pipeline.backtest.score against the
 ground truth, by class and by type: found / acted / withheld (with the rule) / missed, time to
 detect, precision, confounder cordons and false cordons per 1,000 node-days with its 95 %
 bound. The table is printed and written beside the JSON (bench/results/detection.md). Scrapes every 30 s (dcgm-exporter's default collection
@@ -17,7 +17,7 @@ The NAB machine-metric series (../shared/datasets/nab-machine-dev) are scored to
 backtest path (`fleetpulse backtest`), beside a static threshold set from each series' first
 15 % (NAB's probationary period): mean ± 3 standard deviations. Then FleetPulse's series
 detector, a rolling z-score (288 samples) and an EWMA (alpha 0.02) are swept over their
-thresholds and compared at matched false alarms per series-week (pipeline/backtest_sweep.py),
+thresholds and compared at matched false alarms per series-week (pipeline/backtest/sweep.py),
 with two generalisation checks: threshold picked on half the series and scored on the other
 half, and leave one series out.
 """
@@ -35,12 +35,12 @@ from typing import Any
 
 from bench.baseline_thresholds import ThresholdDetector
 from bench.common import RESULTS, ROOT, load_average, result_name, write_result
-from pipeline import backtest as bt
-from pipeline import backtest_sweep as sw
+from pipeline.backtest import run as bt
+from pipeline.backtest import sweep as sw
+from pipeline.backtest.score import POLICY_OUTPUTS, ClassScore, HeldLog, Score, score
 from pipeline.config import Settings, SimSettings
 from pipeline.model import Action, Event, Finding
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.score import POLICY_OUTPUTS, ClassScore, HeldLog, Score, score
 from pipeline.sim.engine import Simulation
 
 NAB = ROOT.parent / "shared" / "datasets" / "nab-machine-dev"

@@ -28,9 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import write_result
-from pipeline.codec import JSON, encode
 from pipeline.config import LakeSettings, load_settings
-from pipeline.lake import Lake, canned_queries
+from pipeline.lake.query import Lake, canned_queries
+from pipeline.lake.sink import LakeSink
+from pipeline.lake.tables import UTILIZATION
+from pipeline.lake.writer import LakeWriter, compacted_file_name, partition_dir, write_parquet
 from pipeline.model import (
     Action,
     Entity,
@@ -43,12 +45,10 @@ from pipeline.model import (
     Utilization,
     XidEvent,
 )
-from pipeline.runtime.batches import MAX_ITEMS
-from pipeline.runtime.batches import headers as batch_headers
-from pipeline.runtime.topics import topic_name
-from pipeline.sinks.lake import LakeWriter, compacted_file_name, partition_dir, write_parquet
-from pipeline.sinks.lake_kafka import LakeSink
-from pipeline.sinks.lake_tables import UTILIZATION
+from pipeline.wire.batches import MAX_ITEMS
+from pipeline.wire.batches import headers as batch_headers
+from pipeline.wire.codec import JSON, encode
+from pipeline.wire.topics import topic_name
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MINUTE, HOUR = 60_000, 3_600_000
@@ -84,7 +84,7 @@ class BatchRecord(NamedTuple):
 
 
 def packed_values(values: list[bytes]) -> bytes:
-    """A batch record's value holding JSON values (pipeline/runtime/batches.py)."""
+    """A batch record's value holding JSON values (pipeline/wire/batches.py)."""
     return msgspec.msgpack.encode([(JSON, value) for value in values])
 
 

@@ -40,14 +40,14 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from bench import broker
 from bench.common import load_average, ratio, result_name, write_result
 from bench.sim import metric_samples
-from pipeline import codec
 from pipeline.config import Settings, SimSettings
-from pipeline.kafka_client import client_kwargs
 from pipeline.model import Action, Event, Finding, GpuSample, Proposal, XidEvent
-from pipeline.runtime.batches import is_batch
-from pipeline.runtime.topics import record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.messages import xid_line
+from pipeline.wire import codec
+from pipeline.wire.batches import is_batch
+from pipeline.wire.kafka import client_kwargs
+from pipeline.wire.topics import record_key, topic_name
 
 GPUS = 10_000
 TPU_SLICES = 8

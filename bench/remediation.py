@@ -15,8 +15,8 @@ import functools
 import sys
 
 from bench.common import median_seconds, write_result
-from pipeline import health, policy
 from pipeline.config import HealthSettings, PolicySettings
+from pipeline.decide import health, policy
 from pipeline.model import Event
 from tests.remediation_fixture import (
     Loop,

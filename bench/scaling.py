@@ -30,8 +30,8 @@ from bench.common import load_average, ratio, result_name
 from bench.common import write_result as _write
 from bench.sim import metric_samples
 from pipeline.config import Settings, SimSettings
-from pipeline.kafka_client import client_kwargs
 from pipeline.sim.engine import Simulation
+from pipeline.wire.kafka import client_kwargs
 
 PARTITIONS = 12
 WORKERS = (1, 3)

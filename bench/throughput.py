@@ -42,13 +42,13 @@ from bench import broker
 from bench.common import Timing, load_average, measure, ratio, result_name, rss_bytes, timing
 from bench.common import write_result as _write
 from bench.sim import metric_samples
-from pipeline.codec import content_type_of, decode
 from pipeline.config import Settings, SimSettings
 from pipeline.model import Event
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.route import encode_state
-from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.sim.engine import Simulation
+from pipeline.stages.route import encode_state
+from pipeline.wire.codec import content_type_of, decode
+from pipeline.wire.topics import TOPICS, topic_name
 
 SCALE_GPUS = (1_000, 10_000, 100_000)
 TAKE = 500  # worker.take of the batched variant: one ack batch (worker.ack_batch)
@@ -175,7 +175,7 @@ def bench_pipeline(quick: bool) -> dict[str, Any]:
 
 def run_producer_batched(batch: list[broker.Record], samples: int, repeat: int
                          ) -> dict[str, Any]:
-    """The worker on the same telemetry written as producer batches (pipeline/runtime/batches.py): one
+    """The worker on the same telemetry written as producer batches (pipeline/wire/batches.py): one
     record per partition and scrape, in topics of its own."""
     settings = broker.bench_settings("throughput-batched")
     prefix = batch[0].topic.split(".", 1)[0] + "."

@@ -6,6 +6,8 @@ Example: FLEETPULSE_KAFKA__BOOTSTRAP=broker:9092 overrides [kafka] bootstrap.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import os
 import re
@@ -18,7 +20,6 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from pipeline import webhooks
 from pipeline.errors import ConfigError
 from pipeline.model import NAME_PATTERN
 from pipeline.redact import redact
@@ -60,11 +61,11 @@ class KafkaSettings(Section, frozen=True):
     # How FleetPulse's own producers (ingest adapters, simulator) write telemetry values (GPU,
     # TPU, ICI samples): msgpack (marked by a `content-type: application/msgpack` header,
     # smaller, and cheaper to decode) or JSON. Consumers accept both on every topic; actions,
-    # alerts, node states and findings are always JSON (pipeline/codec.py).
+    # alerts, node states and findings are always JSON (pipeline/wire/codec.py).
     telemetry_format: Literal["msgpack", "json"] = "msgpack"
     # Write each poll's (the simulator: each tick's) telemetry as batch records, one per topic
     # and partition holding many nodes' samples, instead of one record per node or slice: the
-    # worker's per-record cost is then paid once per batch (pipeline/runtime/batches.py; the
+    # worker's per-record cost is then paid once per batch (pipeline/wire/batches.py; the
     # README's throughput table). The worker reads both; set false where another consumer of
     # the telemetry topics expects a record per node. Each value goes to the partition its
     # key's own record would (the producer asks the broker how many the topic has).
@@ -74,7 +75,7 @@ class KafkaSettings(Section, frozen=True):
     # in the partition its own key picks. The lake sink reads both; set false where another
     # consumer of the utilization topic expects a JSON record per device.
     utilization_batch: bool = True
-    # Security, one section for every client (pipeline/kafka_client.py builds each library's
+    # Security, one section for every client (pipeline/wire/kafka.py builds each library's
     # arguments from it). The password comes from sasl_password (e.g. from
     # FLEETPULSE_KAFKA__SASL_PASSWORD) or, better, sasl_password_file (a mounted secret).
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -191,7 +192,7 @@ class LakeSettings(Section, frozen=True):
 
 
 class AggregateSettings(Section, frozen=True):
-    """Event-time utilization windows (pipeline/aggregate.py)."""
+    """Event-time utilization windows (pipeline/stages/windows.py)."""
 
     window_s: Annotated[int, Meta(ge=1, le=3600)] = 60
     # A window closes once the key's newest event time passes its end by grace_s; records
@@ -357,6 +358,27 @@ class WebhookTarget(HttpClientSettings, frozen=True, kw_only=True):
         _check_http_url(self.url, "url")
 
 
+MIN_KEY_BYTES = 24  # HMAC-SHA256 keys: 192 bits, well beyond guessing (the spec's own are 24+)
+GENERATE = ('python3 -c "import base64, secrets; '
+            "print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\"")
+
+
+def check_webhook_secret(secret: str) -> None:
+    """A Standard Webhooks secret (`whsec_` + base64) of at least MIN_KEY_BYTES, or a ValueError
+    that never names the secret (pipeline/sinks/signing.py signs with it)."""
+    try:
+        size = len(base64.b64decode(secret.removeprefix("whsec_"), validate=True))
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(
+            f"not a Standard Webhooks secret (expected whsec_ + base64): {type(exc).__name__}"
+        ) from None
+    if size < MIN_KEY_BYTES:
+        raise ValueError(
+            f"the key is {size} bytes, expected at least {MIN_KEY_BYTES} random bytes; "
+            f"generate one with: {GENERATE}"
+        )
+
+
 def _check_http_url(url: str, setting: str) -> None:
     """Only http(s) URLs with a host: anything else (file://, a bare path) is no receiver."""
     parts = urllib.parse.urlsplit(url)
@@ -374,7 +396,7 @@ class AlertSettings(Section, frozen=True):
     """`fleetpulse alerts`: fleet.alerts to webhooks and Alertmanager; offsets commit after 2xx.
 
     Webhooks are signed (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature;
-    pipeline/webhooks.py verifies them) when a secret is set: webhook_secret (e.g. from
+    pipeline/sinks/signing.py verifies them) when a secret is set: webhook_secret (e.g. from
     FLEETPULSE_ALERTS__WEBHOOK_SECRET) or webhook_secret_file, `whsec_` + base64 of at least 24
     random bytes; a [[alerts.webhooks]] target may have its own (secret_file).
 
@@ -414,7 +436,7 @@ class AlertSettings(Section, frozen=True):
             _check_http_url(self.alertmanager_url, "alertmanager_url")
         if self.webhook_secret:
             try:
-                webhooks.signer(self.webhook_secret)
+                check_webhook_secret(self.webhook_secret)
             except ValueError as exc:
                 raise ValueError(f"webhook_secret: {exc}") from None
 
@@ -520,7 +542,7 @@ class DetectSettings(Section, frozen=True):
     fabric_switch_min_nodes: Annotated[int, Meta(ge=2)] = 2  # ... a switch's from this many nodes
     # the fleet stage waits for a node still heard but this far behind the cluster's newest
     # time (a backlogged partition) before judging across nodes; past it (a partition stuck,
-    # a host clock far slow) the node's signals are judged as they come (runtime/fleet.py)
+    # a host clock far slow) the node's signals are judged as they come (stages/cluster.py)
     fleet_wait_max_s: PositiveInt = 900
     # a node against its job's other nodes (pipeline/detect/job_peers.py): clocks only go down
     # when something is wrong, so one peer is enough to tell which of two is the slow one
@@ -607,7 +629,7 @@ def _check_tunings(settings: DetectSettings) -> None:
 
 
 class HealthSettings(Section, frozen=True):
-    """Node / slice health state machine (pipeline/health.py); event-time seconds."""
+    """Node / slice health state machine (pipeline/decide/health.py); event-time seconds."""
 
     persist_s: PositiveInt = 120  # an actionable condition must hold this long before degraded
     probation_s: PositiveInt = 600  # healthy this long after a repair before it counts as done
@@ -642,7 +664,7 @@ class HealthSettings(Section, frozen=True):
 
 
 class PolicySettings(Section, frozen=True):
-    """Remediation policy per pool (pipeline/policy.py); event-time seconds."""
+    """Remediation policy per pool (pipeline/decide/policy.py); event-time seconds."""
 
     dry_run: bool = False  # every action is published with dry_run=true
     dry_run_checks: tuple[str, ...] = ()  # disruptive actions justified only by these: dry run
@@ -672,9 +694,9 @@ class PolicySettings(Section, frozen=True):
     maintenance_floor: PositiveInt = 1
     capacity_hold_s: PositiveInt = 3600  # a quota / stock-out signal holds this long
     quota_near_frac: Fraction = 0.95  # quota usage at or above this is "near the limit"
-    # Caps above the pool (pipeline/guard.py): targets out of service per zone and fleet-wide,
-    # fatal faults included; the smaller of percent and absolute wins, never below cap_floor
-    # (a small fleet may still lose a few broken nodes at once).
+    # Caps above the pool (pipeline/decide/guard.py): targets out of service per zone and
+    # fleet-wide, fatal faults included; the smaller of percent and absolute wins, never below
+    # cap_floor (a small fleet may still lose a few broken nodes at once).
     zone_max_unavailable_pct: Percent = 20.0
     zone_max_unavailable: PositiveInt = 50
     fleet_max_unavailable_pct: Percent = 15.0
@@ -693,7 +715,7 @@ class PolicySettings(Section, frozen=True):
     # (only a node with evidence of its own, another check, is removed during a cause).
     silence_grace_s: Annotated[int, Meta(ge=0)] = 120
     # Alert links: annotation runbook_url = runbook_base/<check>; generatorURL =
-    # generator_base/<cluster>/<node, slice or pool> (pipeline/alerts.py)
+    # generator_base/<cluster>/<node, slice or pool> (pipeline/decide/alerts.py)
     runbook_base: str = "https://fleetpulse.io/runbooks"
     generator_base: str = "https://fleetpulse.io/fleet"
 
@@ -752,7 +774,7 @@ class InventorySettings(Section, frozen=True):
 
 
 class ClockSettings(Section, frozen=True):
-    """Event time checked at the door (pipeline/runtime/clock.py, streams/README.md).
+    """Event time checked at the door (pipeline/stages/clock.py, streams/README.md).
 
     The reference is the partition's robust clock (the newest event time that at least
     `quorum_pct` of its keys, and never fewer than two, have reached), and in the worker also
@@ -790,7 +812,7 @@ class WorkerSettings(Section, frozen=True):
     heartbeat_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     send_give_up_s: Annotated[float, Meta(gt=0)] = 300.0  # outputs unsendable this long: exit
     capacity_memory: PositiveInt = 64  # capacity events kept per zone for pools learnt later
-    # event-time order of a partition's topics while catching up (pipeline/runtime/align.py)
+    # event-time order of a partition's topics while catching up (pipeline/stages/align.py)
     align_grace_ms: Annotated[int, Meta(ge=0)] = 1000  # wait for older records this long
     align_always: bool = False  # also when live (adds up to the grace to every record)
 

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import msgspec
 
-from pipeline import codec
+from pipeline.backtest.score import POLICY_OUTPUTS, HeldLog, Score, score
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
-from pipeline.inventory import from_fleet
+from pipeline.lake.tables import TABLES
+from pipeline.lake.writer import LakeWriter
 from pipeline.model import Action, Alert, CapacityEvent, Event, Finding, Proposal, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.score import POLICY_OUTPUTS, HeldLog, Score, score
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import ForcedFault, InjectedFault
-from pipeline.sinks.lake import LakeWriter
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.sim.inventory import from_fleet
+from pipeline.wire import codec
 
 # lake table by the topic suffix its rows travel on
 _TABLE_BY_SUFFIX = {spec.topic_suffix: name for name, spec in TABLES.items()}

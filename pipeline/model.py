@@ -917,7 +917,7 @@ class NodeState(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_
 
 
 WITHHELD_REASON_DOC = (
-    "The rule that holds the proposal back (pipeline/policy.py WITHHELD_ALERT): budget, "
+    "The rule that holds the proposal back (pipeline/decide/policy.py WITHHELD_ALERT): budget, "
     "fatal_ceiling, capacity, slow_start, rate_limit, busy, awaiting_cordon, zone_cap, "
     "fleet_cap, common_cause, not_in_inventory, inventory_mismatch, and for scheduled "
     "maintenance maintenance_budget, maintenance_zone_cap, maintenance_fleet_cap, "

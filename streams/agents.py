@@ -1,4 +1,4 @@
-"""The agents: the faust driver of the stage table in pipeline/runtime/topology.py.
+"""The agents: the faust driver of the stage table in pipeline/stages/topology.py.
 
 One agent per stage, reading the stage's input topics. A record is decoded, its key checked
 (`stage.key`), and the stage's pure `on_item` runs over a `KafkaPart`: the key states of the
@@ -22,19 +22,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pipeline.codec import decode
 from pipeline.errors import DecodeError
 from pipeline.model import Action, Alert, Event, Finding
-from pipeline.runtime import route, topology
-from pipeline.runtime.align import Aligner
-from pipeline.runtime.batches import BATCHED, OUTPUT_BATCHED, is_batch, partition_of, unpack
-from pipeline.runtime.clock import RobustClock
-from pipeline.runtime.route import ClockName, Family, Refusal
-from pipeline.runtime.topics import record_key
-from pipeline.runtime.topology import HEALTH_TOPICS as HEALTH_TOPICS
-from pipeline.runtime.topology import INVENTORY as INVENTORY
-from pipeline.runtime.topology import TELEMETRY_TOPICS as TELEMETRY_TOPICS
-from pipeline.runtime.topology import Out
+from pipeline.stages import route, topology
+from pipeline.stages.align import Aligner
+from pipeline.stages.clock import RobustClock
+from pipeline.stages.route import ClockName, Family, Refusal
+from pipeline.stages.topology import HEALTH_TOPICS as HEALTH_TOPICS
+from pipeline.stages.topology import INVENTORY as INVENTORY
+from pipeline.stages.topology import TELEMETRY_TOPICS as TELEMETRY_TOPICS
+from pipeline.stages.topology import Out
+from pipeline.wire.batches import BATCHED, OUTPUT_BATCHED, is_batch, partition_of, unpack
+from pipeline.wire.codec import decode
+from pipeline.wire.topics import record_key
 from streams.acks import Ack
 from streams.context import Context, Futures
 from streams.records import Record, decode_value, key_text, unexpected_error
@@ -139,7 +139,7 @@ def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) ->
 def handle(
     ctx: Context, stage: topology.Stage, record: Record, event: Event | None, own_key: bool = False
 ) -> Futures:
-    """`own_key`: a value of a producer's batch (pipeline/runtime/batches.py), keyed by its own
+    """`own_key`: a value of a producer's batch (pipeline/wire/batches.py), keyed by its own
     target."""
     key = stage.key(event, _own_key(ctx, record, event) if own_key else key_text(record))
     part = KafkaPart(ctx, stage.table, record.partition)
@@ -178,7 +178,7 @@ def _value(ctx: Context, record: Record) -> Event | None:
 
 
 def handle_batch(ctx: Context, stage: topology.Stage, record: Record) -> Futures:
-    """Each value of a batch record in turn (pipeline/runtime/batches.py), as if each were a
+    """Each value of a batch record in turn (pipeline/wire/batches.py), as if each were a
     record; one that cannot be handled is a dead letter (of the whole record, naming the
     value), and the others go on."""
     held = ctx.unpacked.pop((record.topic, record.partition, record.offset), None)

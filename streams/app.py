@@ -1,11 +1,11 @@
 """The faust App, built from Settings: topics, tables, agents and the worker's timers.
 
-- Every topic is read and written as raw bytes; pipeline.codec decodes, so bad input is ours.
+- Every topic is read and written as raw bytes; pipeline.wire.codec decodes, so bad input is ours.
 - Tables are keyed by bytes and hold msgpack state (route.encode_state), one per stage:
   telemetry (node or slice), health (target), zones (zone), policy (pool). Each is backed by a
   compacted changelog topic `<app id>-<table>-changelog` with the source topics' partition
   count, and `standby_replicas` warm copies on other workers. The changelogs are created
-  before the app starts (pipeline/runtime/group_topics.py), not by faust.
+  before the app starts (pipeline/wire/group_topics.py), not by faust.
 - at_least_once; no Kafka transactions (faust's exactly-once has open bugs). Offsets are
   committed every `commit_interval_s`, and only past records whose outputs were acknowledged.
 """
@@ -22,9 +22,9 @@ import faust
 from aiokafka.errors import KafkaError as AioKafkaError
 
 from pipeline.config import Settings
-from pipeline.kafka_client import client_kwargs
-from pipeline.runtime import batches
-from pipeline.runtime.group_topics import TABLES, group_name, table_partitions
+from pipeline.wire import batches
+from pipeline.wire.group_topics import TABLES, group_name, table_partitions
+from pipeline.wire.kafka import client_kwargs
 from streams import agents
 from streams.acks import Settler
 from streams.clock import Family, PartitionClocks

@@ -2,7 +2,7 @@
 
 A node that stops reporting produces no records, so the only clock that can notice it is the
 event time of the *other* records in its partition. Each partition has one robust clock
-(pipeline/runtime/clock.py) per source family, moved by its own accepted records, and runs
+(pipeline/stages/clock.py) per source family, moved by its own accepted records, and runs
 `route.on_time` for its keys at every boundary it crosses, with the boundary as "now" (the ids
 the embedded runtime makes, whose whole fleet is one stream with the same clocks).
 
@@ -22,8 +22,8 @@ partitions, which must never make a reporting node look silent.
 from __future__ import annotations
 
 from pipeline.config import ClockSettings
-from pipeline.runtime.clock import MAX_TICKS, RobustClock
-from pipeline.runtime.route import CLOCKS, FAMILIES, ClockName, Family
+from pipeline.stages.clock import MAX_TICKS, RobustClock
+from pipeline.stages.route import CLOCKS, FAMILIES, ClockName, Family
 
 __all__ = ["FAMILIES", "MAX_TICKS", "Family", "PartitionClocks"]
 IDLE_S = 30.0

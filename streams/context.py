@@ -36,16 +36,17 @@ from typing import Any, TypeVar
 import faust
 import msgspec
 
-from pipeline import cloudevents_headers
-from pipeline.codec import JSON, encode_as, record_headers
 from pipeline.config import Settings
 from pipeline.model import Action, Alert, DeadLetter, Event, Finding
-from pipeline.runtime import batches, route
-from pipeline.runtime.topics import TOPICS, topic_name
-from pipeline.runtime.topology import ANNOUNCE_INPUT as ANNOUNCE_INPUT
-from pipeline.runtime.topology import INTERNAL
-from pipeline.runtime.topology import POLICY_INPUT as POLICY_INPUT
-from pipeline.runtime.topology import ZONE_INPUT as ZONE_INPUT
+from pipeline.stages import route
+from pipeline.stages.topology import ANNOUNCE_INPUT as ANNOUNCE_INPUT
+from pipeline.stages.topology import INTERNAL
+from pipeline.stages.topology import POLICY_INPUT as POLICY_INPUT
+from pipeline.stages.topology import ZONE_INPUT as ZONE_INPUT
+from pipeline.wire import batches
+from pipeline.wire import headers as cloudevents_headers
+from pipeline.wire.codec import JSON, encode_as, record_headers
+from pipeline.wire.topics import TOPICS, topic_name
 from streams import tables
 from streams.acks import Settler
 from streams.clock import PartitionClocks
@@ -58,7 +59,7 @@ Futures = list[Awaitable[Any]]
 Replay = Callable[[], object]
 
 # Internal topics (created by faust, named after the app like its changelogs; declared with
-# the stages that write and read them in pipeline/runtime/topology.py).
+# the stages that write and read them in pipeline/stages/topology.py).
 CATCHING_UP = 100  # records left to read in a partition: it is catching up, not live
 INTERNAL_TOPICS = tuple(INTERNAL)
 CE_TOPICS = cloudevents_headers.TOPICS  # the public topics only, not the internal copies

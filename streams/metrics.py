@@ -12,8 +12,8 @@ from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from pipeline import alerts, guard
 from pipeline.config import MetricsSettings
+from pipeline.decide import alerts, guard
 from pipeline.model import ActionKind
 from pipeline.selfmetrics import Ready
 from pipeline.selfmetrics import serve as serve_http

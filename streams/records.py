@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-from pipeline.codec import MAX_VALUE_BYTES, content_type_of, decode
 from pipeline.errors import DecodeError
 from pipeline.model import Event
+from pipeline.wire.codec import MAX_VALUE_BYTES, content_type_of, decode
 
 E = TypeVar("E", bound=Event)
 

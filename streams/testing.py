@@ -23,16 +23,16 @@ from typing import IO, Any, TypeVar
 import msgspec
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from pipeline.codec import content_type_of, decode, encode_as, record_headers
 from pipeline.config import KafkaSettings, Settings, SimSettings
 from pipeline.errors import DecodeError
-from pipeline.kafka_client import client_kwargs
 from pipeline.model import Action, Event
-from pipeline.runtime.batches import input_records, is_batch, partition_of, unpack
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import ForcedFault
+from pipeline.wire.batches import input_records, is_batch, partition_of, unpack
+from pipeline.wire.codec import content_type_of, decode, encode_as, record_headers
+from pipeline.wire.kafka import client_kwargs
+from pipeline.wire.topics import TOPICS, record_key, topic_name
 
 E = TypeVar("E", bound=Event)
 # the topics an ingest adapter writes (the simulator also writes the fleet's inventory)
@@ -197,7 +197,7 @@ def topic_of(settings: Settings, event: Event) -> str:
 
 
 def key_of(event: Event) -> str:
-    """The key an ingest adapter gives an input event (see pipeline/runtime/topics.py)."""
+    """The key an ingest adapter gives an input event (see pipeline/wire/topics.py)."""
     return record_key(event)
 
 
@@ -233,7 +233,7 @@ def produce_events(
 ) -> dict[str, int]:
     """Send input events to their topics, keyed and encoded as the ingest adapters do
     (`kafka.telemetry_format`); return the partition each key went to. The events of the
-    topic suffixes in `batched` go as batch records (pipeline/runtime/batches.py), one per partition
+    topic suffixes in `batched` go as batch records (pipeline/wire/batches.py), one per partition
     and timestamp, as a producer batching each scrape would write them."""
     own = kafka is None
     kafka = kafka or producer(settings.kafka)
@@ -281,7 +281,7 @@ def _send(kafka: KafkaProducer, settings: Settings, event: Event) -> Any:
 
 def payloads_of(record: Any) -> list[tuple[str | None, bytes]]:
     """A consumed record's values as (content type, bytes): a producer's batch record gives
-    each of its values (pipeline/runtime/batches.py), any other record its own (msgpack
+    each of its values (pipeline/wire/batches.py), any other record its own (msgpack
     telemetry says so in its content-type header)."""
     if is_batch(record):
         return list(unpack(record.value))

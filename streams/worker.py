@@ -20,9 +20,9 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from pipeline.config import Settings
 from pipeline.errors import FleetPulseError
-from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs, until_connected
-from pipeline.runtime.group_topics import group_topics
-from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.wire.group_topics import group_topics
+from pipeline.wire.kafka import STAY_CONNECTED, check_login, client_kwargs, until_connected
+from pipeline.wire.topics import TOPICS, topic_name
 from streams.agents import HEALTH_TOPICS, INVENTORY, TELEMETRY_TOPICS
 from streams.app import LAG_INTERVAL_S, app_id, create_app
 from streams.context import CATCHING_UP, INTERNAL_TOPICS, Context

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config import LakeSettings
+from pipeline.lake.writer import LakeWriter
 from pipeline.model import (
     Action,
     Alert,
@@ -34,7 +35,6 @@ from pipeline.model import (
     WithheldRecord,
     XidEvent,
 )
-from pipeline.sinks.lake import LakeWriter
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MINUTE, HOUR = 60_000, 3_600_000

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pipeline import health, policy
 from pipeline.config import HealthSettings, PolicySettings
-from pipeline.health import HealthState
+from pipeline.decide import health, policy
+from pipeline.decide.health import HealthState
 from pipeline.model import (
     Action,
     Alert,
@@ -192,7 +192,7 @@ class Loop:
     health: dict[str, health.HealthState] = field(default_factory=dict)
     policy: dict[str, policy.PolicyState] = field(default_factory=dict)
     log: list[Event] = field(default_factory=list)
-    # assert the one rule of state ownership (pipeline/runtime/topology.py): a stage changes
+    # assert the one rule of state ownership (pipeline/stages/topology.py): a stage changes
     # the state it is given and returns that state, it never works on a copy
     check_inputs: bool = False
 

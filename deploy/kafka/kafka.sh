@@ -13,7 +13,7 @@
 #      JAVA_HOME (optional: use $JAVA_HOME/bin/java), MVN (default mvn).
 # Secure profile: KAFKA_SECURE=1 start adds a SASL_SSL listener on KAFKA_SECURE_PORT (default
 #      KAFKA_PORT+2) with a CA and broker certificate made per run (openssl), SCRAM users with
-#      per-run passwords (admin, and a principal per component: pipeline/wire_acl.py), and the
+#      per-run passwords (admin, and a principal per component: pipeline/wire/acl.py), and the
 #      StandardAuthorizer with those principals' ACLs for the topic prefixes in
 #      KAFKA_ACL_PREFIXES (comma-separated, default fleet); the data dir is fresh each run.
 #      Files (CA, passwords, client env) land in .cache/kafka/secure-<KAFKA_PORT>; see README.md.
@@ -191,7 +191,7 @@ print_log_tail() {
 
 # --- secure profile --------------------------------------------------------------------------
 
-SECURE_USERS=()  # admin, then a principal per component (pipeline/wire_acl.py), at start
+SECURE_USERS=()  # admin, then a principal per component (pipeline/wire/acl.py), at start
 
 project_python() { # the project's Python (it has the Kafka client), or python3
   local py="${PYTHON:-}"
@@ -205,7 +205,7 @@ secure_acls() { # deploy/kafka/secure_acls.py with the repository importable
 
 load_users() {
   local principals
-  principals="$(secure_acls --principals)" || die "could not list the principals (pipeline/wire_acl.py)"
+  principals="$(secure_acls --principals)" || die "could not list the principals (pipeline/wire/acl.py)"
   mapfile -t SECURE_USERS < <(printf 'admin\n%s\n' "$principals")
 }
 

@@ -1,7 +1,7 @@
 """ACLs of kafka.sh's secure profile, created over the broker's PLAINTEXT listener (a super user).
 
 One principal per FleetPulse component, `fleetpulse-<role>`, with exactly the grants of
-pipeline/wire_acl.py (the table README.md's ACL section is written from): the worker alone
+pipeline/wire/acl.py (the table README.md's ACL section is written from): the worker alone
 writes actions and the stage topics, the XID reader only XID events and its dead letters, and
 so on. `admin` is a super user (super.users) and needs no ACL: tools such as `simulate` and the
 tests' setup run as it. Nothing else is allowed (allow.everyone.if.no.acl.found=false).
@@ -25,7 +25,7 @@ from kafka.admin import (
 )
 
 from pipeline.config import KafkaSettings
-from pipeline.wire_acl import ROLES, Grant, grants
+from pipeline.wire.acl import ROLES, Grant, grants
 
 
 def to_acl(grant: Grant) -> ACL:

@@ -1,6 +1,6 @@
 """`fleetpulse alerts`: fleet.alerts → Alertmanager and webhooks; offsets commit after 2xx.
 
-The Kafka side is the edge runner (pipeline/edge.py); the delivery is pipeline/sinks/
+The Kafka side is the edge runner (pipeline/wire/edge.py); the delivery is pipeline/sinks/
 alert_targets.py: every configured target has its own queue and thread, so one that is slow,
 away or answering 5xx never delays the others, and each POST ends by its deadline
 (alerts.timeout_s, the whole request, however slowly a receiver answers). A target that fails
@@ -27,16 +27,16 @@ from typing import Any
 
 import requests.auth
 
-from pipeline import webhooks
 from pipeline.config import HttpClientSettings, Settings, WebhookTarget
-from pipeline.edge import EdgeOptions, EdgeStats, run_edge, stop_on_signals
 from pipeline.errors import ConfigError
 from pipeline.redact import load_secret, redact, redact_logs, remember
-from pipeline.runtime.topics import topic_name
 from pipeline.selfmetrics import Readiness, serve_stats
+from pipeline.sinks import signing as webhooks
 from pipeline.sinks.alert_targets import AlertDelivery, AlertSink, AlertStats
 from pipeline.sinks.alertmanager import AlertmanagerSink
 from pipeline.sinks.webhook import BearerAuth, JsonPoster, Target, WebhookSink
+from pipeline.wire.edge import EdgeOptions, EdgeStats, run_edge, stop_on_signals
+from pipeline.wire.topics import topic_name
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from pipeline import backtest as bt
-from pipeline import backtest_sweep as sw
+from pipeline.backtest import run as bt
+from pipeline.backtest import sweep as sw
 from pipeline.config import Settings
 
 

@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pipeline.backtest.score import ClassScore
 from pipeline.config import Settings
 from pipeline.demo import DemoResult, run_demo
 from pipeline.errors import ConfigError
-from pipeline.score import ClassScore
 from pipeline.sim.faults import ForcedFault, parse_forced
 
 
@@ -88,7 +88,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     started = time.monotonic()
     result = _run_with_progress(settings, args.out, console, forced, not args.no_inventory)
     if not args.no_report:
-        from pipeline.report import write_report  # DuckDB only when a report is wanted
+        from pipeline.report.html import write_report  # DuckDB only when a report is wanted
 
         result.report_file = write_report(result.lake_dir, args.out / "report.html", settings.lake)
     _summary(console, result, time.monotonic() - started)

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.config import Settings
-from pipeline.inventory import load_inventory
+from pipeline.sources.inventory_file import load_inventory
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,8 +58,8 @@ def _load(args: argparse.Namespace, settings: Settings) -> int:
     if args.dry_run:
         print(f"{args.file}: {shape}; dry run, nothing sent")
         return 0
-    from pipeline.runtime.kafka_admin import require_topic  # the Kafka client only to send
     from pipeline.sources.publish import KafkaPublisher
+    from pipeline.wire.admin import require_topic  # the Kafka client only to send
 
     topic = require_topic(settings.kafka, "inventory")
     publisher = KafkaPublisher(settings.kafka, client_id=f"{settings.kafka.client_id}-inventory")

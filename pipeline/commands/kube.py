@@ -16,8 +16,8 @@ import threading
 from typing import Any
 
 from pipeline.config import Settings
-from pipeline.edge import stop_on_signals
 from pipeline.selfmetrics import Readiness, serve_stats
+from pipeline.wire.edge import stop_on_signals
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,11 +71,11 @@ def _cluster(settings: Settings) -> str:
 
 
 def _actuate(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.edge import EdgeStats
     from pipeline.kube.actuator import Actuator, ActuatorStats
     from pipeline.kube.client import connect
     from pipeline.kube.kafka import ActuatorSink, Producer, run_actuator
     from pipeline.kube.release import Releaser, ReleaseStats
+    from pipeline.wire.edge import EdgeStats
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cluster = _cluster(settings)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Settings
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.lake.tables import TABLES
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _compact(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.sinks.lake_check import QUARANTINE_DIR
-    from pipeline.sinks.lake_compact import compact
+    from pipeline.lake.check import QUARANTINE_DIR
+    from pipeline.lake.compact import compact
 
     root = Path(args.lake or settings.lake.path)
     report = compact(root, settings.lake, args.table, verify=args.verify)
@@ -56,8 +56,8 @@ def _compact(args: argparse.Namespace, settings: Settings) -> int:
 def _status(args: argparse.Namespace, settings: Settings) -> int:
     import pyarrow.parquet as pq
 
-    from pipeline.lake import require_lake
-    from pipeline.sinks.lake_check import QUARANTINE_DIR, quarantined_files, readable_files
+    from pipeline.lake.check import QUARANTINE_DIR, quarantined_files, readable_files
+    from pipeline.lake.query import require_lake
 
     root = require_lake(args.lake or settings.lake.path)
     unreadable = []

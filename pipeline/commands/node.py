@@ -74,12 +74,12 @@ def _release(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _echo(settings: Settings, cluster: str, node: Any, who: str, why: str) -> None:
-    from pipeline.codec import encode
     from pipeline.kube import nodes
     from pipeline.kube.kafka import Producer
     from pipeline.kube.watcher import Out
     from pipeline.model import NodeEvent
-    from pipeline.runtime.topics import record_key
+    from pipeline.wire.codec import encode
+    from pipeline.wire.topics import record_key
 
     where = nodes.place(node, settings.kubernetes.pool_label)
     event = NodeEvent(ts=int(time.time() * 1000), cluster=cluster, target_kind="node",

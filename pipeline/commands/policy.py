@@ -6,7 +6,7 @@
 
 When more than a share of a pool, zone or the fleet raises the same check at once, the policy
 stage treats it as one common cause (an outage, a driver wave) and pauses removals for that
-check beyond a few canaries (pipeline/guard.py, alert FleetPulseCommonCause). A release tells
+check beyond a few canaries (pipeline/decide/guard.py, alert FleetPulseCommonCause). A release tells
 it the cause is understood: removals for the check in that scope go ahead under the usual
 budgets until the cause clears and a new one is seen. The release is a policy_release/1 record
 on fleet.events.policy, the topic the policy stage reads; `--scope KIND:NAME`, as the alert
@@ -20,12 +20,12 @@ import argparse
 import getpass
 import time
 
-from pipeline.codec import decode, encode
 from pipeline.config import Settings
+from pipeline.decide.guard import FLEET, SCOPES
 from pipeline.errors import ConfigError, DecodeError
-from pipeline.guard import FLEET, SCOPES
 from pipeline.model import PolicyRelease
-from pipeline.runtime.topics import record_key, topic_name
+from pipeline.wire.codec import decode, encode
+from pipeline.wire.topics import record_key, topic_name
 
 _SUFFIX = "events.policy"
 
@@ -109,8 +109,8 @@ def _release(args: argparse.Namespace, settings: Settings) -> int:
     if args.dry_run:
         print(f"dry run, not sent to {topic} (key {record_key(record)}):\n{line}")
         return 0
-    from pipeline.runtime.kafka_admin import require_topic  # the Kafka client only to send
     from pipeline.sources.publish import KafkaPublisher
+    from pipeline.wire.admin import require_topic  # the Kafka client only to send
 
     require_topic(settings.kafka, _SUFFIX)
     publisher = KafkaPublisher(settings.kafka, client_id=f"{settings.kafka.client_id}-policy")

@@ -31,8 +31,8 @@ from pathlib import Path
 import msgspec
 
 from pipeline.config import Settings
-from pipeline.inventory import load_inventory
-from pipeline.replay import ReplayResult, replay
+from pipeline.runtime.replay import ReplayResult, replay
+from pipeline.sources.inventory_file import load_inventory
 
 _SHOWN = 20
 _PROGRESS_EVERY_S = 5.0

@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.commands.sql import window_params
-    from pipeline.lake import Lake, require_lake
-    from pipeline.report import build_report
+    from pipeline.lake.query import Lake, require_lake
+    from pipeline.report.html import build_report
 
     with Lake(require_lake(args.lake or settings.lake.path), settings.lake) as lake:
         window = window_params(args, lake)

@@ -31,11 +31,12 @@ from typing import Any
 
 import msgspec
 
-from pipeline import codec
 from pipeline.config import Settings, SimSettings
 from pipeline.errors import ConfigError
-from pipeline.inventory import FILE_NAME as INVENTORY_FILE
-from pipeline.inventory import from_fleet, write_inventory
+from pipeline.sim.inventory import from_fleet
+from pipeline.sources.inventory_file import FILE_NAME as INVENTORY_FILE
+from pipeline.sources.inventory_file import write_inventory
+from pipeline.wire import codec
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _lake(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.sinks.lake_kafka import run_until_signalled  # Kafka client only when needed
+    from pipeline.lake.sink import run_until_signalled  # Kafka client only when needed
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     root = args.lake or settings.lake.path

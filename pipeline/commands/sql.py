@@ -27,7 +27,7 @@ from decimal import Decimal
 from typing import Any, TextIO
 
 from pipeline.config import Settings
-from pipeline.lake import (
+from pipeline.lake.query import (
     CannedQuery,
     Lake,
     QueryError,
@@ -37,7 +37,7 @@ from pipeline.lake import (
     parse_duration,
     require_lake,
 )
-from pipeline.lake import parse_time as parse_iso
+from pipeline.lake.query import parse_time as parse_iso
 
 _MAX_CELL = 60
 _WINDOW = ("since", "until", "pool", "bucket")  # parameters with options of their own

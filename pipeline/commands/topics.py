@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from pipeline.config import Settings
-from pipeline.runtime.topics import TOPICS, topic_configs, topic_name
+from pipeline.wire.topics import TOPICS, topic_configs, topic_name
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _create(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.runtime.kafka_admin import create_topics  # kafka client only when needed
+    from pipeline.wire.admin import create_topics  # kafka client only when needed
 
     # Said before the wait, so a person sees at once what it is waiting for.
     print(f"connecting to Kafka at {settings.kafka.bootstrap} (up to {args.timeout:g} s)…",
@@ -52,7 +52,7 @@ def _create(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.runtime.group_topics import group_name, group_topics  # the topology: heavy
+    from pipeline.wire.group_topics import group_name, group_topics  # the topology: heavy
 
     for spec in TOPICS:
         configs = ",".join(f"{k}={v}" for k, v in topic_configs(settings.kafka, spec).items())

@@ -23,7 +23,7 @@ from typing import Any
 from pipeline.config import KubernetesSettings
 from pipeline.kube import nodes
 from pipeline.model import Action
-from pipeline.runtime.topics import scoped
+from pipeline.wire.topics import scoped
 
 REPAIR_KINDS = frozenset({"reset_gpu", "reboot", "repair", "replace", "repair_slice"})
 REMOVALS = frozenset({"cordon", "drain"}) | REPAIR_KINDS

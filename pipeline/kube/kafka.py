@@ -1,6 +1,6 @@
 """The Kafka side of the actuator and the watcher.
 
-`ActuatorSink` is an edge sink (pipeline/edge.py): `add(record)` decodes one consumed record
+`ActuatorSink` is an edge sink (pipeline/wire/edge.py): `add(record)` decodes one consumed record
 (DecodeError for a bad value: dead-lettered) and starts it in its key's lane; the edge commits
 only up to the first action whose outcome is not yet known and echoed. `run_actuator` drives
 it with the shared runner, as the lake sink and alerts are driven.
@@ -17,17 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.codec import decode, encode
 from pipeline.config import Settings
-from pipeline.edge import Edge, EdgeOptions, EdgeStats, Rejected
 from pipeline.errors import SinkError
-from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs
 from pipeline.kube.actuator import Actuator, ApiRefusedError
 from pipeline.kube.watcher import Out
 from pipeline.model import Action
 from pipeline.retry import Backoff
-from pipeline.runtime.topics import record_key, topic_name
 from pipeline.selfmetrics import Readiness
+from pipeline.wire.codec import decode, encode
+from pipeline.wire.edge import Edge, EdgeOptions, EdgeStats, Rejected
+from pipeline.wire.kafka import STAY_CONNECTED, check_login, client_kwargs
+from pipeline.wire.topics import record_key, topic_name
 
 log = logging.getLogger(__name__)
 _SEND_TIMEOUT_S = 30
@@ -74,7 +74,7 @@ class _Job:
 
 
 class ActuatorSink:
-    """fleet.actions records → the actuator, in the edge-sink shape (pipeline/edge.py), with
+    """fleet.actions records → the actuator, in the edge-sink shape (pipeline/wire/edge.py), with
     no head-of-line blocking.
 
     `add` decodes (DecodeError for a bad value: dead-lettered) and hands the action to the
@@ -248,7 +248,7 @@ def run_actuator(
     readiness: Readiness | None = None,
     stats: EdgeStats | None = None,
 ) -> EdgeStats:
-    """fleet.actions through the edge runner (pipeline/edge.py) into the actuator's lanes (one
+    """fleet.actions through the edge runner (pipeline/wire/edge.py) into the actuator's lanes (one
     per key: per-key order, no key waits for another); offsets committed up to the first
     action not finished, after its echo is acknowledged; bad values and actions the API server
     refuses for good go to fleet.dlq. The loop keeps polling while drains run, so the group

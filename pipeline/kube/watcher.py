@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.codec import encode
 from pipeline.config import KubernetesSettings
 from pipeline.errors import SinkError
 from pipeline.kube import nodes
 from pipeline.kube.client import UNREACHABLE
 from pipeline.model import Event, NodeEvent
 from pipeline.retry import Backoff
-from pipeline.runtime.topics import scoped
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import scoped
 
 log = logging.getLogger(__name__)
 # waits between tries while the API server is away: 1 s, doubling, at most 30 s

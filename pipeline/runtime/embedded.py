@@ -1,6 +1,6 @@
 """The embedded runtime: the whole pipeline in one process, no Kafka, deterministic.
 
-A driver of the stage table in pipeline/runtime/topology.py, as the faust app is: records
+A driver of the stage table in pipeline/stages/topology.py, as the faust app is: records
 flow exactly as they do through the Kafka topics (telemetry → findings → health →
 proposals/node-state → zone/policy → actions, fed back to health), each output handed to the
 stage that reads its topic, breadth-first, like records travelling through topics. The whole
@@ -17,16 +17,17 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from pipeline import guard, health, policy
-from pipeline.codec import decode, encode
 from pipeline.config import Settings
+from pipeline.decide import guard, health, policy
 from pipeline.errors import DecodeError
 from pipeline.model import DeadLetter, Event, RawRecord
-from pipeline.runtime import route, topology, zones
-from pipeline.runtime.clock import RobustClock
-from pipeline.runtime.route import ClockName, Family, Refusal
-from pipeline.runtime.topics import TOPICS, record_key
-from pipeline.runtime.topology import INTERNAL, READER, Out
+from pipeline.stages import route, topology
+from pipeline.stages import zone as zones
+from pipeline.stages.clock import RobustClock
+from pipeline.stages.route import ClockName, Family, Refusal
+from pipeline.stages.topology import INTERNAL, READER, Out
+from pipeline.wire.codec import decode, encode
+from pipeline.wire.topics import TOPICS, record_key
 
 Emit = Callable[[str, Event], None]
 S = TypeVar("S")

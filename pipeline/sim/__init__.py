@@ -9,7 +9,6 @@ Deterministic: the same settings (and forced faults) give byte-identical output.
 endpoints in `pipeline.sim.endpoints` serve these events the way the real sources would.
 """
 
-from pipeline.runtime.topics import record_key
 from pipeline.sim.engine import SIGNATURES, Simulation
 from pipeline.sim.faults import (
     CODES,
@@ -21,6 +20,7 @@ from pipeline.sim.faults import (
     parse_forced,
 )
 from pipeline.sim.output import produce_kafka, read_truth, truth_path, write_jsonl
+from pipeline.wire.topics import record_key
 
 __all__ = [
     "CODES",

@@ -21,7 +21,6 @@ from pipeline.sim import signatures_tpu as tpu_sig
 from pipeline.sim.capacity import CapacitySignals, schedule_background
 from pipeline.sim.effects import TPU_KINDS, Change
 from pipeline.sim.fabric import FABRIC_EFFECTS, FabricTelemetry
-from pipeline.sim.fabric import inventory as fabric_inventory
 from pipeline.sim.faults import (
     CODES,
     FAULT_TYPE_BY_KEY,
@@ -34,6 +33,7 @@ from pipeline.sim.faults import (
 from pipeline.sim.fleet import Fleet, build_fleet
 from pipeline.sim.gpu import GpuTelemetry
 from pipeline.sim.inject import Injector, Placement
+from pipeline.sim.inventory import from_fleet
 from pipeline.sim.schedule import (
     Heterogeneity,
     Rates,
@@ -179,7 +179,7 @@ class Simulation:
             t = self.start_ms + offset_s * 1000
             out: list[Event] = []
             if k == 0:  # the owner's inventory: each node's leaf switch, for localisation
-                out.extend(fabric_inventory(self.fleet, t))
+                out.extend(from_fleet(self.fleet, t))
             if offset_s % settings.gpu_interval_s == 0:
                 out.extend(gpu.tick(t))
             tpu_due = offset_s % settings.tpu_interval_s == 0

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.inventory import from_fleet
-from pipeline.model import FabricPort, FabricSample, Inventory
+from pipeline.model import FabricPort, FabricSample
 from pipeline.sim.effects import Change, Effect
 from pipeline.sim.fleet import Fleet, GpuNode
 
@@ -55,14 +54,6 @@ def rail_switch(node: GpuNode, port: int) -> str:
     """The rail switch HCA `port` of a rail-optimised node is cabled to: its scalable unit's
     rail, as fabric localisation names it (`<inventory rail>.<hca>`)."""
     return f"{node.rail_group}.mlx5_{port}"
-
-
-def inventory(fleet: Fleet, ts: int) -> list[Inventory]:
-    """The owner's inventory of the GPU nodes (with each node's leaf switch) and the TPU
-    slices: the records `fleetpulse simulate` writes to inventory.jsonl
-    (pipeline/inventory.py), so a recording's own copy and a loaded inventory file agree, and
-    the inventory, enforced by default, lists every target the recording can remove."""
-    return from_fleet(fleet, ts)
 
 
 class FabricTelemetry:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.codec import normalize_pci
 from pipeline.config import SimSettings
 from pipeline.ids import stable_id
 from pipeline.model import (
@@ -31,6 +30,7 @@ from pipeline.sim.fleet import Fleet, region_of
 from pipeline.sim.messages import recovery_text, xid_line, xid_text
 from pipeline.sim.schedule import Heterogeneity, UnitRef, Window
 from pipeline.sim.workload import DOWN, RUN, Workload
+from pipeline.wire.codec import normalize_pci
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE

@@ -1,8 +1,8 @@
 """Where a simulation goes: JSONL files (events + ground truth) or the Kafka topics.
 
-JSONL: one encoded event per line (pipeline.codec.encode), the ground truth beside it as
+JSONL: one encoded event per line (pipeline.wire.codec.encode), the ground truth beside it as
 `<stem>.truth.jsonl`, one InjectedFault per line. Kafka: each event to its topic from
-pipeline.runtime.topics, keyed as that topic's spec says (node, slice, zone or target).
+pipeline.wire.topics, keyed as that topic's spec says (node, slice, zone or target).
 """
 
 from __future__ import annotations
@@ -12,23 +12,23 @@ from pathlib import Path
 
 import msgspec
 
-from pipeline import codec
 from pipeline.config import KafkaSettings
 from pipeline.errors import SinkError
-from pipeline.kafka_client import (
+from pipeline.model import (
+    Event,
+)
+from pipeline.sim.engine import Simulation
+from pipeline.sim.faults import InjectedFault
+from pipeline.wire import codec
+from pipeline.wire.batches import input_records
+from pipeline.wire.kafka import (
     STAY_CONNECTED,
     check_login,
     client_kwargs,
     partition_count,
     until_connected,
 )
-from pipeline.model import (
-    Event,
-)
-from pipeline.runtime.batches import input_records
-from pipeline.runtime.topics import TOPICS, topic_name
-from pipeline.sim.engine import Simulation
-from pipeline.sim.faults import InjectedFault
+from pipeline.wire.topics import TOPICS, topic_name
 
 Progress = Callable[[int, int], None]  # (ticks done, ticks in all)
 _TRUTH_ENCODER = msgspec.json.Encoder()

@@ -1,7 +1,7 @@
 """fleet.alerts to every alert target, each on its own queue and thread (`fleetpulse alerts`).
 
-`AlertDelivery` is the edge's sink (pipeline/edge.py): `add` decodes a record and puts its alert
-on the queue of every target (`TargetQueue`); each target's thread delivers its queue in
+`AlertDelivery` is the edge's sink (pipeline/wire/edge.py): `add` decodes a record and puts its
+alert on the queue of every target (`TargetQueue`); each target's thread delivers its queue in
 batches, with its own retries, so a target that drips, hangs or answers 5xx delays nobody else.
 
 What the commit waits for. A record is settled once every target has either delivered its
@@ -32,14 +32,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from pipeline.codec import decode
 from pipeline.config import AlertSettings
-from pipeline.edge import Positions, Rejected
 from pipeline.errors import DecodeError
 from pipeline.model import Alert
 from pipeline.redact import redact
 from pipeline.retry import Backoff
 from pipeline.sinks.webhook import Delivered, DeliveryError
+from pipeline.wire.codec import decode
+from pipeline.wire.edge import Positions, Rejected
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class _Record:
 
 
 class AlertDelivery:
-    """fleet.alerts as an EdgeSink that also `Settles` (pipeline/edge.py): `add` queues each
+    """fleet.alerts as an EdgeSink that also `Settles` (pipeline/wire/edge.py): `add` queues each
     alert at every target, `flush` hands over the dead letters of what targets gave up, and
     `unsettled` says where each partition's commit must stop."""
 

@@ -8,7 +8,7 @@ Alertmanager work unchanged; each alert keeps its FleetPulse fingerprint, so a r
 drop the duplicates that at-least-once delivery brings.
 
 Receivers can trust what they get: with a secret, each POST is signed per Standard Webhooks
-(pipeline/webhooks.py: webhook-id is derived from the alerts, so a retry or replay carries the
+(pipeline/sinks/signing.py: webhook-id is derived from the alerts, so a retry or replay carries the
 same id); a target may add bearer or basic auth, and its TLS certificate is checked unless it
 says otherwise. Redirects are never followed: `requests` would turn a 301/302 into a GET
 without the body (whose 200 would count as delivered) and re-post a 307 to wherever it points,

@@ -22,10 +22,10 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from pipeline.codec import decode, encode
 from pipeline.errors import BrokerUnavailableError, DecodeError, FleetPulseError, SourceError
 from pipeline.model import Event
 from pipeline.retry import Backoff
+from pipeline.wire.codec import decode, encode
 
 log = logging.getLogger(__name__)
 S = TypeVar("S", bound=msgspec.Struct)

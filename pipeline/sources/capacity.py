@@ -31,7 +31,6 @@ from typing import Any
 
 import msgspec
 
-from pipeline.codec import encode
 from pipeline.config import CapacitySettings, SourcesSettings
 from pipeline.errors import DecodeError
 from pipeline.model import Inventory
@@ -45,6 +44,7 @@ from pipeline.sources.base import (
     validated,
 )
 from pipeline.sources.maintenance import Member, maintenance_events
+from pipeline.wire.codec import encode
 
 
 class CapacityPosition(msgspec.Struct, kw_only=True):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -57,29 +56,21 @@ from pipeline.sources.base import (
     save_checkpoint,
     validated,
 )
+from pipeline.sources.prometheus_series import (
+    Identity,
+    gpu_index,
+    job_of,
+    matrix_series,
+    node_name,
+    points,
+    raw_json,
+    shown,
+)
 
 QUERY = '{__name__=~"(?i)dcgm_fi_.+"}'
 log = logging.getLogger(__name__)
-# After the configured label (Identity.node_label): the fallbacks, in order (module docstring).
-_NODE_LABELS = ("node", "Hostname", "hostname")
-# Labels Prometheus renames to exported_* when the target has the same ones (honor_labels false):
-# then the plain names are the exporter pod's, and the workload's are the exported_ ones.
-_EXPORTED = ("exported_pod", "exported_namespace", "exported_container")
-_POD_LABELS = ("pod", "pod_name")  # pod_name: dcgm-exporter 1.x (--use-old-namespace)
-# Blank/not-supported sentinels that older dcgm-exporter releases printed (dcgm_structs.h):
-# INT64 blanks start at 0x7ffffffffffffff0, FP64 blanks at 2**47 (four codes each).
-_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
-_FP64_BLANKS = frozenset(float(2**47 + code) for code in range(4))
 
 
-@dataclass(frozen=True)
-class Identity:
-    """What the endpoint does not say itself: defaults for missing target labels."""
-
-    cluster: str
-    pool: str
-    zone: str
-    node_label: str = "node"  # sources.prometheus_node_label: tried first for the node name
 
 
 class PrometheusPosition(msgspec.Struct, frozen=True):
@@ -103,7 +94,7 @@ def parse_series(
         try:
             _add_series(nodes, result, identity, after_ms)
         except DecodeError as exc:
-            parsed.bad.append(BadRecord(_raw(result), exc))
+            parsed.bad.append(BadRecord(raw_json(result), exc))
     for (node, ts), scrape in sorted(nodes.items(), key=lambda item: (item[0][1], item[0][0])):
         try:
             parsed.events.append(validated(scrape.sample(node, ts)))
@@ -156,9 +147,9 @@ def _add_series(
     name = str(labels.get("__name__", "")).upper()
     if not name.startswith("DCGM_FI_"):
         raise DecodeError(field="__name__", expected="a DCGM_FI_* metric", got=repr(name))
-    node = _node(labels, identity.node_label)
-    key = (_gpu_index(labels), _mig_instance(labels))
-    for ts_ms, value in _points(values, name):
+    node = node_name(labels, identity.node_label)
+    key = (gpu_index(labels), _mig_instance(labels))
+    for ts_ms, value in points(values, name):
         if ts_ms <= after_ms or value is None:
             continue
         scrape = nodes.get((node, ts_ms))
@@ -174,40 +165,10 @@ def _add_series(
         gpu.metrics[name] = value
 
 
-def matrix_series(result: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[Any]]:
-    """The labels and points of one series of a matrix result, or a DecodeError saying what
-    a series looks like."""
-    labels, values = result.get("metric"), result.get("values")
-    if not isinstance(labels, Mapping) or not isinstance(values, list):
-        raise DecodeError(
-            field="result",
-            expected='{"metric": {labels}, "values": [[ts, "value"], …]}',
-            got=_shown(result),
-        )
-    return labels, values
 
 
-def _node(labels: Mapping[str, Any], node_label: str) -> str:
-    names = (node_label, *_NODE_LABELS) if node_label else _NODE_LABELS
-    for key in names:
-        if labels.get(key):
-            return str(labels[key])
-    instance = str(labels.get("instance", ""))
-    host = instance.rsplit(":", 1)[0].strip("[]") if instance else ""
-    if not host:
-        raise DecodeError(
-            field="labels",
-            expected=f"a node name in {', '.join(dict.fromkeys(names))} or instance",
-            got=_shown(labels),
-        )
-    return host
 
 
-def _gpu_index(labels: Mapping[str, Any]) -> int:
-    text = str(labels.get("gpu", ""))
-    if not text.isdigit():
-        raise DecodeError(field="labels.gpu", expected='a GPU index like "0"', got=repr(text))
-    return int(text)
 
 
 def _mig_instance(labels: Mapping[str, Any]) -> int | None:
@@ -231,26 +192,8 @@ def _device(key: tuple[int, int | None]) -> str:
     return str(index) if instance is None else f"{index}/mig{instance}"
 
 
-def _points(values: list[Any], name: str) -> Iterable[tuple[int, float | None]]:
-    for point in values:
-        if not (isinstance(point, list | tuple) and len(point) == 2):
-            raise DecodeError(
-                field=f"{name}.values", expected="[timestamp, value]", got=_shown(point)
-            )
-        try:
-            ts_ms = round(float(point[0]) * 1000)
-            value = float(point[1])  # Prometheus sends values as strings
-        except (TypeError, ValueError):
-            raise DecodeError(
-                field=f"{name}.values", expected='[unix seconds, "number"]', got=_shown(point)
-            ) from None
-        if not math.isfinite(value):
-            raise DecodeError(field=f"{name}.value", expected="a finite number", got=repr(point[1]))
-        yield ts_ms, (None if _is_blank(value) else value)
 
 
-def _is_blank(value: float) -> bool:
-    return value >= _INT64_BLANK or value in _FP64_BLANKS
 
 
 def _reading(key: tuple[int, int | None], gpu: _Gpu) -> GpuReading:
@@ -259,7 +202,7 @@ def _reading(key: tuple[int, int | None], gpu: _Gpu) -> GpuReading:
     uuid = labels.get("UUID", labels.get("uuid"))
     if uuid is None:
         raise DecodeError(
-            field=f"gpu {_device(key)} labels", expected="UUID (or uuid)", got=_shown(labels)
+            field=f"gpu {_device(key)} labels", expected="UUID (or uuid)", got=shown(labels)
         )
     pci_bus_id = labels.get("pci_bus_id")
     profile = labels.get("GPU_I_PROFILE")
@@ -268,21 +211,13 @@ def _reading(key: tuple[int, int | None], gpu: _Gpu) -> GpuReading:
         uuid=str(uuid),
         pci_bus_id=str(pci_bus_id) if pci_bus_id else None,
         model=str(labels.get("modelName", labels.get("model_name", ""))),
-        job=_job(labels),
+        job=job_of(labels),
         metrics=dict(sorted(gpu.metrics.items())),
         mig_instance=instance,
         mig_profile=str(profile) if instance is not None and profile else None,
     )
 
 
-def _job(labels: Mapping[str, Any]) -> str | None:
-    """The workload's pod. When Prometheus renamed the exporter's pod labels to exported_*
-    (honor_labels false), the plain `pod` is the exporter's own pod: never the job."""
-    if any(name in labels for name in _EXPORTED):
-        pod = labels.get("exported_pod")
-    else:
-        pod = next((labels[name] for name in _POD_LABELS if labels.get(name)), None)
-    return str(pod) if pod else None
 
 
 def _invalid(node: str, exc: Exception) -> DecodeError:
@@ -291,16 +226,8 @@ def _invalid(node: str, exc: Exception) -> DecodeError:
     )
 
 
-def _raw(result: object) -> bytes:
-    try:
-        return json.dumps(result, sort_keys=True, default=str).encode()
-    except (TypeError, ValueError):
-        return repr(result).encode()
 
 
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:120] + "…"
 
 
 def series_selector(selector: str = "") -> str:

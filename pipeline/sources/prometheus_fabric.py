@@ -24,7 +24,14 @@ from pipeline.config import selector_matchers
 from pipeline.errors import DecodeError
 from pipeline.model import FabricPort, FabricSample
 from pipeline.sources.base import BadRecord, Parsed, validated
-from pipeline.sources.prometheus import Identity, _node, _points, _raw, _shown, matrix_series
+from pipeline.sources.prometheus_series import (
+    Identity,
+    matrix_series,
+    node_name,
+    points,
+    raw_json,
+    shown,
+)
 
 FABRIC_QUERY = '{__name__=~"node_(infiniband|network)_.+"}'
 NIC_NETDEV = re.compile(r"^(ib|en|eth|bond)[A-Za-z0-9_.@-]*$")
@@ -76,7 +83,7 @@ def parse_fabric_series(
         try:
             _add(nodes, result, identity, after_ms)
         except DecodeError as exc:
-            parsed.bad.append(BadRecord(_raw(result), exc))
+            parsed.bad.append(BadRecord(raw_json(result), exc))
     for (node, ts), scrape in sorted(nodes.items(), key=lambda item: (item[0][1], item[0][0])):
         try:
             parsed.events.append(validated(scrape.sample(node, ts)))
@@ -90,7 +97,7 @@ def parse_fabric_series(
                     got=str(exc),
                 )
             )
-            parsed.bad.append(BadRecord(_raw({"node": node, "ts": ts}), error))
+            parsed.bad.append(BadRecord(raw_json({"node": node, "ts": ts}), error))
     return parsed
 
 
@@ -107,8 +114,8 @@ def _add(
     port_key, layer = _port_of(name, labels)
     if port_key is None:
         return  # a virtual interface
-    node = _node(labels, identity.node_label)
-    for ts_ms, value in _points(values, name):
+    node = node_name(labels, identity.node_label)
+    for ts_ms, value in points(values, name):
         if ts_ms <= after_ms or value is None:
             continue
         scrape = nodes.get((node, ts_ms))
@@ -130,7 +137,7 @@ def _port_of(name: str, labels: Mapping[str, Any]) -> tuple[tuple[str, int] | No
             raise DecodeError(
                 field=f"{name} labels",
                 expected='device (an HCA like "mlx5_0") and port (a number)',
-                got=_shown(labels),
+                got=shown(labels),
             )
         return (device, int(port)), "hca"
     if not name.startswith("node_network_"):

@@ -28,15 +28,15 @@ from pipeline.config import selector_matchers
 from pipeline.errors import DecodeError
 from pipeline.model import Event, GpuReading, GpuSample
 from pipeline.sources.base import BadRecord, Parsed
-from pipeline.sources.prometheus import (
+from pipeline.sources.prometheus_series import (
     Identity,
-    _gpu_index,
-    _job,
-    _node,
-    _points,
-    _raw,
-    _shown,
+    gpu_index,
+    job_of,
     matrix_series,
+    node_name,
+    points,
+    raw_json,
+    shown,
 )
 
 STEP_MAX_AGE_MS = 60_000
@@ -61,7 +61,7 @@ def parse_step_series(
         try:
             node, gpu, series = _series(result, identity)
         except DecodeError as exc:
-            bad.append(BadRecord(_raw(result), exc))
+            bad.append(BadRecord(raw_json(result), exc))
             continue
         points.setdefault((node, gpu), []).extend(series)
     for series in points.values():
@@ -74,13 +74,13 @@ def _series(
 ) -> tuple[str, int, list[tuple[int, float, str]]]:
     labels, values = matrix_series(result)
     name = str(labels.get("__name__", "step metric"))
-    series = [(ts, value) for ts, value in _points(values, name) if value is not None]
+    series = [(ts, value) for ts, value in points(values, name) if value is not None]
     if any(not 0 <= value <= 86_400 for _, value in series):
         raise DecodeError(
-            field=f"{name}.value", expected="seconds between 0 and 86400", got=_shown(values)
+            field=f"{name}.value", expected="seconds between 0 and 86400", got=shown(values)
         )
-    job = _job(labels) or ""
-    return _node(labels, identity.node_label), _gpu_index(labels), [(*p, job) for p in series]
+    job = job_of(labels) or ""
+    return node_name(labels, identity.node_label), gpu_index(labels), [(*p, job) for p in series]
 
 
 def with_step_times(events: Sequence[Event], points: Points) -> list[Event]:

@@ -4,8 +4,8 @@ Keys follow the partitioning rules of DESIGN §1: GPU samples and XID events by 
 and ICI samples by slice, capacity events by zone. Rejected inputs go to fleet.dlq with the
 source name in place of a topic (they never were on one) and partition/offset -1. Telemetry
 values are written in `kafka.telemetry_format` (msgpack by default, with its content-type
-header; pipeline/codec.py), everything else as JSON; a poll's telemetry goes as one batch
-record per topic and partition (pipeline/runtime/batches.py) unless `kafka.telemetry_batch` is
+header; pipeline/wire/codec.py), everything else as JSON; a poll's telemetry goes as one batch
+record per topic and partition (pipeline/wire/batches.py) unless `kafka.telemetry_batch` is
 false.
 """
 
@@ -17,18 +17,18 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from pipeline.codec import encode
 from pipeline.config import KafkaSettings
 from pipeline.errors import BrokerUnavailableError
-from pipeline.kafka_client import STAY_CONNECTED, check_login, client_kwargs, partition_count
 from pipeline.model import (
     DeadLetter,
     Event,
     RawRecord,
 )
-from pipeline.runtime.batches import input_records
-from pipeline.runtime.topics import topic_name
 from pipeline.sources.base import BadRecord
+from pipeline.wire.batches import input_records
+from pipeline.wire.codec import encode
+from pipeline.wire.kafka import STAY_CONNECTED, check_login, client_kwargs, partition_count
+from pipeline.wire.topics import topic_name
 
 _SEND_TIMEOUT_S = 30.0
 

@@ -39,7 +39,6 @@ from typing import Any
 
 import msgspec
 
-from pipeline.codec import normalize_pci
 from pipeline.config import SourcesSettings
 from pipeline.detect.xid import what_rules_read
 from pipeline.errors import DecodeError
@@ -52,6 +51,7 @@ from pipeline.sources.base import (
     save_checkpoint,
     validated,
 )
+from pipeline.wire.codec import normalize_pci
 
 # Where the time of a line comes from: a date the line itself carries when it carries one we can
 # read without guessing (ISO 8601/RFC 3339 anywhere before the message, with `.` or `,`

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline import codec
+from pipeline.wire import codec
 from tests.detect_fixture import gpu_sample, xid
 
 NAB = Path("/work/shared/datasets/nab-machine-dev")

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline import codec
 from pipeline.model import Action
+from pipeline.wire import codec
 
 
 def _demo(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

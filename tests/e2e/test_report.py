@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.catalog import price_for
-from pipeline.report import natural_key
+from pipeline.report.html import natural_key
 from tests import lake_fixture as fx
 
 pytestmark = pytest.mark.chromium

@@ -15,10 +15,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline import codec
 from pipeline.model import TOPIC_VALUES
-from pipeline.runtime.batches import is_batch, partition_of, unpack
 from pipeline.sim import read_truth
+from pipeline.wire import codec
+from pipeline.wire.batches import is_batch, partition_of, unpack
 
 SMALL = ["--duration", "300", "--gpu-nodes", "4", "--tpu-slices", "1", "--intensity", "3000",
          "--seed", "5", "--quiet"]

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.catalog import price_for
 from pipeline.cli import main
-from pipeline.lake import canned_queries
+from pipeline.lake.query import canned_queries
 from tests import lake_fixture as fx
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

@@ -37,9 +37,10 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 
-from pipeline import __version__, codec
+from pipeline import __version__
 from pipeline.config import KafkaSettings
-from pipeline.runtime.topics import topic_name
+from pipeline.wire import codec
+from pipeline.wire.topics import topic_name
 from tests.integration.test_kubernetes_actuator import CLUSTER, action
 from tests.kube_fixture import Kube, kube  # noqa: F401  (the session's kube-apiserver fixture)
 

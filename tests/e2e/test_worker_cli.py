@@ -17,7 +17,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from pipeline.config import KafkaSettings, Settings, load_settings
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.topics import topic_name
 from streams.testing import WorkerProcess, create_topics, produce_events, scenario, worker_env
 
 

@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from pipeline.codec import encode
 from pipeline.config import Settings, SimSettings, load_settings
-from pipeline.inventory import from_fleet
 from pipeline.model import (
     Action,
     Alert,
@@ -28,9 +26,11 @@ from pipeline.model import (
     XidEvent,
 )
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.topics import TOPICS
 from pipeline.sim.engine import Simulation
 from pipeline.sim.fleet import Fleet
+from pipeline.sim.inventory import from_fleet
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import TOPICS
 
 MINUTE = 60_000
 DAY = 24 * 60 * MINUTE

@@ -30,9 +30,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.lake.writer import visible_files
 from pipeline.model import XidEvent
 from pipeline.sim.endpoints.kernel_log import KernelLogWriter
-from pipeline.sinks.lake import visible_files
 from streams.testing import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import msgspec
 
 from pipeline.config import Settings
 from pipeline.model import Action, Alert, Event, Finding, NodeState
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.topics import topic_name
 from streams.testing import INPUT_SUFFIX, TopicReader, WorkerProcess, embedded_outputs, metric_sum
 
 OUTPUTS = ("actions", "findings", "node-state", "alerts")

@@ -22,15 +22,15 @@ import msgspec
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from pipeline import codec
 from pipeline.config import KubernetesSettings, Settings
-from pipeline.edge import EdgeStats
 from pipeline.kube import nodes
 from pipeline.kube.actuator import Actuator, ActuatorStats
 from pipeline.kube.kafka import ActuatorSink, Producer, run_actuator
 from pipeline.model import Action, DeadLetter, NodeEvent, Target
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
+from pipeline.wire import codec
+from pipeline.wire.admin import create_topics
+from pipeline.wire.edge import EdgeStats
+from pipeline.wire.topics import topic_name
 from tests.faults.reliability import record
 from tests.integration.test_kubernetes_actuator import CLUSTER, action, slice_action
 from tests.kube_fixture import PLACE, Kube, kube  # noqa: F401  (the fixture)

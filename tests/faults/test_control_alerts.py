@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from pipeline.codec import encode
 from pipeline.config import KafkaSettings
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import topic_name
 from tests.faults.infra import Proc, base_env, wait_until
 from tests.faults.reliability import record
 from tests.integration.test_alert_targets import Receiver, _alert

@@ -27,7 +27,7 @@ from pipeline.model import (
     NodeEvent,
     PolicyRelease,
 )
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.topics import topic_name
 from streams.testing import TopicReader, WorkerProcess, create_topics, scenario, worker_env
 from tests.faults import reliability
 from tests.faults.hostile import MINUTE, inventory_of, merge

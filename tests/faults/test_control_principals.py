@@ -2,7 +2,7 @@
 
 Issue 33: the chart gave every pod, the XID DaemonSet (root on every GPU node) included, one
 SASL account that could write every topic, and the actuator obeyed whatever arrived on
-fleet.actions. Now each component has its principal (pipeline/wire_acl.py, applied by kafka.sh's
+fleet.actions. Now each component has its principal (pipeline/wire/acl.py, applied by kafka.sh's
 secure profile and the Helm chart). On kafka.sh's secure broker (one for the module), every
 principal writes one record to every FleetPulse topic and to the worker group's own topics; the
 broker must refuse each write the issue forbids (TopicAuthorizationFailed) and keep each allowed
@@ -30,11 +30,11 @@ from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailed
 from kafka.structs import OffsetAndMetadata
 
 from pipeline.config import KafkaSettings
-from pipeline.kafka_client import client_kwargs
-from pipeline.runtime.group_topics import changelog_name, group_name
-from pipeline.runtime.topics import TOPICS, topic_name
-from pipeline.runtime.topology import POLICY_INPUT
-from pipeline.wire_acl import ROLES, Role, may_write
+from pipeline.stages.topology import POLICY_INPUT
+from pipeline.wire.acl import ROLES, Role, may_write
+from pipeline.wire.group_topics import changelog_name, group_name
+from pipeline.wire.kafka import client_kwargs
+from pipeline.wire.topics import TOPICS, topic_name
 from tests.faults import reliability
 from tests.integration.test_kafka_security import SecureBroker, running_secure_broker
 

@@ -26,7 +26,7 @@ import pytest
 
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Event
-from pipeline.runtime.topics import record_key, topic_name
+from pipeline.wire.topics import record_key, topic_name
 from streams.acks import MAX_IN_FLIGHT
 from streams.agents import ALIGN_MAX_HELD
 from streams.testing import (

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import KafkaSettings
+from pipeline.lake.tables import TABLES
 from pipeline.model import Action, Alert, Finding, XidEvent
-from pipeline.runtime.topics import TOPICS, topic_name
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.wire.topics import TOPICS, topic_name
 from streams.testing import TopicReader, create_topics
 from tests.faults import reliability
 from tests.faults.infra import (

@@ -29,10 +29,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import KafkaSettings, Settings, load_settings
+from pipeline.lake.tables import TABLES
+from pipeline.lake.writer import visible_files
 from pipeline.model import Action, Finding
-from pipeline.runtime.topics import topic_name
-from pipeline.sinks.lake import visible_files
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.wire.topics import topic_name
 from streams.testing import (
     TopicReader,
     WorkerProcess,

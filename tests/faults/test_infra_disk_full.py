@@ -26,13 +26,13 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
 
-from pipeline.codec import encode
 from pipeline.config import KafkaSettings
+from pipeline.lake.tables import TABLES
+from pipeline.lake.writer import visible_files
 from pipeline.model import Utilization
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
-from pipeline.sinks.lake import visible_files
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import topic_name
 from streams.testing import announced_port
 from tests.faults import reliability
 

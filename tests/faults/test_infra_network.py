@@ -33,7 +33,7 @@ import pytest
 
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Event
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.topics import topic_name
 from streams.testing import WorkerProcess, create_topics, produce_events, scenario, worker_env
 from tests.faults import reliability
 from tests.faults.judge import Expected, Seen, inputs_consumed, wait_owned

@@ -20,12 +20,12 @@ import pytest
 from kafka import KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, OffsetSpec
 
-from pipeline.codec import encode
 from pipeline.config import KafkaSettings
-from pipeline.lake import Lake
+from pipeline.lake.query import Lake
 from pipeline.model import Finding
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import topic_name
 from tests.faults import reliability
 from tests.faults.infra import Proc, base_env, lake_rows, lake_values, wait_until, write_xids
 from tests.lake_fixture import FINDINGS

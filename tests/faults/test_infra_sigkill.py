@@ -28,11 +28,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.codec import encode
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, Finding, NodeState, XidEvent
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import TOPICS, topic_name
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import TOPICS, topic_name
 from streams.testing import (
     TopicReader,
     WorkerProcess,

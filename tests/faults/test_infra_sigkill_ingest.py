@@ -40,11 +40,11 @@ import pytest
 
 from pipeline.config import KafkaSettings, SimSettings
 from pipeline.model import CapacityEvent, Event, GpuSample, IciSample, TpuSample
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
 from pipeline.sim.endpoints.fleet import SimEndpoints
 from pipeline.sim.endpoints.tpu_runtime import TpuRuntimeStandIn
 from pipeline.sim.engine import Simulation
+from pipeline.wire.admin import create_topics
+from pipeline.wire.topics import topic_name
 from streams.testing import TopicReader
 from tests.faults.infra import Proc, base_env, seeded_point, wait_until
 from tests.faults.test_infra_sigkill import _kill_and_restart, _record

@@ -18,11 +18,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.codec import encode
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, DeadLetter, Event, GpuSample, Inventory, Utilization
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.topics import record_key, topic_name
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import record_key, topic_name
 from streams.app import LAG_INTERVAL_S
 from streams.testing import (
     INPUT_SUFFIX,

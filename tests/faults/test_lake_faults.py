@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import LakeSettings
-from pipeline.sinks.lake import LakeWriter, visible_files
-from pipeline.sinks.lake_check import QUARANTINE_DIR
+from pipeline.lake.check import QUARANTINE_DIR
+from pipeline.lake.writer import LakeWriter, visible_files
 from tests import lake_fixture as fx
 from tests.faults import reliability
 

@@ -31,16 +31,16 @@ import pytest
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from pipeline.codec import decode, encode
 from pipeline.config import KafkaSettings, load_settings
 from pipeline.errors import DecodeError
-from pipeline.lake import Lake
+from pipeline.lake.query import Lake
+from pipeline.lake.tables import TABLES
 from pipeline.model import TOPIC_VALUES, Action, DeadLetter, Event, Finding
-from pipeline.runtime.batches import BATCH_HEADER
-from pipeline.runtime.kafka_admin import create_topics as create_kafka_topics
-from pipeline.runtime.topics import TOPICS, record_key, topic_name
 from pipeline.schemas_tool import SCHEMA_DIR, file_name
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.wire.admin import create_topics as create_kafka_topics
+from pipeline.wire.batches import BATCH_HEADER
+from pipeline.wire.codec import decode, encode
+from pipeline.wire.topics import TOPICS, record_key, topic_name
 from streams.app import app_id
 from streams.context import INTERNAL_TOPICS
 from streams.testing import (

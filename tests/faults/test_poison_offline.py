@@ -18,12 +18,12 @@ from pathlib import Path
 
 import msgspec
 
-from pipeline import backtest as bt
-from pipeline.codec import MAX_VALUE_BYTES, encode
+from pipeline.backtest import run as bt
 from pipeline.config import Settings, load_settings
 from pipeline.model import Action, DeadLetter, Event, Finding
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.topics import TOPICS, record_key
+from pipeline.wire.codec import MAX_VALUE_BYTES, encode
+from pipeline.wire.topics import TOPICS, record_key
 from streams.testing import INPUT_SUFFIX, embedded_outputs, scenario
 from tests.faults import reliability
 from tests.faults.test_poison_kafka import KINDS, LIMIT, REASON, poison

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.config import KafkaSettings, load_settings
 from pipeline.model import Action, Finding
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.topics import topic_name
 from streams.app import LAG_INTERVAL_S
 from streams.testing import (
     TopicReader,

@@ -11,15 +11,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.codec import decode
 from pipeline.config import KafkaSettings, Settings, SourcesSettings
 from pipeline.model import Action, Event, GpuSample, XidEvent
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
 from pipeline.schemas_tool import SCHEMA_DIR, file_name
 from pipeline.sources.base import load_checkpoint
 from pipeline.sources.publish import KafkaPublisher
 from pipeline.sources.xid import Identity, XidPosition, XidSource, parse_lines
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import decode
+from pipeline.wire.topics import topic_name
 from streams.testing import TopicReader, embedded_outputs
 from tests.faults import reliability
 from tests.faults.infra import XID_NODE, Proc, base_env

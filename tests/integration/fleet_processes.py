@@ -24,9 +24,9 @@ import msgspec
 import pytest
 from kafka import KafkaProducer
 
-from pipeline import codec
 from pipeline.config import KafkaSettings, load_settings
-from pipeline.runtime.topics import topic_name
+from pipeline.wire import codec
+from pipeline.wire.topics import topic_name
 from streams.testing import (
     WorkerProcess,
     announced_port,

@@ -13,10 +13,12 @@ import msgspec
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from pipeline import cloudevents_headers, codec, schemas_tool
+from pipeline import schemas_tool
 from pipeline.config import KafkaSettings
 from pipeline.model import Action, NodeEvent
-from pipeline.runtime.topics import topic_name
+from pipeline.wire import codec
+from pipeline.wire import headers as cloudevents_headers
+from pipeline.wire.topics import topic_name
 
 pytestmark = pytest.mark.kafka
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "actuator.py"

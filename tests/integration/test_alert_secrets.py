@@ -17,12 +17,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from pipeline.codec import decode, encode
 from pipeline.commands.alerts import build_sinks, run_alerts
 from pipeline.config import AlertSettings, HttpClientSettings, Settings, WebhookTarget
 from pipeline.model import Alert, DeadLetter
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import decode, encode
+from pipeline.wire.topics import topic_name
 
 pytestmark = pytest.mark.kafka
 

@@ -22,17 +22,17 @@ import msgspec
 import pytest
 import requests
 
-from pipeline import webhooks
-from pipeline.codec import decode, encode
 from pipeline.commands.alerts import RunStats, build_sinks, run_alerts
 from pipeline.config import AlertSettings, MetricsSettings, Settings, WebhookTarget
-from pipeline.edge import EdgeStats
 from pipeline.model import Alert, DeadLetter
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
 from pipeline.selfmetrics import Readiness, serve_stats
+from pipeline.sinks import signing as webhooks
 from pipeline.sinks.alert_targets import AlertStats
 from pipeline.sinks.webhook import DeliveryError, JsonPoster
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import decode, encode
+from pipeline.wire.edge import EdgeStats
+from pipeline.wire.topics import topic_name
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 

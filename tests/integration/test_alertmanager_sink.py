@@ -22,14 +22,14 @@ import msgspec
 import pytest
 import requests
 
-from pipeline.codec import decode, encode
 from pipeline.config import AlertSettings, Settings
 from pipeline.ids import stable_id
 from pipeline.model import Alert, DeadLetter
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
 from pipeline.sinks.alertmanager import AlertmanagerSink
 from pipeline.sinks.webhook import DeliveryError, JsonPoster
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import decode, encode
+from pipeline.wire.topics import topic_name
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "alertmanager" / "alertmanager.sh"

@@ -15,8 +15,8 @@ import pytest
 import requests
 import requests.auth
 
-from pipeline import webhooks
 from pipeline.model import Alert
+from pipeline.sinks import signing as webhooks
 from pipeline.sinks.webhook import (
     BearerAuth,
     DeliveryError,

@@ -22,9 +22,8 @@ import msgspec
 import pytest
 from kafka import KafkaConsumer
 
-from pipeline import policy
-from pipeline.codec import decode
 from pipeline.config import Settings, SimSettings
+from pipeline.decide import policy
 from pipeline.model import (
     Action,
     CapacityEvent,
@@ -35,12 +34,13 @@ from pipeline.model import (
     Reason,
 )
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
 from pipeline.sim.endpoints.fleet import SimEndpoints
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import parse_forced
 from pipeline.sim.fleet import build_fleet
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import decode
+from pipeline.wire.topics import topic_name
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Against the real broker: the Kafka edge (pipeline/edge.py) commits only what its sink made
+"""Against the real broker: the Kafka edge (pipeline/wire/edge.py) commits only what its sink made
 durable, dead-letters bad input with its coordinates and goes on, retries a failing flush
 without committing, and replays what a stopped or refused run never committed."""
 
@@ -13,13 +13,13 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from pipeline.codec import decode
 from pipeline.config import Settings
-from pipeline.edge import Edge, EdgeOptions, Rejected, run_edge
 from pipeline.errors import DecodeError, SinkError
 from pipeline.model import DeadLetter
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import decode
+from pipeline.wire.edge import Edge, EdgeOptions, Rejected, run_edge
+from pipeline.wire.topics import topic_name
 
 
 class ListSink:
@@ -207,7 +207,7 @@ def test_partitions_given_away_are_flushed_and_committed_first(settings: Setting
 def test_a_member_alone_joins_once_without_rebalancing_itself(settings: Settings) -> None:
     # kafka-python compares the partitions it assigned from with its newest metadata: joined
     # before a refresh that knew the subscription, it assigned from nothing, and its first
-    # metadata refresh after the join rebalanced the group at once (pipeline/edge.py)
+    # metadata refresh after the join rebalanced the group at once (pipeline/wire/edge.py)
     _topic(settings)
     topics = [topic_name(settings.kafka, s) for s in ("alerts", "actions", "findings", "dlq")]
     _produce(settings, topics[0], [b"one"])

@@ -12,14 +12,15 @@ import pytest
 from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 
-from pipeline import codec
 from pipeline.config import KafkaSettings, SimSettings, load_settings
-from pipeline.inventory import from_fleet, write_inventory
 from pipeline.model import Inventory, PolicyRelease
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.fleet import Fleet
+from pipeline.sim.inventory import from_fleet
+from pipeline.sources.inventory_file import write_inventory
+from pipeline.wire import codec
+from pipeline.wire.topics import TOPICS, topic_name
 
 pytestmark = pytest.mark.kafka
 

@@ -15,12 +15,13 @@ from aiokafka import AIOKafkaConsumer
 from kafka import KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
-from pipeline import codec, schemas_tool
+from pipeline import schemas_tool
 from pipeline.config import KafkaSettings, Settings
 from pipeline.model import TOPIC_VALUES, Event
-from pipeline.runtime.group_topics import TABLES, changelog_name, group_name, group_topics
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import TOPICS, TopicSpec, topic_name
+from pipeline.wire import codec
+from pipeline.wire.admin import create_topics
+from pipeline.wire.group_topics import TABLES, changelog_name, group_name, group_topics
+from pipeline.wire.topics import TOPICS, TopicSpec, topic_name
 from streams.worker import prepare_topics
 
 pytestmark = pytest.mark.kafka
@@ -182,7 +183,7 @@ def test_cloudevents_headers_survive_the_broker(kafka_settings: KafkaSettings) -
     from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
     from cloudevents.core.formats.json import JSONFormat
 
-    from pipeline import cloudevents_headers
+    from pipeline.wire import headers as cloudevents_headers
 
     assert _run_cli(kafka_settings, "topics", "create").returncode == 0
     wanted = {"action": "actions", "alert": "alerts", "node_state": "node-state"}

@@ -3,7 +3,7 @@
 The module starts its own broker (`KAFKA_SECURE=1 deploy/kafka/kafka.sh start` on free ports:
 a per-run CA and broker certificate, SCRAM users, StandardAuthorizer ACLs), so it runs from a
 fresh clone under `make test` next to the plaintext broker the other tests use. Every process
-runs as its component's own principal (pipeline/wire_acl.py); `admin` (a super user) stands in
+runs as its component's own principal (pipeline/wire/acl.py); `admin` (a super user) stands in
 for the fleet where a test feeds it (`simulate`, produced events).
 """
 
@@ -42,14 +42,14 @@ from kafka.admin import (
 )
 from kafka.errors import TopicAuthorizationFailedError
 
-from pipeline import codec
 from pipeline.config import KafkaSettings, Settings, load_settings
-from pipeline.kafka_client import client_kwargs
 from pipeline.model import Action, NodeEvent
-from pipeline.runtime.group_topics import group_name, group_topics
-from pipeline.runtime.topics import TOPICS, topic_name
 from pipeline.sim import read_truth
-from pipeline.wire_acl import ROLES, Grant, markdown
+from pipeline.wire import codec
+from pipeline.wire.acl import ROLES, Grant, markdown
+from pipeline.wire.group_topics import group_name, group_topics
+from pipeline.wire.kafka import client_kwargs
+from pipeline.wire.topics import TOPICS, topic_name
 from streams.testing import WorkerProcess, create_topics, produce_events, scenario, worker_env
 from tests.kube_fixture import Kube
 
@@ -352,7 +352,7 @@ def _records(kafka: KafkaSettings, suffix: str) -> list[tuple[bytes, bytes | Non
 
 
 def test_the_broker_holds_exactly_the_acls_of_the_role_table(secure_broker: SecureBroker) -> None:
-    """kafka.sh applied pipeline/wire_acl.py's grants and nothing else (the README's table is
+    """kafka.sh applied pipeline/wire/acl.py's grants and nothing else (the README's table is
     written from the same table: test_the_readme_acl_table_is_the_role_table)."""
     sys.path.insert(0, str(KAFKA_SH.parent))
     try:
@@ -383,7 +383,7 @@ def test_the_readme_acl_table_is_the_role_table() -> None:
     from pipeline.docs_markers import read_section
 
     written = read_section(README, "kafka-acls").strip()
-    assert written == markdown(), "run `python -m pipeline.wire_acl --write`"
+    assert written == markdown(), "run `python -m pipeline.wire.acl --write`"
 
 
 def test_the_worker_processes_records_over_sasl_ssl(

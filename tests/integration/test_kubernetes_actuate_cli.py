@@ -12,11 +12,11 @@ import time
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from pipeline import codec
 from pipeline.config import HealthSettings, KafkaSettings
-from pipeline.health import transition
+from pipeline.decide.health import transition
 from pipeline.model import Action, DeadLetter, NodeEvent
-from pipeline.runtime.topics import topic_name
+from pipeline.wire import codec
+from pipeline.wire.topics import topic_name
 from tests.integration.test_kubernetes_actuator import CLUSTER, action
 from tests.kube_fixture import Kube
 

@@ -118,7 +118,7 @@ def test_a_secured_kafka_needs_its_secret(helm: str) -> None:
     assert "kafka.caSecret is required with kafka.securityProtocol SSL" in result.stderr
 
 
-# Every workload the chart can run, each with the principal it must run as (pipeline/wire_acl.py).
+# Every workload the chart can run, each with the principal it must run as (pipeline/wire/acl.py).
 ALL_ON = [*VALUES["secure"], "--set", "ingest.cloudmon.enabled=true",
           "--set", "ingest.capacity.enabled=true"]  # fmt: skip
 WORKLOAD_ROLE = {
@@ -159,7 +159,7 @@ def test_each_workload_runs_as_its_own_principal(helm: str) -> None:
     """Issue 33: every pod shared one SASL account that could write every topic, the XID
     DaemonSet (root on every GPU node) included. Now each workload has its own user and mounts
     its own Secret, only the password key of it; the lake's compaction has no Kafka at all."""
-    from pipeline.wire_acl import BY_NAME
+    from pipeline.wire.acl import BY_NAME
 
     docs = render(helm, "fp", "fleet", *ALL_ON)
     workloads = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in WORKLOADS}

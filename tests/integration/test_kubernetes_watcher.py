@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.codec import decode
 from pipeline.config import KubernetesSettings
 from pipeline.kube import nodes
 from pipeline.kube.actuator import Actuator
 from pipeline.kube.release import Releaser
 from pipeline.kube.watcher import NodeWatcher, Out
 from pipeline.model import Inventory, NodeEvent
+from pipeline.wire.codec import decode
 from tests.integration.test_kubernetes_actuator import CLUSTER, action
 from tests.kube_fixture import Kube
 

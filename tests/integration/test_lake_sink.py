@@ -16,14 +16,14 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
 
-from pipeline.codec import decode, encode
 from pipeline.config import KafkaSettings
-from pipeline.lake import Lake
+from pipeline.lake.query import Lake
+from pipeline.lake.tables import TABLES
+from pipeline.lake.writer import visible_files
 from pipeline.model import DeadLetter, Event
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
-from pipeline.sinks.lake import visible_files
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import decode, encode
+from pipeline.wire.topics import topic_name
 from tests import lake_fixture as fx
 
 pytestmark = pytest.mark.kafka

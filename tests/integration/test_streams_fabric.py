@@ -3,7 +3,7 @@ runtime does, and cordons no node for it.
 
 The fleet stage that localises fabric faults reads the worker's own fleet-input topic: port
 findings and fabric samples of every node of a cluster, which the Kafka driver writes in
-batches (pipeline/runtime/batches.py). The fabric samples themselves arrive batched too, as a
+batches (pipeline/wire/batches.py). The fabric samples themselves arrive batched too, as a
 producer batching each scrape writes them: one record per partition and scrape, holding the samples of
 every node of that partition; the GPU samples come one record per node. What the embedded
 runtime decides from the same events is the reference: the same findings and the same
@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 
-from pipeline.codec import encode_as
+from pipeline.backtest.score import REMOVALS
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, DeadLetter, Event, FabricSample, Finding
-from pipeline.runtime.batches import BATCH_HEADER, partition_of
-from pipeline.runtime.topics import record_key, topic_name
-from pipeline.runtime.topology import FLEET_INPUT
-from pipeline.score import REMOVALS
 from pipeline.sim import Simulation, parse_forced
+from pipeline.stages.topology import FLEET_INPUT
+from pipeline.wire.batches import BATCH_HEADER, partition_of
+from pipeline.wire.codec import encode_as
+from pipeline.wire.topics import record_key, topic_name
 from streams.app import LAG_INTERVAL_S, app_id
 from streams.testing import (
     TopicReader,
@@ -66,7 +66,7 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     # (each fits in one fetch), so the nodes' records reach the fleet stage up to 15 minutes
     # of event time apart and some nodes go unheard for 10 minutes of the cluster's time, a
     # few seconds of wall time. The fleet stage waits for the nodes it still hears
-    # (pipeline/runtime/fleet.py), so the switch is named from all its nodes, as in the
+    # (pipeline/stages/cluster.py), so the switch is named from all its nodes, as in the
     # embedded runtime. A fleet this small lags by whole partitions: it may wait an hour.
     kafka = KafkaSettings(
         bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, NodeState
-from pipeline.runtime.topics import record_key, topic_name
+from pipeline.wire.topics import record_key, topic_name
 from streams.testing import (
     TopicReader,
     WorkerProcess,

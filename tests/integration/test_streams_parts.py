@@ -17,9 +17,10 @@ import pytest
 from pipeline.config import load_settings
 from pipeline.errors import DecodeError
 from pipeline.model import CapacityEvent, DeadLetter, NodeState, Target
-from pipeline.runtime import route, zones
-from pipeline.runtime.align import Aligner
-from pipeline.runtime.group_topics import TABLES, group_topics
+from pipeline.stages import route
+from pipeline.stages import zone as zones
+from pipeline.stages.align import Aligner
+from pipeline.wire.group_topics import TABLES, group_topics
 from streams import tables
 from streams.acks import EXIT_UNSENDABLE, Settler
 from streams.app import app_id, create_app
@@ -340,7 +341,7 @@ def _tally(part: Any, event: _Numbered, key: str) -> list[Any]:
 
 
 def _run_tally(ctx: Any, table: str, numbers: list[int]) -> int:
-    from pipeline.runtime import topology
+    from pipeline.stages import topology
     from streams import agents
 
     stage = topology.Stage(

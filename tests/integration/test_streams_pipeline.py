@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 
-from pipeline.codec import decode
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, DeadLetter, Event, Finding, NodeState, Utilization
-from pipeline.runtime.batches import is_batch, partition_of, unpack
-from pipeline.runtime.topics import scoped, topic_name
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import InjectedFault
+from pipeline.wire.batches import is_batch, partition_of, unpack
+from pipeline.wire.codec import decode
+from pipeline.wire.topics import scoped, topic_name
 from streams.app import LAG_INTERVAL_S
 from streams.testing import (
     TopicReader,
@@ -240,8 +240,8 @@ def test_actions_alerts_and_node_states_carry_cloudevents_headers(run: Run) -> N
     from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
     from cloudevents.core.formats.json import JSONFormat
 
-    from pipeline import codec
     from pipeline.model import TOPIC_VALUES
+    from pipeline.wire import codec
 
     kinds = {"actions": "action", "alerts": "alert", "node-state": "node_state"}
     for suffix, name in kinds.items():

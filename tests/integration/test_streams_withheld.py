@@ -19,9 +19,9 @@ import msgspec
 import pytest
 
 from pipeline.config import KafkaSettings, load_settings
-from pipeline.lake import Lake
+from pipeline.lake.query import Lake
 from pipeline.model import WithheldRecord
-from pipeline.runtime.topics import topic_name
+from pipeline.wire.topics import topic_name
 from streams.testing import (
     TopicReader,
     WorkerProcess,

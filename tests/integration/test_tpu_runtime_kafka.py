@@ -15,14 +15,15 @@ import msgspec
 import pytest
 from kafka import KafkaConsumer
 
-from pipeline import cli, codec
-from pipeline.codec import decode
+from pipeline import cli
 from pipeline.config import Settings, SimSettings
 from pipeline.model import IciSample, TpuSample
-from pipeline.runtime.kafka_admin import create_topics
-from pipeline.runtime.topics import topic_name
 from pipeline.sim.endpoints.tpu_runtime import TpuRuntimeStandIn
 from pipeline.sim.engine import Simulation
+from pipeline.wire import codec
+from pipeline.wire.admin import create_topics
+from pipeline.wire.codec import decode
+from pipeline.wire.topics import topic_name
 from streams.testing import payloads_of
 
 pytestmark = pytest.mark.kafka
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.kafka
 
 def _read(settings: Settings, suffixes: list[str], count: int) -> dict[str, list[Any]]:
     """The first `count` values of the topics, by topic suffix (waits at most 20 s): a batch
-    record's values each count (pipeline/runtime/batches.py)."""
+    record's values each count (pipeline/wire/batches.py)."""
     topics = {topic_name(settings.kafka, suffix): suffix for suffix in suffixes}
     consumer = KafkaConsumer(
         *topics, bootstrap_servers=settings.kafka.bootstrap, auto_offset_reset="earliest"

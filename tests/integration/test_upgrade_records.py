@@ -19,14 +19,14 @@ import msgspec
 import pytest
 from kafka import KafkaProducer
 
-from pipeline import codec
 from pipeline.config import Settings
-from pipeline.lake import Lake
+from pipeline.lake.query import Lake
 from pipeline.model import TOPIC_VALUES, DeadLetter, Event, NodeState, Proposal
-from pipeline.runtime import route
-from pipeline.runtime.group_topics import group_name
-from pipeline.runtime.topics import record_key, topic_name
-from pipeline.runtime.topology import POLICY_INPUT, ZONE_INPUT
+from pipeline.stages import route
+from pipeline.stages.topology import POLICY_INPUT, ZONE_INPUT
+from pipeline.wire import codec
+from pipeline.wire.group_topics import group_name
+from pipeline.wire.topics import record_key, topic_name
 from streams.testing import (
     TopicReader,
     WorkerProcess,

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.aggregate import WindowState, advance, aggregate, flush
-from pipeline.codec import decode, encode
 from pipeline.config import AggregateSettings
 from pipeline.model import GpuReading, GpuSample, TpuChipReading, TpuSample, Utilization
+from pipeline.stages.windows import WindowState, advance, aggregate, flush
+from pipeline.wire.codec import decode, encode
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a window boundary
 SETTINGS = AggregateSettings(window_s=60, grace_s=30)
@@ -110,7 +110,7 @@ def test_reading_without_utilization_is_counted_not_averaged() -> None:
 
 
 def test_flush_leaves_the_state_and_advance_closes_what_is_open_in_place() -> None:
-    # stages update their state in place (pipeline/runtime/topology.py); flush only reads it
+    # stages update their state in place (pipeline/stages/topology.py); flush only reads it
     state, _ = run([gpu_sample(T0, [40.0]), gpu_sample(T0 + 60_000, [60.0])])
     before = msgspec.msgpack.encode(state)
     assert [r.window_start for r in flush(state)] == [T0, T0 + 60_000]

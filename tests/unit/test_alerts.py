@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import alerts
-from pipeline.codec import decode, encode
+from pipeline.decide import alerts
 from pipeline.model import Alert, Reason
+from pipeline.wire.codec import decode, encode
 from tests.remediation_fixture import T0, target
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import backtest as bt
-from pipeline import codec
+from pipeline.backtest import run as bt
 from pipeline.config import DetectSettings
 from pipeline.detect.series import SeriesParams
+from pipeline.wire import codec
 from tests.detect_fixture import T0, gpu_sample, xid
 
 HOUR = 3_600_000

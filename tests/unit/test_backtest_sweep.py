@@ -9,8 +9,8 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import backtest as bt
-from pipeline import backtest_sweep as sw
+from pipeline.backtest import run as bt
+from pipeline.backtest import sweep as sw
 
 T0 = 1_400_000_000_000
 STEP = 300_000

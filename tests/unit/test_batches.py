@@ -1,4 +1,4 @@
-"""Batch records (pipeline/runtime/batches.py), the worker's fleet-input ones and producers'
+"""Batch records (pipeline/wire/batches.py), the worker's fleet-input ones and producers'
 telemetry ones: what goes in comes out, in order, split where a record would grow too big; a
 malformed batch is a clear DecodeError; a value lands in its own key's partition."""
 
@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.codec import decode
 from pipeline.config import KafkaSettings, SimSettings
 from pipeline.errors import DecodeError
 from pipeline.model import Event
-from pipeline.runtime.batches import (
+from pipeline.sim import Simulation
+from pipeline.wire.batches import (
     BATCH_HEADER,
     PRODUCER_BATCHED,
     Batches,
@@ -22,8 +22,8 @@ from pipeline.runtime.batches import (
     partition_of,
     unpack,
 )
-from pipeline.runtime.topics import TOPICS, record_key, topic_name
-from pipeline.sim import Simulation
+from pipeline.wire.codec import decode
+from pipeline.wire.topics import TOPICS, record_key, topic_name
 
 Item = tuple[str, str, bytes]  # (key, content type, value)
 

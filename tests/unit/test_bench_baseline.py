@@ -6,8 +6,8 @@ from __future__ import annotations
 from bench.baseline_thresholds import ThresholdDetector, Thresholds
 from bench.detection import headline, merge
 from bench.summary import _false_cordons_met
+from pipeline.backtest.score import ClassScore, Score
 from pipeline.model import GpuReading, GpuSample, IciLink, IciSample, NodeEvent, XidEvent
-from pipeline.score import ClassScore, Score
 
 T0 = 1_767_225_600_000
 S = 1000

@@ -1,4 +1,4 @@
-"""The robust partition clock (pipeline/runtime/clock.py): no minority of keys can move it, the
+"""The robust partition clock (pipeline/stages/clock.py): no minority of keys can move it, the
 door refuses what is far off it, and a stream that resumes after a silence is followed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.config import ClockSettings
-from pipeline.runtime.clock import TICK_MS, RobustClock
+from pipeline.stages.clock import TICK_MS, RobustClock
 
 SETTINGS = ClockSettings()  # max_ahead_s 300, quorum 10 % (at least 2 keys), min_keys 3
 KEYS = [f"c/node-{i:02d}" for i in range(20)]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import codec, schemas_tool
+from pipeline import schemas_tool
 from pipeline.errors import DecodeError
 from pipeline.model import (
     DEAD_LETTER_MAX_RAW,
@@ -22,6 +22,7 @@ from pipeline.model import (
     Inventory,
     RawRecord,
 )
+from pipeline.wire import codec
 
 TYPES = [*TOPIC_VALUES.values(), Event]
 

@@ -11,9 +11,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from pipeline import codec
 from pipeline.errors import DecodeError
 from pipeline.model import TOPIC_VALUES, Event
+from pipeline.wire import codec
 
 PREVIOUS = Path(__file__).resolve().parents[1] / "data" / "previous"
 
@@ -89,7 +89,7 @@ def test_previous_version_on_the_wrong_topic_is_still_refused() -> None:
 
 
 def test_every_older_struct_is_a_previous_version_of_a_current_one() -> None:
-    # pipeline.replay routes an old tag to its current topic by subclass; no stray version
+    # pipeline.runtime.replay routes an old tag to its current topic by subclass; no stray version
     tags = {str(cls.__struct_config__.tag) for cls in codec.OLDER}
     expected = {f"{n}/{v - 1}" for n, v in UPGRADED}
     assert tags == expected, f"OLDER: expected {sorted(expected)}, got {sorted(tags)}"

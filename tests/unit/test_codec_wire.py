@@ -1,5 +1,5 @@
 """The two wire formats: msgpack for telemetry (marked by a content-type header), JSON always
-accepted and always the format of what downstream consumers read (pipeline/codec.py)."""
+accepted and always the format of what downstream consumers read (pipeline/wire/codec.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import codec, schemas_tool
+from pipeline import schemas_tool
 from pipeline.config import load_settings
 from pipeline.errors import DecodeError
 from pipeline.model import TOPIC_VALUES, Event, GpuSample, XidEvent
 from pipeline.runtime.embedded import collect
+from pipeline.wire import codec
 from streams.records import decode_value
 from streams.testing import embedded_outputs
 from tests import lake_fixture

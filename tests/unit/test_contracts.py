@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import codec, schemas_tool
+from pipeline import schemas_tool
 from pipeline.errors import DecodeError
 from pipeline.model import TOPIC_VALUES, Event
+from pipeline.wire import codec
 from tests.schema_strategies import from_schema
 
 SCHEMAS = schemas_tool.SCHEMA_DIR
@@ -256,7 +257,7 @@ def test_cloudevents_headers_round_trip_through_the_sdk_with_the_value_unchanged
     from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
     from cloudevents.core.formats.json import JSONFormat
 
-    from pipeline import cloudevents_headers
+    from pipeline.wire import headers as cloudevents_headers
 
     event = codec.decode(json.dumps(_sample(name)).encode(), TOPIC_VALUES[name])
     value = codec.encode(event)
@@ -279,7 +280,7 @@ def test_cloudevents_headers_round_trip_through_the_sdk_with_the_value_unchanged
 
 
 def test_only_actions_alerts_and_node_states_carry_cloudevents_headers() -> None:
-    from pipeline import cloudevents_headers
+    from pipeline.wire import headers as cloudevents_headers
 
     finding = codec.decode(json.dumps(_sample("finding")).encode(), TOPIC_VALUES["finding"])
     assert cloudevents_headers.headers(finding, codec.encode(finding)) == []

@@ -8,8 +8,8 @@ import base64
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.codec import decode, encode
 from pipeline.model import DEAD_LETTER_MAX_RAW, DeadLetter, RawRecord
+from pipeline.wire.codec import decode, encode
 
 records = st.builds(
     RawRecord,

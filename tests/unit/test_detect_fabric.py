@@ -313,7 +313,7 @@ def test_the_fleet_stage_is_keyed_by_cluster_and_refuses_other_keys() -> None:
     import pytest
 
     from pipeline.errors import DecodeError
-    from pipeline.runtime import topology
+    from pipeline.stages import topology
 
     stage = topology.READER[topology.FLEET_INPUT]
     assert stage.name == "fleet" and "telemetry.fabric" in topology.TELEMETRY_TOPICS

@@ -12,12 +12,12 @@ from collections import Counter
 
 import msgspec
 
-from pipeline.codec import encode
 from pipeline.config import SimSettings, load_settings
 from pipeline.model import DeadLetter, Event, FabricSample, GpuSample, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.runtime.topics import TOPICS
 from pipeline.sim.engine import Simulation
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import TOPICS
 
 MINUTE = 60_000
 DAY = 24 * 60 * MINUTE

@@ -1,4 +1,4 @@
-"""The edge loop (pipeline/edge.py) outlives a broker that drops: kafka-python 3 can raise a
+"""The edge loop (pipeline/wire/edge.py) outlives a broker that drops: kafka-python 3 can raise a
 lost connection out of `poll` while it looks for the group coordinator again (seen in the
 broker-restart scenario: the lake sink exited). The real broker case is
 tests/faults/test_infra_broker_restart.py; here the client's error is raised on cue."""
@@ -12,7 +12,7 @@ import pytest
 from kafka.errors import KafkaConnectionError, UnsupportedVersionError
 
 from pipeline.config import load_settings
-from pipeline.edge import Edge
+from pipeline.wire.edge import Edge
 
 
 class Sink:

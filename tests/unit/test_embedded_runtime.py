@@ -6,11 +6,11 @@ import json
 
 import msgspec
 
-from pipeline import codec
 from pipeline.config import load_settings
 from pipeline.model import Action, CapacityEvent, Event, GpuSample, NodeState, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime, collect
 from pipeline.schemas_tool import SCHEMA_DIR, file_name
+from pipeline.wire import codec
 
 SETTINGS = load_settings(environ={})
 

@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 
 from pipeline.config import load_settings
 from pipeline.model import Event, FabricSample, FabricTick, Finding, Inventory, PeerSample
-from pipeline.runtime import fleet, topology
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.sim import Simulation, parse_forced
+from pipeline.stages import cluster as fleet
+from pipeline.stages import topology
 
 BASE = load_settings(environ={})
 NODES = 12

@@ -8,8 +8,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import guard
 from pipeline.config import load_settings
+from pipeline.decide import guard
 
 BASE = load_settings(environ={})
 

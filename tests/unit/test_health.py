@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from pipeline.config import HealthSettings
-from pipeline.health import HealthState, target_key, to_node_state, transition
+from pipeline.decide.health import HealthState, target_key, to_node_state, transition
 from pipeline.ids import stable_id
 from pipeline.model import Action, Proposal, Reason, Target
 from tests.remediation_fixture import action_for, finding, heartbeat, ms, node_event, target
@@ -401,7 +401,7 @@ def test_node_state_reports_what_the_policy_needs() -> None:
 
 
 def test_the_state_passed_in_is_the_state_returned() -> None:
-    # one rule for every stage (pipeline/runtime/topology.py): stages change the state they
+    # one rule for every stage (pipeline/stages/topology.py): stages change the state they
     # are given, the driver keeps the snapshot; the old state is not a copy to compare with
     t = target()
     state, _ = transition(None, finding(t, 0), SETTINGS)

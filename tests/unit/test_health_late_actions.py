@@ -14,8 +14,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import health, policy
 from pipeline.config import HealthSettings, PolicySettings
+from pipeline.decide import health, policy
 from pipeline.model import Action, Finding, NodeEvent, Proposal
 from tests.remediation_fixture import action_for, finding, heartbeat, ms, node_event, target
 

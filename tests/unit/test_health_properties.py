@@ -8,10 +8,10 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.codec import decode, encode
 from pipeline.config import HealthSettings
-from pipeline.health import REPAIR_KINDS, HealthState, to_node_state, transition
+from pipeline.decide.health import REPAIR_KINDS, HealthState, to_node_state, transition
 from pipeline.model import Action, NodeState, Proposal, Reason
+from pipeline.wire.codec import decode, encode
 from tests.remediation_fixture import action_for, finding, heartbeat, ms, node_event, target
 
 SETTINGS = HealthSettings(

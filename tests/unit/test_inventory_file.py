@@ -1,4 +1,4 @@
-"""Inventory files (pipeline/inventory.py) and the release record of `fleetpulse policy release`."""
+"""Inventory files (pipeline/sources/inventory_file.py) and the release record of `fleetpulse policy release`."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from pipeline.commands.policy import release_record
 from pipeline.config import SimSettings
 from pipeline.errors import ConfigError, FleetPulseError
-from pipeline.inventory import (
+from pipeline.sim.engine import Simulation
+from pipeline.sim.inventory import from_fleet
+from pipeline.sources.inventory_file import (
     InventoryFileError,
-    from_fleet,
     load_inventory,
     write_inventory,
 )
-from pipeline.runtime.topics import record_key
-from pipeline.sim.engine import Simulation
+from pipeline.wire.topics import record_key
 
 GOOD = {
     "schema": "inventory/1",

@@ -8,8 +8,8 @@ import pytest
 
 from pipeline.config import KafkaSettings, load_settings
 from pipeline.errors import ConfigError
-from pipeline.kafka_client import client_kwargs, describe
 from pipeline.redact import redact
+from pipeline.wire.kafka import client_kwargs, describe
 
 SASL = {
     "FLEETPULSE_KAFKA__BOOTSTRAP": "broker:9096",
@@ -111,7 +111,7 @@ def test_until_connected_waits_for_an_absent_broker_and_says_why() -> None:
 
     from kafka import KafkaProducer
 
-    from pipeline.kafka_client import STAY_CONNECTED, until_connected
+    from pipeline.wire.kafka import STAY_CONNECTED, until_connected
 
     kafka = KafkaSettings(bootstrap=f"127.0.0.1:{_closed_port()}")
     stop, heard = threading.Event(), []
@@ -127,7 +127,7 @@ def test_until_connected_waits_for_an_absent_broker_and_says_why() -> None:
 
 
 def test_until_connected_lets_other_errors_through() -> None:
-    from pipeline.kafka_client import until_connected
+    from pipeline.wire.kafka import until_connected
 
     def refuse() -> None:
         raise ConfigError("bad settings")

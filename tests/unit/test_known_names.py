@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import codec, model, schemas_tool
+from pipeline import model, schemas_tool
 from pipeline.errors import DecodeError, InvalidNameError
 from pipeline.model import NAME_PATTERN, TOPIC_VALUES, Name
+from pipeline.wire import codec
 
 _NAME_META = typing.get_args(Name)[1]
 

@@ -10,9 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import LakeSettings
-from pipeline.lake import Lake
-from pipeline.sinks.lake import LakeWriter, files_in, partition_dirs, visible_files
-from pipeline.sinks.lake_check import (
+from pipeline.lake.check import (
     QUARANTINE_DIR,
     UnreadableFileError,
     check_dir,
@@ -22,7 +20,9 @@ from pipeline.sinks.lake_check import (
     read_checked,
     readable_files,
 )
-from pipeline.sinks.lake_compact import compact
+from pipeline.lake.compact import compact
+from pipeline.lake.query import Lake
+from pipeline.lake.writer import LakeWriter, files_in, partition_dirs, visible_files
 from tests import lake_fixture as fx
 
 MERGE_NOW = LakeSettings(compact_min_files=2, compact_keep_s=0)

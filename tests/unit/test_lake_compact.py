@@ -11,11 +11,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipeline.config import LakeSettings
-from pipeline.lake import Lake, QueryError
+from pipeline.lake.compact import compact
+from pipeline.lake.query import Lake, QueryError
+from pipeline.lake.tables import UTILIZATION
+from pipeline.lake.writer import LakeWriter, files_in, partition_dirs, visible_files
 from pipeline.model import Utilization
-from pipeline.sinks.lake import LakeWriter, files_in, partition_dirs, visible_files
-from pipeline.sinks.lake_compact import compact
-from pipeline.sinks.lake_tables import UTILIZATION
 from tests import lake_fixture as fx
 
 SETTINGS = LakeSettings(compact_min_files=2, compact_keep_s=0)

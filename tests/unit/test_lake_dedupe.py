@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import LakeSettings
-from pipeline.lake import Lake, canned_queries
-from pipeline.sinks.lake import LakeWriter
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.lake.query import Lake, canned_queries
+from pipeline.lake.tables import TABLES
+from pipeline.lake.writer import LakeWriter
 from tests import lake_fixture as fx
 
 SIZES = {table: len(events()) for table, events in fx.EVERYTHING.items()}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.lake import Lake, QueryError
+from pipeline.lake.query import Lake, QueryError
 
 
 def _outside(tmp_path: Path) -> Path:

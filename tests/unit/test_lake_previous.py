@@ -9,11 +9,11 @@ from pathlib import Path
 import msgspec
 import pyarrow.parquet as pq
 
-from pipeline import codec
 from pipeline.config import LakeSettings
-from pipeline.lake import Lake
+from pipeline.lake.query import Lake
+from pipeline.lake.writer import LakeWriter, visible_files
 from pipeline.model import XidEvent
-from pipeline.sinks.lake import LakeWriter, visible_files
+from pipeline.wire import codec
 
 PREVIOUS = Path(__file__).resolve().parents[1] / "data" / "previous"
 ADDED = ("count", "last_ts")  # the xid table's columns the previous release did not write

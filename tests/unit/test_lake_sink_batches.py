@@ -1,4 +1,4 @@
-"""The lake sink takes producers' batch records (pipeline/runtime/batches.py): the XID adapter
+"""The lake sink takes producers' batch records (pipeline/wire/batches.py): the XID adapter
 and the simulator write events.xid that way by default, and the lake's xid table reads it."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.codec import encode
 from pipeline.config import load_settings
 from pipeline.errors import DecodeError
-from pipeline.lake import Lake
-from pipeline.runtime.batches import group_by_partition, headers
-from pipeline.runtime.topics import topic_name
-from pipeline.sinks.lake_kafka import LakeSink
+from pipeline.lake.query import Lake
+from pipeline.lake.sink import LakeSink
+from pipeline.wire.batches import group_by_partition, headers
+from pipeline.wire.codec import encode
+from pipeline.wire.topics import topic_name
 from tests import lake_fixture as fx
 
 SETTINGS = load_settings(environ={})

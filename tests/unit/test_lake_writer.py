@@ -11,14 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pipeline.sinks.lake as lake_module
+import pipeline.lake.writer as lake_module
 from pipeline.config import LakeSettings
 from pipeline.errors import SinkError
-from pipeline.lake import Lake
+from pipeline.lake import tables as lake_tables
+from pipeline.lake.query import Lake
+from pipeline.lake.tables import TABLES, TableSpec, table_for_event
+from pipeline.lake.writer import LakeWriter, read_committed, visible_files
 from pipeline.model import Event, Utilization, XidEvent
-from pipeline.sinks import lake_tables
-from pipeline.sinks.lake import LakeWriter, read_committed, visible_files
-from pipeline.sinks.lake_tables import TABLES, TableSpec, table_for_event
 from tests import lake_fixture as fx
 
 HOUR = fx.HOUR

@@ -11,9 +11,10 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import codec, schemas_tool
+from pipeline import schemas_tool
 from pipeline.errors import DecodeError
 from pipeline.model import DCGM_NAMES, LIBTPU_NAMES, TOPIC_VALUES, GpuSample, TpuSample
+from pipeline.wire import codec
 
 SCHEMAS = schemas_tool.SCHEMA_DIR
 NAMES = st.one_of(

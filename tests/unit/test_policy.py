@@ -8,11 +8,11 @@ from collections.abc import Iterable
 import msgspec
 import pytest
 
-from pipeline import alerts
 from pipeline.config import PolicySettings
+from pipeline.decide import alerts
+from pipeline.decide.policy import PolicyState, budget, decide
 from pipeline.ids import stable_id
 from pipeline.model import Action, Alert, CapacityEvent, NodeState, Proposal
-from pipeline.policy import PolicyState, budget, decide
 from tests.remediation_fixture import capacity, node_state, proposal, target
 
 BASE = PolicySettings(
@@ -448,7 +448,7 @@ def test_a_cordon_alert_fires_and_resolves_when_a_person_uncordons() -> None:
 
 
 def test_decide_is_deterministic_from_a_snapshot() -> None:
-    # decide changes the state it is given (pipeline/runtime/topology.py): the driver keeps
+    # decide changes the state it is given (pipeline/stages/topology.py): the driver keeps
     # the snapshot, and the same snapshot and signals give the same decisions
     snapshot = msgspec.msgpack.encode(pool(10))
     signals: list[Signal] = [proposal(target(f"n{i}"), i) for i in range(3)]

@@ -16,10 +16,10 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.codec import encode
 from pipeline.config import HealthSettings, PolicySettings
-from pipeline.health import REPAIR_KINDS, target_key
+from pipeline.decide.health import REPAIR_KINDS, target_key
 from pipeline.model import Action, Alert, Event, NodeEvent, NodeState, Proposal
+from pipeline.wire.codec import encode
 from tests.remediation_fixture import Loop, capacity, finding, heartbeat, node_event, target
 
 TARGETS = [

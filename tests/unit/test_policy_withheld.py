@@ -11,10 +11,10 @@ from collections.abc import Iterable
 import msgspec
 
 from pipeline.config import PolicySettings, Settings
+from pipeline.decide.policy import PolicyState, decide_all
 from pipeline.ids import stable_id
 from pipeline.model import Action, CapacityEvent, Inventory, NodeState, Proposal, WithheldRecord
-from pipeline.policy import PolicyState, decide_all
-from pipeline.runtime import route
+from pipeline.stages import route
 from tests.remediation_fixture import capacity, ms, node_state, proposal, target
 
 BASE = PolicySettings(

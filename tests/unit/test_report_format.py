@@ -1,4 +1,4 @@
-"""The report's tables as people read them (pipeline/report.py): column names in words,
+"""The report's tables as people read them (pipeline/report/html.py): column names in words,
 numbers rounded by what they are, names in natural order where the query leaves a tie."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from pipeline.lake import Result
-from pipeline.report import _cell, _header, _natural_ties, natural_key
+from pipeline.lake.query import Result
+from pipeline.report.html import _cell, _header, _natural_ties, natural_key
 
 
 def test_names_sort_naturally() -> None:

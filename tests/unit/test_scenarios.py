@@ -15,10 +15,10 @@ from functools import cache
 import msgspec
 import pytest
 
+from pipeline.backtest.score import MAINTENANCE_CHECK, REMOVALS
 from pipeline.config import Settings, load_settings
 from pipeline.model import Action, Event, Finding, GpuSample
 from pipeline.runtime.embedded import collect
-from pipeline.score import MAINTENANCE_CHECK, REMOVALS
 from pipeline.sim import ForcedFault, Simulation, parse_forced
 from pipeline.sim.faults import InjectedFault
 from tests.detect_fixture import quiet_fleet

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.backtest.score import Held, HeldLog, score
 from pipeline.model import Action, Entity, Finding, Proposal, Reason, Target
-from pipeline.score import Held, HeldLog, score
 
 T0 = 1_764_424_800_000
 MIN = 60_000

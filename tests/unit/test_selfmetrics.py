@@ -76,7 +76,7 @@ def test_a_failed_write_is_told_apart_by_its_errno() -> None:
     import os
 
     from pipeline.errors import SinkError
-    from pipeline.sinks.lake_kafka import write_error_reason
+    from pipeline.lake.sink import write_error_reason
 
     def failed(cause: OSError) -> SinkError:
         try:

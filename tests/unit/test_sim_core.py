@@ -14,7 +14,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline import codec
 from pipeline.catalog import chip_coords, dcgm_field, ici_neighbours, xid_info
 from pipeline.config import KafkaSettings, SimSettings
 from pipeline.model import (
@@ -28,7 +27,6 @@ from pipeline.model import (
     TpuSample,
     XidEvent,
 )
-from pipeline.runtime.topics import TOPICS
 from pipeline.sim import (
     ForcedFault,
     Simulation,
@@ -40,6 +38,8 @@ from pipeline.sim import (
 from pipeline.sim.fleet import GPU_MODELS
 from pipeline.sim.gpu import FIELD_NAMES
 from pipeline.sim.output import topic_for
+from pipeline.wire import codec
+from pipeline.wire.topics import TOPICS
 
 BUSY = SimSettings(
     duration_s=1200, gpu_nodes=12, tpu_slices=4, intensity=3000, noise_intensity=300,

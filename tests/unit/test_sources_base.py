@@ -11,11 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.codec import decode
 from pipeline.errors import DecodeError, SourceError
 from pipeline.model import DeadLetter, Event, XidEvent
 from pipeline.retry import Backoff
-from pipeline.runtime.topics import record_key as event_key
 from pipeline.sources.base import (
     BadRecord,
     Batch,
@@ -24,6 +22,8 @@ from pipeline.sources.base import (
     save_checkpoint,
 )
 from pipeline.sources.publish import StdoutPublisher, dead_letter
+from pipeline.wire.codec import decode
+from pipeline.wire.topics import record_key as event_key
 
 
 class Position(msgspec.Struct, frozen=True):

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from pipeline.model import GpuSample
-from pipeline.sources.prometheus import Identity, parse_series
+from pipeline.sources.prometheus import parse_series
+from pipeline.sources.prometheus_series import Identity
 
 ID = Identity(cluster="default-c", pool="default-p", zone="default-z")
 LABELS = {

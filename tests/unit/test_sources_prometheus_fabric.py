@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.model import FabricSample
-from pipeline.sources.prometheus import Identity
 from pipeline.sources.prometheus_fabric import parse_fabric_series
+from pipeline.sources.prometheus_series import Identity
 
 IDENTITY = Identity("c1", "p1", "z1")
 TS = 1_764_424_800.0

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from pipeline.config import SourcesSettings
 from pipeline.model import GpuSample
 from pipeline.sources.base import Parsed
-from pipeline.sources.prometheus import Identity, parse_series
+from pipeline.sources.prometheus import parse_series
+from pipeline.sources.prometheus_series import Identity
 from pipeline.sources.prometheus_step import STEP_MAX_AGE_MS, joined, step_selector
 
 IDENTITY = Identity("c1", "p1", "z1")

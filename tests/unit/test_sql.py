@@ -12,8 +12,8 @@ import pytest
 
 from pipeline.catalog import price_for, xid_info
 from pipeline.config import LakeSettings
-from pipeline.lake import Lake, QueryError, canned_queries, parse_duration, parse_time
-from pipeline.sinks.lake_tables import TABLES
+from pipeline.lake.query import Lake, QueryError, canned_queries, parse_duration, parse_time
+from pipeline.lake.tables import TABLES
 from tests import lake_fixture as fx
 
 
@@ -271,7 +271,7 @@ def test_defaults_cover_the_last_day_of_data_and_durations_parse(lake: Lake) -> 
 
 
 def test_fixture_events_are_valid_contract_values() -> None:
-    from pipeline.codec import decode, encode
+    from pipeline.wire.codec import decode, encode
 
     for make in fx.EVERYTHING.values():
         for event in make()[:50]:

@@ -1,4 +1,4 @@
-"""pipeline.webhooks: what a receiver accepts, and every way it refuses a webhook."""
+"""pipeline.sinks.signing: what a receiver accepts, and every way it refuses a webhook."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import base64
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from pipeline.webhooks import (
+from pipeline.sinks.signing import (
     ReplayedWebhookError,
     WebhookVerificationError,
     sign_headers,

@@ -10,13 +10,13 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import codec
 from pipeline.config import DetectSettings, SourcesSettings
 from pipeline.detect.xid import detect_xid
 from pipeline.model import Event, XidEvent
 from pipeline.sources.base import load_checkpoint
 from pipeline.sources.xid import Coalescer, XidPosition, XidSource
 from pipeline.sources.xid_streams import JournalXidSource, KmsgXidSource, StreamPosition
+from pipeline.wire import codec
 
 T0 = 1_764_424_800_000
 WALL = T0 / 1000

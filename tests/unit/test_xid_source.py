@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.codec import normalize_pci
 from pipeline.config import SimSettings, SourcesSettings
 from pipeline.errors import DecodeError
 from pipeline.model import Event, XidEvent
@@ -19,6 +18,7 @@ from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import parse_forced
 from pipeline.sim.fleet import build_fleet
 from pipeline.sources.xid import GpuInfo, Identity, XidSource, parse_line, parse_lines
+from pipeline.wire.codec import normalize_pci
 
 ID = Identity(cluster="c1", node="gpu-node-1", pool="a3", zone="us-central1-a")
 FALLBACK = 1_764_424_999_000

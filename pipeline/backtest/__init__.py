@@ -1,0 +1,1 @@
+"""Backtests: detectors over labelled history, threshold sweeps, scoring against ground truth."""

@@ -1,0 +1,1 @@
+"""The pure decisions: health transitions, remediation policy, the fleet guard, alert building."""

@@ -1,0 +1,1 @@
+"""The lake: Parquet writer, tables, compaction, checks, the Kafka sink and DuckDB queries."""

@@ -1,0 +1,1 @@
+"""`fleetpulse report`: the self-contained HTML report and its inline SVG charts."""
