@@ -74,6 +74,15 @@ HealthStateName = Literal[
     "healthy", "suspect", "degraded", "cordoned", "draining", "repairing", "probation"
 ]
 
+# Words the decisions share (pipeline/decide: health, policy, guard), said once here so that
+# none of them imports another for its vocabulary.
+HEARTBEAT = "heartbeat"  # a finding's check that only says the target still reports
+MAINTENANCE_CHECK = "maintenance"  # reason.checks of the policy's scheduled-maintenance actions
+REPAIR_KINDS: frozenset[str] = frozenset(
+    {"reset_gpu", "reboot", "repair", "replace", "repair_slice"}
+)
+PRE_CORDON: frozenset[str] = frozenset({"healthy", "suspect", "degraded"})  # still in service
+
 # Every field of every schema carries a description (a contract test checks it): these are the
 # fields that recur, documented once.
 EventTs = Annotated[
@@ -751,6 +760,12 @@ class Target(Event, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         NAMES.check(self, "cluster", "name", "pool", "zone")
+
+
+def target_key(target: Target) -> str:
+    """A target's key in the decisions' state: cluster/kind/name (node names repeat across
+    clusters, and a node and a slice may share a name)."""
+    return f"{target.cluster}/{target.kind}/{target.name}"
 
 
 def host_kind(target: Target) -> TargetKind:
