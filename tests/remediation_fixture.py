@@ -14,6 +14,7 @@ from pipeline.config import HealthSettings, PolicySettings
 from pipeline.decide import health, policy
 from pipeline.decide.health import HealthState
 from pipeline.model import (
+    HEARTBEAT,
     Action,
     Alert,
     CapacityEvent,
@@ -29,6 +30,7 @@ from pipeline.model import (
     RecommendedAction,
     Target,
     host_kind,
+    target_key,
 )
 
 T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
@@ -71,7 +73,7 @@ def heartbeat(t: Target, at: float) -> Finding:
         finding_id=f"fnd-{t.name}-hb-{ms(at)}",
         ts=ms(at),
         entity=Entity(kind=t.kind, target=t),
-        check=health.HEARTBEAT,
+        check=HEARTBEAT,
         severity="info",
         healthy=True,
         recommended_action="none",
@@ -208,7 +210,7 @@ class Loop:
         return self.log[start:]
 
     def _health(self, signal: Finding | NodeEvent | Action) -> list[Event]:
-        key = health.target_key(health._target_of(signal))
+        key = target_key(health.target_of(signal))
         before = self.health.get(key)
         was = None if before is None else health.to_node_state(before)
         after, proposals = health.transition(before, signal, self.health_settings)
@@ -247,7 +249,7 @@ class Loop:
         return [e for e in self.log if isinstance(e, Alert)]
 
     def state(self, t: Target) -> HealthState:
-        return self.health[health.target_key(t)]
+        return self.health[target_key(t)]
 
 
 def _changed(before: NodeState, after: NodeState) -> bool:

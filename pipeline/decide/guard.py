@@ -46,8 +46,16 @@ import msgspec
 
 from pipeline.config import PolicySettings, Settings
 from pipeline.decide import alerts
-from pipeline.decide.health import MAINTENANCE_CHECK, target_key
-from pipeline.model import Alert, Inventory, NodeState, PolicyRelease, Proposal, Target
+from pipeline.model import (
+    MAINTENANCE_CHECK,
+    Alert,
+    Inventory,
+    NodeState,
+    PolicyRelease,
+    Proposal,
+    Target,
+    target_key,
+)
 
 FLEET = "fleet"
 SCOPES = ("pool", "zone", "fleet")

@@ -69,9 +69,10 @@ import msgspec
 from pipeline.config import PolicySettings
 from pipeline.decide import alerts
 from pipeline.decide.guard import FLEET, GuardView, cause_check, maintenance_allowance, silence_only
-from pipeline.decide.health import MAINTENANCE_CHECK, REPAIR_KINDS, target_key
 from pipeline.ids import stable_id
 from pipeline.model import (
+    MAINTENANCE_CHECK,
+    REPAIR_KINDS,
     Action,
     ActionKind,
     Alert,
@@ -82,6 +83,7 @@ from pipeline.model import (
     Reason,
     Target,
     WithheldRecord,
+    target_key,
 )
 
 _MS = 1000

@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from pipeline.config import HealthSettings
-from pipeline.decide.health import HealthState, target_key, to_node_state, transition
+from pipeline.decide.health import HealthState, to_node_state, transition
 from pipeline.ids import stable_id
-from pipeline.model import Action, Proposal, Reason, Target
+from pipeline.model import Action, Proposal, Reason, Target, target_key
 from tests.remediation_fixture import action_for, finding, heartbeat, ms, node_event, target
 
 SETTINGS = HealthSettings(

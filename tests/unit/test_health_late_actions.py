@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import HealthSettings, PolicySettings
-from pipeline.decide import health, policy
+from pipeline.decide import health, health_propose, policy
 from pipeline.model import Action, Finding, NodeEvent, Proposal
 from tests.remediation_fixture import action_for, finding, heartbeat, ms, node_event, target
 
@@ -130,7 +130,7 @@ def test_the_state_keeps_no_past_once_every_action_is_back() -> None:
 def _outstanding(state: health.HealthState) -> Proposal:
     assert state.outstanding is not None
     return msgspec.structs.replace(
-        health._proposal(state, state.outstanding.proposal_id, state.outstanding.kind),
+        health_propose.make_proposal(state, state.outstanding.proposal_id, state.outstanding.kind),
         ts=state.outstanding.first_ts,
     )
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import HealthSettings
-from pipeline.decide.health import REPAIR_KINDS, HealthState, to_node_state, transition
-from pipeline.model import Action, NodeState, Proposal, Reason
+from pipeline.decide.health import HealthState, to_node_state, transition
+from pipeline.model import REPAIR_KINDS, Action, NodeState, Proposal, Reason
 from pipeline.wire.codec import decode, encode
 from tests.remediation_fixture import action_for, finding, heartbeat, ms, node_event, target
 

@@ -17,8 +17,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import HealthSettings, PolicySettings
-from pipeline.decide.health import REPAIR_KINDS, target_key
-from pipeline.model import Action, Alert, Event, NodeEvent, NodeState, Proposal
+from pipeline.model import (
+    REPAIR_KINDS,
+    Action,
+    Alert,
+    Event,
+    NodeEvent,
+    NodeState,
+    Proposal,
+    target_key,
+)
 from pipeline.wire.codec import encode
 from tests.remediation_fixture import Loop, capacity, finding, heartbeat, node_event, target
 
