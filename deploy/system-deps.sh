@@ -10,6 +10,11 @@ command -v prometheus >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null || need+=(chromium)
 command -v etcd >/dev/null || need+=(etcd-server)  # deploy/kubernetes/kube.sh: the API server's store
+# deploy/slurm/slurm.sh: a real slurmctld + slurmd (Debian's 22.05) with munge for their auth
+[ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+command -v sbatch >/dev/null || need+=(slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
 command -v go >/dev/null || [ -x /usr/local/go/bin/go ] \
   || echo "deploy/kubernetes: Go >= 1.24 is needed to build kube-apiserver and helm (go.dev/dl)" >&2
 [ ${#need[@]} -eq 0 ] && exit 0

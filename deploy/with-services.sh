@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start the real services the tests need, run the given command, stop them even on failure.
 # Services started here: Apache Kafka (KRaft, deploy/kafka/kafka.sh) and a Kubernetes API server
-# with etcd (deploy/kubernetes/kube.sh). helm (deploy/kubernetes/helm.sh) and Toxiproxy
+# with etcd (deploy/kubernetes/kube.sh), and Slurm (slurmctld, slurmd, munged: deploy/slurm/slurm.sh;
+# tests find it through SLURM_CONF). helm (deploy/kubernetes/helm.sh) and Toxiproxy
 # (deploy/toxiproxy/toxiproxy.sh; the network fault tests start their own) are only built here.
 # The Go builds happen here, once per machine (cached in ~/.cache/fleetpulse), not inside a timed test.
 set -euo pipefail
@@ -24,4 +25,11 @@ if ! bash "$root/deploy/kubernetes/kube.sh" status >/dev/null 2>&1; then
   bash "$root/deploy/kubernetes/kube.sh" start
   started+=(kubernetes/kube.sh)
 fi
+export SLURM_CTLD_PORT="${SLURM_CTLD_PORT:-16817}" SLURM_NODE_PORT="${SLURM_NODE_PORT:-17001}"
+if ! bash "$root/deploy/slurm/slurm.sh" status >/dev/null 2>&1; then
+  bash "$root/deploy/slurm/slurm.sh" start
+  started+=(slurm/slurm.sh)
+fi
+SLURM_CONF="$(bash "$root/deploy/slurm/slurm.sh" env)"
+export SLURM_CONF="${SLURM_CONF#SLURM_CONF=}"
 "$@"
