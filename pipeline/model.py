@@ -412,8 +412,11 @@ class FabricPort(Event, frozen=True, kw_only=True):
         Meta(description='Network interface of the port (e.g. "ib0"), when known.'),
     ] = None
     link_layer: Annotated[
-        Literal["infiniband", "ethernet"],
-        Meta(description="InfiniBand, or Ethernet (RoCE or plain)."),
+        Literal["infiniband", "ethernet", "unknown"],
+        Meta(
+            description="InfiniBand, Ethernet (RoCE, iWARP or plain), or unknown: no source "
+            "said which (node_exporter's infiniband collector does not export it)."
+        ),
     ] = "infiniband"
     metrics: Annotated[
         dict[str, float],  # names checked in __post_init__ (MetricNames: why)
@@ -425,6 +428,14 @@ class FabricPort(Event, frozen=True, kw_only=True):
             extra_json_schema=FABRIC_NAMES.schema(),
         ),
     ]
+    saturated: Annotated[
+        list[Annotated[str, Meta(max_length=128)]],
+        Meta(
+            description="Counters of `metrics` stuck at their hardware maximum (IB port "
+            "counters saturate: link_downed at 255, port_xmit_discards at 65535, ...): their "
+            "delta across this sample is unknown, neither a reset nor a burst."
+        ),
+    ] = []
 
     def __post_init__(self) -> None:
         NIC_NAMES.check(self, "device")
@@ -440,7 +451,7 @@ class FabricPort(Event, frozen=True, kw_only=True):
         return f"{self.device}:{self.port}"
 
 
-class FabricSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="fabric_sample/1"):
+class FabricSample(Event, frozen=True, kw_only=True, tag_field="schema", tag="fabric_sample/2"):
     """One GPU node's network ports as node_exporter reports them (fleet.telemetry.fabric,
     key = node): InfiniBand port state and counters, netdev carrier and error counters."""
 

@@ -368,7 +368,7 @@ def fleet_key(signal: Event, got: str | None) -> str:
     if not isinstance(signal, _FLEET_INPUTS):
         raise DecodeError(
             field="$.schema",
-            expected=("'inventory/1', 'finding/2', 'fabric_tick/1', 'fabric_sample/1' or "
+            expected=("'inventory/1', 'finding/2', 'fabric_tick/1', 'fabric_sample/2' or "
                       "'peer_sample/1'"),
             got=_tag(signal),
         )

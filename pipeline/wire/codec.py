@@ -88,10 +88,14 @@ class DeadLetterV1(DeadLetter, frozen=True, kw_only=True, tag="dead_letter/1"):
     """dead_letter/1: no `reason` (v2 adds it; an upgraded letter has the default "")."""
 
 
+class FabricSampleV1(FabricSample, frozen=True, kw_only=True, tag="fabric_sample/1"):
+    """fabric_sample/1: ports without `saturated` and no "unknown" link layer (v2 adds both)."""
+
+
 # earlier versions still read, each upgraded to the current value on decode (`upgraded`)
 OLDER: tuple[type[Event], ...] = (
     GpuSampleV2, XidEventV1, ActionV2, ProposalV2, FindingV1, NodeEventV1, NodeStateV1,
-    DeadLetterV1,
+    DeadLetterV1, FabricSampleV1,
 )  # fmt: skip
 
 
