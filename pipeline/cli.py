@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline import __version__
 from pipeline.cli_parser import FleetPulseParser
 from pipeline.config import load_settings
+from pipeline.detect.catalog import validate_tunings
 from pipeline.errors import FleetPulseError
 
 # Modules that register subcommands, in the order `--help` lists them.
@@ -62,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.config)
+        validate_tunings(settings.detect)  # the catalog's rules for [detect.checks]
         code: int = args.handler(args, settings)
         return code
     except FleetPulseError as exc:

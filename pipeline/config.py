@@ -562,11 +562,9 @@ class DetectSettings(Section, frozen=True):
     series_sensitivity: Annotated[float, Meta(gt=0)] = 4.5
     series_min_scale_rel: Fraction = 0.01  # scale floor relative to the level
     # per-check persistence overrides, by check name (only checks the episode engine counts)
+    # (the detect layer checks them against its catalog: detect/catalog.validate_tunings,
+    # called by the CLI as it loads the settings)
     checks: dict[str, CheckTuning] = {}
-
-    def __post_init__(self) -> None:
-        if self.checks:
-            _check_tunings(self)
 
     def tuned(self, check: str) -> DetectSettings:
         """These settings as `check` sees them: its own `settings` overrides applied (the
@@ -591,41 +589,6 @@ _TUNED: dict[tuple[int, str], tuple[DetectSettings, DetectSettings]] = {}
 def _with(settings: DetectSettings, overrides: dict[str, float | int | bool]) -> DetectSettings:
     fields = msgspec.structs.asdict(settings) | dict(overrides) | {"checks": {}}
     return msgspec.convert(fields, DetectSettings)
-
-
-def _check_tunings(settings: DetectSettings) -> None:
-    """Each `[detect.checks]` entry names a check, tunes persistence only where the engine
-    counts it, and overrides only settings the check names, with values they accept."""
-    from pipeline.detect.catalog import CHECKS, SHARED_SETTINGS  # lazy: imports this module
-
-    unknown = sorted(set(settings.checks) - set(CHECKS))
-    if unknown:
-        raise ValueError(f"checks: no check named {', '.join(unknown)}; docs/checks.md lists them")
-    for name, tuning in settings.checks.items():
-        spec = CHECKS[name]
-        persistence = tuning.open_after is not None or tuning.clear_after is not None
-        if persistence and not spec.engine_counted:
-            counted = sorted(n for n, s in CHECKS.items() if s.engine_counted)
-            raise ValueError(
-                f"checks: {name} has no tunable persistence; expected one of {counted}"
-            )
-        own = [n for n in spec.settings if n not in SHARED_SETTINGS]
-        shared = sorted(set(tuning.settings) & SHARED_SETTINGS)
-        if shared:
-            raise ValueError(
-                f"checks.{name}.settings: {', '.join(shared)} shared by every check of its "
-                f"detector: set it in [detect]; {name} takes {', '.join(own) or 'none'}"
-            )
-        foreign = sorted(set(tuning.settings) - set(own))
-        if foreign:
-            raise ValueError(
-                f"checks.{name}.settings: {', '.join(foreign)} not used by {name}; expected "
-                f"one of {', '.join(own) or '(none)'}"
-            )
-        try:
-            _with(settings, tuning.settings)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"checks.{name}.settings: {exc}") from None
 
 
 class HealthSettings(Section, frozen=True):

@@ -7,7 +7,13 @@ and persistence are read from the spec by the episode engine, never written at a
 
 from __future__ import annotations
 
+from typing import NoReturn
+
+import msgspec
+
+from pipeline.config import DetectSettings
 from pipeline.detect.spec import CheckSpec, Detector, Persistence
+from pipeline.errors import ConfigError
 from pipeline.model import EntityKind, RecommendedAction
 
 SAMPLES_GRAY = Persistence(open_after="gray_persist_samples")
@@ -524,3 +530,44 @@ def spec_of(check: str) -> CheckSpec:
         family = "xid.<code>.nonfatal" if check.endswith(".nonfatal") else "xid.<code>"
         return CHECKS[family]
     raise KeyError(f"unknown check {check!r}: expected one of {sorted(CHECKS)}")
+
+
+def validate_tunings(settings: DetectSettings) -> None:
+    """Refuse `[detect.checks]` entries the catalog does not allow: each names a check, tunes
+    persistence only where the engine counts it, and overrides only settings the check names,
+    with values they accept. Called where settings are loaded to run the detectors (the CLI),
+    so a bad entry stops the program at its start; raises ConfigError naming the entry."""
+    unknown = sorted(set(settings.checks) - set(CHECKS))
+    if unknown:
+        _refuse(f"checks: no check named {', '.join(unknown)}; docs/checks.md lists them")
+    for name, tuning in settings.checks.items():
+        persistence = tuning.open_after is not None or tuning.clear_after is not None
+        if persistence and not CHECKS[name].engine_counted:
+            counted = sorted(n for n, s in CHECKS.items() if s.engine_counted)
+            _refuse(f"checks: {name} has no tunable persistence; expected one of {counted}")
+        _check_overrides(settings, name, set(tuning.settings))
+
+
+def _check_overrides(settings: DetectSettings, name: str, overrides: set[str]) -> None:
+    own = [n for n in CHECKS[name].settings if n not in SHARED_SETTINGS]
+    shared = sorted(overrides & SHARED_SETTINGS)
+    if shared:
+        _refuse(
+            f"checks.{name}.settings: {', '.join(shared)} shared by every check of its "
+            f"detector: set it in [detect]; {name} takes {', '.join(own) or 'none'}"
+        )
+    foreign = sorted(overrides - set(own))
+    if foreign:
+        _refuse(
+            f"checks.{name}.settings: {', '.join(foreign)} not used by {name}; expected "
+            f"one of {', '.join(own) or '(none)'}"
+        )
+    try:
+        settings.tuned(name)
+    except msgspec.ValidationError as exc:
+        _refuse(f"checks.{name}.settings: {str(exc).replace('`$.', '`').replace('$.', '')}")
+
+
+def _refuse(problem: str) -> NoReturn:
+    # worded as the loader words a field it refuses, with the section it came from
+    raise ConfigError(f"invalid configuration: {problem} - at `detect`") from None

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline import cli
 from pipeline.config import DetectSettings, load_settings
 from pipeline.detect import (
     check_docs,
@@ -22,7 +23,7 @@ from pipeline.detect import (
 )
 from pipeline.detect import fabric as fabric_checks
 from pipeline.detect import xid as xid_checks
-from pipeline.detect.catalog import CATALOG, CHECKS, spec_of
+from pipeline.detect.catalog import CATALOG, CHECKS, spec_of, validate_tunings
 from pipeline.detect.episodes import CLEAR, OPEN, Rule, Run, open_episode, step
 from pipeline.detect.findings import Book
 from pipeline.detect.spec import CheckSpec
@@ -83,7 +84,7 @@ def test_a_checks_persistence_is_tuned_alone_from_the_environment() -> None:
 def test_only_engine_counted_checks_take_an_override(name: str, refusal: str) -> None:
     environ = {"FLEETPULSE_DETECT__CHECKS": f'{{"{name}" = {{open_after = 2}}}}'}
     with pytest.raises(ConfigError, match=refusal):
-        load_settings(environ=environ)
+        validate_tunings(load_settings(environ=environ).detect)
 
 
 def test_a_checks_thresholds_are_tuned_alone_from_the_environment() -> None:
@@ -117,7 +118,24 @@ def test_a_check_setting_it_does_not_use_or_shares_or_out_of_range_is_refused(
     tuning: str, refusal: str
 ) -> None:
     with pytest.raises(ConfigError, match=refusal):
-        load_settings(environ={"FLEETPULSE_DETECT__CHECKS": tuning})
+        validate_tunings(load_settings(environ={"FLEETPULSE_DETECT__CHECKS": tuning}).detect)
+
+
+def test_the_cli_refuses_a_bad_check_tuning_at_its_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FLEETPULSE_DETECT__CHECKS", '{"gpu.nope" = {open_after = 2}}')
+    assert cli.main(["simulate", "--list-faults"]) == 2
+    assert capsys.readouterr().err == (
+        "fleetpulse: error: invalid configuration: checks: no check named gpu.nope; "
+        "docs/checks.md lists them - at `detect`\n"
+    )
+
+
+def test_good_check_tunings_pass() -> None:
+    environ = {"FLEETPULSE_DETECT__CHECKS": '{"gpu.temp.peer" = {open_after = 6, settings = '
+               '{temp_peer_delta_c = 8.0}}}'}  # fmt: skip
+    validate_tunings(load_settings(environ=environ).detect)
 
 
 def test_a_caller_cannot_change_a_checks_action() -> None:
