@@ -1172,3 +1172,169 @@ TOPIC_VALUES: dict[str, type[Event]] = {
     "utilization": Utilization,
     "dead_letter": DeadLetter,
 }
+
+
+# --- capacity (issue 37) --------------------------------------------------------------------
+
+ProvisioningModel = Literal["on-demand", "spot", "reserved", "flex-start"]
+Count = Annotated[int, Meta(ge=0, le=10_000_000)]
+
+
+class OutOfService(Event, frozen=True, kw_only=True):
+    """Devices out of service, by why (each device counted once, under its first reason)."""
+
+    cordoned: Annotated[Count, Meta(description="Cordoned (by FleetPulse or a person).")] = 0
+    draining: Annotated[Count, Meta(description="Being drained.")] = 0
+    repairing: Annotated[Count, Meta(description="Repair requested, not back yet.")] = 0
+    maintenance: Annotated[Count, Meta(description="In a maintenance window now.")] = 0
+    silent: Annotated[
+        Count, Meta(description="Unknown: no utilization heard within the silence setting.")
+    ] = 0
+
+
+class QuotaOutlook(Event, frozen=True, kw_only=True):
+    """A quota's figures and its forecast: a trend over the quota series."""
+
+    metric: Annotated[ShortText, Meta(description="Provider's quota metric name.")]
+    limit: Annotated[float, Meta(description="Quota limit.")]
+    usage: Annotated[float, Meta(description="Quota in use, latest.")]
+    headroom: Annotated[float, Meta(description="limit - usage.")]
+    trend_per_h: Annotated[
+        float, Meta(description="Fitted growth of usage, units per hour (0 when no trend).")
+    ] = 0.0
+    exhausts_at: Annotated[
+        TimestampMs | None,
+        Meta(description="When the trend reaches the limit, Unix epoch ms; absent: no trend."),
+    ] = None
+    confidence: Annotated[
+        float,
+        Meta(ge=0.0, le=1.0, description="How far to trust exhausts_at (0: no forecast)."),
+    ] = 0.0
+    points: Annotated[NonNegInt, Meta(description="Quota points the trend was fitted on.")] = 0
+
+
+class Reservations(Event, frozen=True, kw_only=True):
+    """Reserved capacity (Compute Engine and Cloud TPU reservations), in devices."""
+
+    count: Annotated[NonNegInt, Meta(description="Reservations.")] = 0
+    reserved: Annotated[Count, Meta(description="Devices reserved.")] = 0
+    in_use: Annotated[Count, Meta(description="Reserved devices in use.")] = 0
+    unused: Annotated[Count, Meta(description="Reserved devices not in use (paid for).")] = 0
+
+
+class PriceUsed(Event, frozen=True, kw_only=True):
+    """The price a cost figure used, and where it came from."""
+
+    usd_per_hour: Annotated[
+        float, Meta(ge=0.0, description="USD per device-hour (GPU or TPU chip).")
+    ]
+    basis: Annotated[
+        Literal["negotiated", "on-demand", "spot", "committed-1y", "committed-3y"],
+        Meta(description="Which price: the fleet's negotiated one or a catalog column."),
+    ]
+    source: Annotated[ShortText, Meta(description="The catalog (and its date) or setting.")]
+    location: Annotated[
+        ShortText, Meta(description="The zone or region the price is for ('*': any).")
+    ] = "*"
+
+
+class CapacitySnapshot(
+    Event, frozen=True, kw_only=True, tag_field="schema", tag="capacity_snapshot/1"
+):
+    """Capacity of one accelerator type in one zone under one provisioning model
+    (fleet.capacity, compacted, key = region/zone/accelerator_type/provisioning_model).
+    Devices are GPUs or TPU chips; each is counted once: healthy (free or allocated),
+    suspect (in service, under watch) or out of service."""
+
+    ts: EventTs
+    region: Annotated[Name, Meta(description="Cloud region.")]
+    zone: Zone
+    accelerator_type: Annotated[
+        Name, Meta(description="Accelerator type (catalog name, e.g. nvidia-h100-80gb, tpu-v5p).")
+    ]
+    provisioning_model: Annotated[
+        ProvisioningModel, Meta(description="How the devices are bought.")
+    ]
+    devices: Annotated[Count, Meta(description="Devices in the inventory.")]
+    healthy: Annotated[Count, Meta(description="Healthy devices in service.")]
+    healthy_free: Annotated[Count, Meta(description="Healthy devices no job holds.")]
+    allocated: Annotated[Count, Meta(description="Devices a job holds.")]
+    allocated_idle: Annotated[
+        Count, Meta(description="Devices a job holds at under the idle utilization.")
+    ]
+    suspect: Annotated[
+        Count, Meta(description="In service but under suspicion (suspect, degraded).")
+    ] = 0
+    out_of_service: Annotated[OutOfService, Meta(description="Out of service, by reason.")]
+    maintenance_announced: Annotated[
+        Count, Meta(description="Devices with a maintenance window announced, not begun.")
+    ] = 0
+    quota: Annotated[
+        QuotaOutlook | None, Meta(description="The accelerator quota of the zone, if known.")
+    ] = None
+    reservations: Annotated[Reservations, Meta(description="Reservations of the type here.")]
+    stockouts_1h: Annotated[Count, Meta(description="Stock-outs in the last hour.")] = 0
+    queued_waits_1h: Annotated[
+        Count, Meta(description="Queued resources waiting for capacity in the last hour.")
+    ] = 0
+    preemptions_1h: Annotated[Count, Meta(description="Preemptions in the last hour.")] = 0
+    useful_pct: Annotated[
+        float | None,
+        Meta(description="Mean utilization of the devices heard in the last hour, percent."),
+    ] = None
+    usd_per_useful_hour: Annotated[
+        float | None,
+        Meta(description="Price / useful fraction: cost of one fully used device-hour."),
+    ] = None
+    price: Annotated[PriceUsed | None, Meta(description="The price the cost used.")] = None
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "region", "zone", "accelerator_type")
+
+
+class AdviceOption(Event, frozen=True, kw_only=True):
+    """One place to run: a zone and provisioning model, with why it ranks where it does."""
+
+    rank: Annotated[int, Meta(ge=1, description="1 = best.")]
+    region: Annotated[Name, Meta(description="Cloud region.")]
+    zone: Zone
+    accelerator_type: Annotated[Name, Meta(description="The type (the asked one or equivalent).")]
+    provisioning_model: Annotated[ProvisioningModel, Meta(description="How it is bought.")]
+    healthy_free: Annotated[Count, Meta(description="Healthy free devices now.")]
+    fits: Annotated[bool, Meta(description="healthy_free covers the count asked.")]
+    quota_headroom: Annotated[
+        float | None, Meta(description="Quota headroom, devices; absent: unknown.")
+    ] = None
+    quota_exhausts_at: Annotated[
+        TimestampMs | None, Meta(description="Forecast quota exhaustion, Unix epoch ms.")
+    ] = None
+    stockouts_1h: Annotated[Count, Meta(description="Stock-outs in the last hour.")] = 0
+    price: Annotated[PriceUsed | None, Meta(description="Price per device-hour there.")] = None
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "region", "zone", "accelerator_type")
+
+
+class CapacityAdvice(
+    Event, frozen=True, kw_only=True, tag_field="schema", tag="capacity_advice/1"
+):
+    """Where to place `count` devices of a type (fleet.capacity.advice, key =
+    accelerator_type/count): zones ranked by whether they fit, healthy free capacity, quota
+    headroom, then price. For schedulers (a MultiKueue dispatcher, a SkyPilot-style
+    optimizer): the first option that fits is the advice; none fitting says wait or widen."""
+
+    ts: EventTs
+    advice_id: Annotated[Id, Meta(description="Deterministic id of (type, count, options).")]
+    accelerator_type: Annotated[Name, Meta(description="The type asked for.")]
+    count: Annotated[int, Meta(ge=1, le=100_000, description="Devices wanted.")]
+    options: Annotated[
+        list[AdviceOption],
+        Meta(max_length=20, description="Places ranked, best first (at most 20)."),
+    ]
+
+    def __post_init__(self) -> None:
+        NAMES.check(self, "accelerator_type")
+
+
+# The capacity outputs join the table of topic values here, beside their structs.
+TOPIC_VALUES.update(capacity_snapshot=CapacitySnapshot, capacity_advice=CapacityAdvice)
