@@ -716,6 +716,28 @@ class CapacitySettings(Section, frozen=True):
     quota_lookback_s: Annotated[float, Meta(gt=0)] = 86_400.0  # allocation usage is sparse
     page_size: PositiveInt = 500
     timeout_s: Annotated[float, Meta(gt=0)] = 30.0  # per API call
+    # -- the capacity view (pipeline/capacity, fleet.capacity; issue 37) --
+    snapshot_interval_s: PositiveInt = 300  # every key re-published this often, and on change
+    silent_after_s: PositiveInt = 600  # a member unheard this long is out of service: silent
+    idle_util_pct: Percent = 5.0  # an allocated device under this is allocated but idle
+    quota_window_s: PositiveInt = 6 * 3600  # the quota trend is fitted over this much history
+    forecast_min_points: Annotated[int, Meta(ge=3)] = 6  # fewer points: no forecast
+    # FleetPulseCapacityCrunch, per accelerator type and region: healthy free devices under
+    # crunch_free_below, or quota out within crunch_quota_within_s (at a forecast confidence
+    # of at least crunch_confidence), or crunch_stockouts stock-outs in the last hour.
+    crunch_free_below: Annotated[int, Meta(ge=0)] = 8
+    crunch_quota_within_s: PositiveInt = 6 * 3600
+    crunch_confidence: Fraction = 0.5
+    crunch_stockouts: PositiveInt = 3
+    # a target out of service longer than this raises an alert: the common goal of repairing
+    # an unhealthy GPU node or TPU slice within the hour
+    out_of_service_alert_s: PositiveInt = 3600
+    # which catalog column prices on-demand devices (spot devices take the spot column)
+    price_basis: Literal["on-demand", "committed-1y", "committed-3y"] = "on-demand"
+    # the fleet's own prices, USD per device-hour by accelerator type (e.g.
+    # {"nvidia-h100-80gb" = 6.5}): ahead of the catalog, and said so in every cost figure
+    negotiated_prices: dict[str, Annotated[float, Meta(gt=0)]] = {}
+    advice_counts: tuple[PositiveInt, ...] = (8,)  # fleet.capacity.advice: per type, these counts
 
 
 class InventorySettings(Section, frozen=True):

@@ -33,7 +33,7 @@ DLQ = "dlq"
 WORKER_READS = (*TELEMETRY, "events.xid", "findings", "events.node", "actions",
                 "events.capacity", "inventory", "events.policy")  # fmt: skip
 WORKER_WRITES = ("findings", "proposals", "actions", "node-state", "alerts", "withheld",
-                 "utilization", DLQ)  # fmt: skip
+                 "utilization", "capacity", "capacity.advice", DLQ)  # fmt: skip
 # The lake sink's tables (pipeline/lake/tables.py).
 LAKE_READS = ("utilization", "findings", "actions", "node-state", "alerts", "withheld",
               "events.capacity", "events.xid")  # fmt: skip
@@ -166,7 +166,7 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
-README = Path(__file__).resolve().parents[1] / "deploy" / "kafka" / "README.md"
+README = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "README.md"
 MARKER = "kafka-acls"
 
 

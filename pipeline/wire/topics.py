@@ -12,7 +12,9 @@ from pipeline.config import KafkaSettings
 from pipeline.model import (
     Action,
     Alert,
+    CapacityAdvice,
     CapacityEvent,
+    CapacitySnapshot,
     DeadLetter,
     Event,
     FabricSample,
@@ -65,6 +67,10 @@ TOPICS: tuple[TopicSpec, ...] = (
     # Why a proposal was held back or dropped (budget, caps, common cause, a person's hold...).
     TopicSpec("withheld", WithheldRecord, "cluster/target"),
     TopicSpec("utilization", Utilization, "cluster/target"),
+    # Capacity per region/zone/type/provisioning model, the latest per key (issue 37), and
+    # where to place a type and count, for schedulers.
+    TopicSpec("capacity", CapacitySnapshot, "region/zone/type/model", compacted=True),
+    TopicSpec("capacity.advice", CapacityAdvice, "type/count"),
     # Dead letters are kept four times longer: someone has to read them and fix a producer.
     TopicSpec("dlq", DeadLetter, "source key", retention_factor=4),
 )
@@ -104,3 +110,14 @@ def record_key(event: Event) -> str:
     if isinstance(event, PolicyRelease):
         return f"{event.scope}:{event.name}"
     raise TypeError(f"no input key rule for {type(event).__name__}")
+
+
+def capacity_key(snapshot: CapacitySnapshot) -> str:
+    """fleet.capacity's key: one compacted record per region/zone/type/provisioning model."""
+    parts = (snapshot.region, snapshot.zone, snapshot.accelerator_type)
+    return "/".join((*parts, snapshot.provisioning_model))
+
+
+def advice_key(advice: CapacityAdvice) -> str:
+    """fleet.capacity.advice's key: the latest advice per type and count."""
+    return f"{advice.accelerator_type}/{advice.count}"
