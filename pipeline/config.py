@@ -70,6 +70,11 @@ class KafkaSettings(Section, frozen=True):
     # the telemetry topics expects a record per node. Each value goes to the partition its
     # key's own record would (the producer asks the broker how many the topic has).
     telemetry_batch: bool = True
+    # How FleetPulse's producers compress record batches on the wire (and so on the broker's
+    # disk): zstd (about 4-5x on telemetry batches, bench/bench_compression.py), lz4, gzip,
+    # snappy, or none. Every consumer decompresses whatever it is given, whatever this says;
+    # zstd needs the zstandard (kafka-python) and cramjam (aiokafka, faust) packages.
+    compression: Literal["zstd", "lz4", "gzip", "snappy", "none"] = "zstd"
     # The worker writes its utilization rows (a row per device and window: most of what it
     # writes) as batch records too, one per partition and settled batch, each value JSON and
     # in the partition its own key picks. The lake sink reads both; set false where another
@@ -139,6 +144,8 @@ DEFAULT_METRICS_PORTS: dict[str, int] = {
     "ingest_capacity": 9115,
     "actuate_kubernetes": 9116,
     "watch_kubernetes": 9117,
+    "actuate_slurm": 9118,
+    "watch_slurm": 9119,
 }
 
 
@@ -241,9 +248,21 @@ class SourcesSettings(Section, frozen=True):
     # In the environment leave out the braces (a braced value reads as a TOML table):
     # FLEETPULSE_SOURCES__PROMETHEUS_SELECTOR='shard="a"'.
     prometheus_selector: str = ""
+    # This adapter's share of the nodes, "i/N" (0 <= i < N): N adapters with i = 0..N-1 read
+    # disjoint sets of nodes, every node once (a node goes to the shard its name hashes to;
+    # series without the node label go to shard 0). "" = every node. docs/sizing.md.
+    prometheus_shard: str = ""
+    # Nodes per query: a poll reads its nodes in queries of at most this many, so no response
+    # grows with the fleet (about 30 series per GPU); 0 = one query for every series.
+    prometheus_nodes_per_query: Annotated[int, Meta(ge=0)] = 0
     # Also read node_exporter's InfiniBand / netdev port series (node_infiniband_*,
-    # node_network_*) through the same Prometheus, as fabric_sample/1 (telemetry.fabric).
+    # node_network_*) through the same Prometheus, as fabric_sample/2 (telemetry.fabric).
     prometheus_fabric: bool = True
+    # node_exporter does not say whether an HCA's port is InfiniBand or Ethernet (RoCE,
+    # iWARP): HCA name patterns (fnmatch) -> link layer, the first match winning over what the
+    # names suggest, e.g. {"mlx5_[0-7]" = "infiniband", "mlx5_*" = "ethernet"}. A port no
+    # source and no pattern names is "unknown" (sources/prometheus_ports.py).
+    prometheus_fabric_link_layers: dict[str, Literal["infiniband", "ethernet"]] = {}
     # The gauge a training job publishes per rank: seconds its last step computed (waits in
     # collectives left out), labels node and gpu (sources/prometheus_step.py); joined into
     # gpu_sample readings as step_compute_s for the job-peer check. "" = not read.
@@ -271,6 +290,11 @@ class SourcesSettings(Section, frozen=True):
     xid_coalesce_max_keys: Annotated[int, Meta(ge=1)] = 4096
 
     def __post_init__(self) -> None:
+        if self.prometheus_shard and shard_of(self.prometheus_shard) is None:
+            raise ValueError(
+                f"sources.prometheus_shard: expected \"i/N\" with 0 <= i < N (e.g. \"0/4\"), "
+                f"got {self.prometheus_shard!r}"
+            )
         if not _MATCHERS.fullmatch(selector_matchers(self.prometheus_selector)):
             raise ValueError(
                 f"prometheus_selector {self.prometheus_selector!r}: expected label matchers "
@@ -290,6 +314,14 @@ class SourcesSettings(Section, frozen=True):
 _MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _MATCHERS = re.compile(rf"(?:{_MATCHER}(?:,{_MATCHER})*)?")
 _METRIC = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+
+
+def shard_of(text: str) -> tuple[int, int] | None:
+    """"i/N" -> (i, N) when 0 <= i < N, else None."""
+    index, _, count = text.strip().partition("/")
+    if not (index.isdigit() and count.isdigit()) or not 0 <= int(index) < int(count):
+        return None
+    return int(index), int(count)
 
 
 def selector_matchers(selector: str) -> str:
@@ -885,6 +917,44 @@ class KubernetesSettings(Section, frozen=True):
     api_rejections: Annotated[int, Meta(ge=1, le=100)] = 3
 
 
+class SlurmSettings(Section, frozen=True):
+    """`fleetpulse actuate slurm` and `fleetpulse watch slurm` (pipeline/slurm; docs/slurm.md).
+
+    conf: the slurm.conf path the commands get as SLURM_CONF ("" = the environment's, else
+    Slurm's default); bin_dir: where scontrol, sinfo and squeue are ("" = PATH);
+    command_timeout_s: how long one of them may take before the try counts as failed.
+    cluster: the FleetPulse cluster these nodes are in ("" = sources.cluster). A node's pool is
+    its first partition, or with pool_feature_prefix (e.g. "pool-") the rest of the feature that
+    starts with it; its zone the rest of a feature starting with zone_feature_prefix, else
+    `zone`. reason_prefix marks FleetPulse's drains (NHC's convention): it resumes only those.
+    drain_timeout_s: how long a drain waits for the node's jobs before it is reported blocked,
+    polling every drain_poll_s. poll_s: the watcher's `sinfo --json` interval. The defences
+    and caps are the Kubernetes actuator's (max_action_*, removal_window_s, max_removals*).
+    """
+
+    conf: str = ""
+    bin_dir: str = ""
+    command_timeout_s: Annotated[float, Meta(gt=0)] = 20.0
+    cluster: FleetNameOrEmpty = ""
+    pool_feature_prefix: str = ""
+    zone_feature_prefix: str = "zone-"
+    zone: FleetNameOrEmpty = ""
+    reason_prefix: Annotated[str, Meta(min_length=3, max_length=40)] = "fleetpulse:"
+    drain_timeout_s: Annotated[float, Meta(gt=0)] = 600.0
+    drain_poll_s: Annotated[float, Meta(gt=0)] = 2.0
+    poll_s: Annotated[float, Meta(gt=0)] = 10.0
+    actor: str = "fleetpulse-slurm-actuator"
+    group_id: str = ""  # "" = fleetpulse-actuator-<cluster>
+    max_action_age_s: Annotated[float, Meta(gt=0)] = 3600.0
+    max_action_ahead_s: Annotated[float, Meta(ge=0)] = 300.0
+    removal_window_s: Annotated[float, Meta(gt=0)] = 3600.0
+    max_removals: Annotated[int, Meta(ge=0)] = 20
+    max_removals_per_pool: Annotated[int, Meta(ge=0)] = 8
+    max_removals_per_zone: Annotated[int, Meta(ge=0)] = 12
+    drain_workers: Annotated[int, Meta(ge=1, le=1024)] = 32
+    api_rejections: Annotated[int, Meta(ge=1, le=100)] = 3
+
+
 class Settings(Section, frozen=True):
     kafka: KafkaSettings = KafkaSettings()
     metrics: MetricsSettings = MetricsSettings()
@@ -901,6 +971,7 @@ class Settings(Section, frozen=True):
     worker: WorkerSettings = WorkerSettings()
     sim: SimSettings = SimSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
+    slurm: SlurmSettings = SlurmSettings()
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
