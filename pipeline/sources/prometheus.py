@@ -355,7 +355,12 @@ class PrometheusSource:
             fabric = self._query(
                 fabric_selector(self._settings.prometheus_selector), start_ms, end_ms
             )
-            parsed.extend(parse_fabric_series(fabric, self._identity, after_ms=start_ms))
+            parsed.extend(
+                parse_fabric_series(
+                    fabric, self._identity, after_ms=start_ms,
+                    link_layers=self._settings.prometheus_fabric_link_layers,
+                )
+            )
         return Batch(parsed.events, parsed.bad, PrometheusPosition(end_ms))
 
     def _query(self, series: str, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
