@@ -47,11 +47,23 @@ ACCELERATOR_LABELS = (
     "cloud.google.com/gke-accelerator",
     "cloud.google.com/gke-tpu-accelerator",
 )
-CAPACITY_RESOURCES = ("nvidia.com/gpu", "google.com/tpu")
-INVENTORY_LABELS = {  # node labels copied into the inventory record's labels
+# nvidia.com/gpu.shared: what the device plugin advertises for shared GPUs with renameByDefault
+CAPACITY_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "google.com/tpu")
+# GPU feature discovery (GFD) labels: the physical GPUs, and how each is shared. Under
+# time-slicing or MPS the device plugin advertises `replicas` units per GPU, so
+# status.capacity counts replicas, not GPUs; GFD also appends "-SHARED" to gpu.product.
+GPU_COUNT, GPU_REPLICAS = "nvidia.com/gpu.count", "nvidia.com/gpu.replicas"
+GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
+SHARED_SUFFIX = "-SHARED"
+INVENTORY_LABELS = {  # node labels copied into the inventory record's labels, first one wins
     "cloud.google.com/gke-tpu-topology": "tpu_topology",
     "cloud.google.com/gke-accelerator": "gke_accelerator",
     "node.kubernetes.io/instance-type": "instance_type",
+    "beta.kubernetes.io/instance-type": "instance_type",  # before Kubernetes 1.17
+    "topology.kubernetes.io/region": "region",
+    "failure-domain.beta.kubernetes.io/region": "region",  # before Kubernetes 1.17
+    GPU_SHARING: "gpu_sharing",
+    GPU_REPLICAS: "gpu_replicas",
 }
 UNKNOWN = "unknown"  # pool/zone/accelerator a node does not name (inventory needs a value)
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -166,25 +178,42 @@ def _name(value: str) -> str:
 
 def accelerator(node: Any) -> str:
     own = node_labels(node)
-    return next((own[k][:256] for k in ACCELERATOR_LABELS if own.get(k)), "none")
+    found = next((own[k] for k in ACCELERATOR_LABELS if own.get(k)), "none")
+    return found.removesuffix(SHARED_SUFFIX)[:256] or "none"  # a shared GPU is the same model
 
 
 def capacity(node: Any) -> int:
-    """GPUs or TPU chips the node offers (status.capacity), 0 when it has none."""
+    """Physical GPUs or TPU chips of the node, 0 when it has none: GFD's gpu.count when the
+    node has it, else status.capacity divided by the sharing replicas (time-slicing, MPS)."""
+    own = node_labels(node)
+    physical = _count(own.get(GPU_COUNT))
+    if physical is not None:
+        return physical
     found = (node.status.capacity or {}) if node.status is not None else {}
     for resource in CAPACITY_RESOURCES:
-        try:
-            return max(0, min(100_000, int(found[resource])))
-        except (KeyError, ValueError):
+        advertised = _count(found.get(resource))
+        if advertised is None:
             continue
+        replicas = _count(own.get(GPU_REPLICAS)) if resource.startswith("nvidia.com/") else None
+        return advertised // replicas if replicas else advertised
     return 0
+
+
+def _count(text: Any) -> int | None:
+    try:
+        return max(0, min(100_000, int(str(text))))
+    except ValueError:
+        return None
 
 
 def inventory(node: Any, cluster: str, ts_ms: int, pool_label: str = "") -> Inventory:
     """The node as an inventory/1 record (fleet.inventory, key cluster/name)."""
     where = place(node, pool_label)
     own = node_labels(node)
-    extra = {short: own[k][:256] for k, short in INVENTORY_LABELS.items() if own.get(k)}
+    extra: dict[str, str] = {}
+    for k, short in INVENTORY_LABELS.items():
+        if own.get(k):
+            extra.setdefault(short, own[k][:256])
     return Inventory(
         ts=ts_ms,
         cluster=cluster,
