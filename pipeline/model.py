@@ -943,9 +943,9 @@ class NodeState(Event, frozen=True, kw_only=True, tag_field="schema", tag="node_
 
 
 WITHHELD_REASON_DOC = (
-    "The rule that holds the proposal back (pipeline/decide/policy.py WITHHELD_ALERT): budget, "
-    "fatal_ceiling, capacity, slow_start, rate_limit, busy, awaiting_cordon, zone_cap, "
-    "fleet_cap, common_cause, not_in_inventory, inventory_mismatch, and for scheduled "
+    "The rule that holds the proposal back (pipeline/decide/verdicts.py Hold): budget, "
+    "fatal_ceiling, capacity, slow_start, rate_limit, busy, awaiting_cordon, correlating, "
+    "zone_cap, fleet_cap, common_cause, not_in_inventory, inventory_mismatch, and for scheduled "
     "maintenance maintenance_budget, maintenance_zone_cap, maintenance_fleet_cap, "
     "maintenance_storm; or 'dropped: <why>' when the proposal is given up (human_hold, "
     "replayed, maintenance, not_our_cordon, episode_over, cleared, expired, superseded, "
