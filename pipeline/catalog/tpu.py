@@ -144,6 +144,15 @@ def accelerator_chips(accelerator_type: str) -> int:
     return count // generation.tensorcores_per_chip
 
 
+def accelerator_type_of(api_type: str, topology: str) -> str:
+    """The accelerator type an `acceleratorConfig` (TPU API type enum and topology) names:
+    ("V5P", "2x2x2") -> "v5p-16" (TensorCores), ("V5LITE_POD", "4x4") -> "v5litepod-16"."""
+    generation = tpu_generation(api_type)
+    chips = math.prod(parse_topology(topology, generation))
+    per_chip = generation.tensorcores_per_chip if generation.type_counts == "tensorcores" else 1
+    return f"{generation.type_prefix}-{chips * per_chip}"
+
+
 def parse_topology(topology: str, generation: TpuGeneration | str | None = None) -> tuple[int, ...]:
     """Parse ``"4x4x8"`` into ``(4, 4, 8)``.
 
@@ -292,12 +301,13 @@ def _split_accelerator_type(accelerator_type: str) -> tuple[TpuGeneration, int]:
 
 
 def _aliases(generation: TpuGeneration) -> set[str]:
-    return {
+    names = (
         generation.generation,
         generation.type_prefix,
         generation.api_type.lower(),
-        generation.gke_accelerator,
-    }
+        generation.gke_accelerator,  # empty for v2 / v3: GKE has no label for them
+    )
+    return {name for name in names if name}
 
 
 def _generation(row: Row) -> TpuGeneration:

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from pipeline.catalog import accelerator_chips, accelerator_type_of
 from pipeline.ids import stable_id
 from pipeline.model import CapacityEvent
 from pipeline.sources.base import Parsed, add_validated
@@ -29,21 +30,37 @@ QUEUED_CLUSTER, QUEUED_POOL = "queued-resources", "queued"  # as the simulator n
 
 
 def node_member(node: Any) -> Member | None:
+    """The node as an inventory member (labels `cluster` and `pool` required). A node given
+    only an `acceleratorConfig` (type enum and topology) is as full a member as one given an
+    `acceleratorType`: its type is named from the config."""
     labels = dict(node.labels)
     cluster, pool = labels.get("cluster", ""), labels.get("pool", "")
     if not (cluster and pool):
         return None
-    topology = node.accelerator_config.topology if "accelerator_config" in node else ""
+    accelerator, topology = accelerator_of(node)
     return Member(
         cluster=cluster,
         pool=pool,
         zone=_location(node.name),
         kind="slice",
         name=node.name.rsplit("/", 1)[-1],
-        accelerator=node.accelerator_type,
-        capacity=_chips(node.accelerator_type, topology),
+        accelerator=accelerator,
+        capacity=chips(accelerator, topology),
         labels={**labels, **({"topology": topology} if topology else {})},
     )
+
+
+def accelerator_of(node: Any) -> tuple[str, str]:
+    """(accelerator type, topology) of a TPU API Node: its `accelerator_type`, else the type
+    its `accelerator_config` names ("V5P" + "2x2x2" -> "v5p-16"); "" where neither says."""
+    config = node.accelerator_config if "accelerator_config" in node else None
+    topology = str(config.topology) if config is not None else ""
+    if node.accelerator_type or config is None or not config.type_:
+        return str(node.accelerator_type), topology
+    try:
+        return accelerator_type_of(config.type_.name, topology), topology
+    except ValueError:
+        return "", topology  # TYPE_UNSPECIFIED, or a type this catalog does not know
 
 
 def node_upcoming(node: Any) -> Upcoming | None:
@@ -110,7 +127,7 @@ def queued_resource_events(seen: dict[str, str], queued: list[Any], now_ms: int)
             continue
         zone = _location(resource.name)
         specs = list(resource.tpu.node_spec)
-        accelerator = specs[0].node.accelerator_type if specs else ""
+        accelerator = accelerator_of(specs[0].node)[0] if specs else ""
         error = resource.state.failed_data.error if state == "FAILED" else None
         code = error.code if error is not None else 0
         base = {
@@ -172,12 +189,17 @@ def _location(name: str) -> str:
     return parts[parts.index("locations") + 1] if "locations" in parts else ""
 
 
-def _chips(accelerator_type: str, topology: str) -> int:
+def chips(accelerator_type: str, topology: str) -> int:
+    """Chips of a slice: the topology's product, else the accelerator type's count read as its
+    generation counts (TensorCores for v2, v3, v4, v5p: two per chip; chips for v5e, v6e);
+    0 when neither says."""
     dims = [int(d) for d in topology.split("x") if d.isdigit()]
     if dims:
         return math.prod(dims)
-    _, _, count = accelerator_type.rpartition("-")
-    return int(count) if count.isdigit() else 0
+    try:
+        return accelerator_chips(accelerator_type)
+    except ValueError:
+        return 0
 
 
 def parents(project: str, zones: Sequence[str]) -> list[str]:
