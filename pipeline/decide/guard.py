@@ -33,7 +33,8 @@ one partition, so every removal in the fleet passes through it in one order):
   (PolicyRelease). Anchors:
   medik8s NHC minHealthy, NVSentinel's circuit breaker, Karpenter's disruption budgets.
 
-Pure: no I/O, no clock; the state passed in is left untouched.
+Pure: no I/O, no clock; `observe`, `note_maintenance` and `settle` change the state they are
+given and return it (the driver keeps the snapshot to roll back to).
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from pipeline.config import PolicySettings, Settings
+from pipeline.config import Settings
 from pipeline.decide import alerts
+from pipeline.decide.caps import cap, maintenance_allowance
+from pipeline.decide.verdicts import Hold
 from pipeline.model import (
     MAINTENANCE_CHECK,
     Alert,
@@ -344,18 +347,6 @@ def _scope_and_name(key: str) -> tuple[str, str]:
     return scope, name
 
 
-def _cap(size: int, pct: float, absolute: int, floor: int) -> int:
-    return min(absolute, max(floor, math.floor(pct * size / 100)))
-
-
-def maintenance_allowance(size: int, policy: PolicySettings) -> int:
-    """How many of a pool, zone or fleet of `size` targets may be out for scheduled
-    maintenance at once (beside the failure budget and caps)."""
-    return max(
-        policy.maintenance_floor, math.floor(policy.maintenance_max_unavailable_pct * size / 100)
-    )
-
-
 # --- common causes ------------------------------------------------------------------------
 
 
@@ -480,33 +471,34 @@ class GuardView:
         """The pool's size for its budget: the inventory's members, or the largest pool seen."""
         return self.counted.get(("pool", self.pool), 0)
 
-    def admit(self, proposal: Proposal, already_out: bool) -> str:
-        """'' when removing the proposal's target is fine fleet-wide; else the reason."""
+    def admit(self, proposal: Proposal, already_out: bool) -> Hold | None:
+        """None when removing the proposal's target is fine fleet-wide; else why it waits."""
         key = target_key(proposal.target)
         verdict = self._membership(key, proposal.target)
-        if verdict or already_out:
+        if verdict is not None or already_out:
             return verdict
         verdict = self._caps(proposal.target.zone) or self._cause(proposal)
-        if not verdict:
+        if verdict is None:
             self.admitted.append((key, proposal))
         return verdict
 
-    def admit_maintenance(self, proposal: Proposal, window_started: bool) -> str:
-        """'' when moving the target out for scheduled maintenance is fine fleet-wide; else the
+    def admit_maintenance(self, proposal: Proposal, window_started: bool) -> Hold | None:
+        """None when moving the target out for scheduled maintenance is fine fleet-wide; else the
         reason: not a member, the zone's or fleet's maintenance allowance spent, or a storm of
         notices (canaries only until a person releases it or the target's window starts)."""
         key, target = target_key(proposal.target), proposal.target
         verdict = self._membership(key, target)
-        if not verdict and not enforced(self.state, self.settings) and key not in self.state.seen:
+        unseen = not enforced(self.state, self.settings) and key not in self.state.seen
+        if verdict is None and unseen:
             verdict = "not_in_inventory"  # no telemetry ever named it: nothing to move
         verdict = verdict or self._maintenance_caps(target.zone)
-        if not verdict and not window_started:
-            verdict = "maintenance_storm" if self._cause(proposal, self.maintenance) else ""
-        if not verdict:
+        if verdict is None and not window_started and self._cause(proposal, self.maintenance):
+            verdict = "maintenance_storm"
+        if verdict is None:
             self.maintenance.append((key, proposal))
         return verdict
 
-    def _maintenance_caps(self, zone: str) -> str:
+    def _maintenance_caps(self, zone: str) -> Hold | None:
         out = {k: z for keys in self.state.maintenance.values() for k, z in keys.items()}
         out |= {k: p.target.zone for k, p in self.maintenance}
         for scope, name, count in (
@@ -515,20 +507,20 @@ class GuardView:
         ):
             size = self.counted.get((scope, name), 0)
             if count + 1 > maintenance_allowance(size, self.settings.policy):
-                return f"maintenance_{scope}_cap"
-        return ""
+                return "maintenance_zone_cap" if scope == "zone" else "maintenance_fleet_cap"
+        return None
 
-    def _membership(self, key: str, target: Target) -> str:
+    def _membership(self, key: str, target: Target) -> Hold | None:
         if not enforced(self.state, self.settings):
-            return ""
+            return None
         member = self.state.members.get(key)
         if member is None:
             return "not_in_inventory"
         if member.pool != pool_of(target) or member.zone != target.zone:
             return "inventory_mismatch"
-        return ""
+        return None
 
-    def _caps(self, zone: str) -> str:
+    def _caps(self, zone: str) -> Hold | None:
         policy = self.settings.policy
         others = {k: z for pool, out in self.state.out.items() if pool != self.pool
                   for k, z in out.items()}
@@ -536,24 +528,26 @@ class GuardView:
         everyone = {**others, **mine, **{k: p.target.zone for k, p in self.admitted}}
         in_zone = sum(1 for z in everyone.values() if z == zone)
         zone_size = self.counted.get(("zone", zone), 0)
-        zone_cap = _cap(
+        zone_cap = cap(
             zone_size, policy.zone_max_unavailable_pct, policy.zone_max_unavailable,
             policy.cap_floor,
         )
         if in_zone + 1 > zone_cap:
             return "zone_cap"
         fleet_size = self.counted.get(("fleet", FLEET), 0)
-        fleet_cap = _cap(
+        fleet_cap = cap(
             fleet_size, policy.fleet_max_unavailable_pct, policy.fleet_max_unavailable,
             policy.cap_floor,
         )
         if len(everyone) + 1 > fleet_cap:
             return "fleet_cap"
-        return ""
+        return None
 
-    def _cause(self, proposal: Proposal, admitted: list[tuple[str, Proposal]] | None = None) -> str:
+    def _cause(
+        self, proposal: Proposal, admitted: list[tuple[str, Proposal]] | None = None
+    ) -> Hold | None:
         """'common_cause' when every check the removal cites is a common cause in one of the
-        target's scopes with its canaries spent; '' when some check is the node's own
+        target's scopes with its canaries spent; None when some check is the node's own
         evidence. Silence lets no canary through: a node that stopped reporting with its
         peers has shown nothing of its own."""
         target = proposal.target
@@ -571,7 +565,7 @@ class GuardView:
                 if let_through >= canaries:
                     held.add(check)
                     break
-        return "common_cause" if held and held == checks else ""
+        return "common_cause" if held and held == checks else None
 
 
 def _checks(proposal: Proposal) -> set[str]:
