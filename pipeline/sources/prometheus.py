@@ -7,7 +7,9 @@ The query is an instant query of a range selector, `{__name__=~"(?i)dcgm_fi_.+"}
 which returns the raw samples with their own timestamps (a range *query* would resample them
 at a step). Values arrive as strings (prometheus-api-client passes Prometheus's JSON through).
 Series are grouped by node and timestamp, and within a node by GPU (`gpu`) and MIG instance
-(`GPU_I_ID`): a MIG-partitioned GPU gives one reading per GPU instance. `cluster`, `pool` and
+(`GPU_I_ID`): a MIG-partitioned GPU gives one reading per GPU instance with the instance's own
+fields (profiling, framebuffer), and one reading of the whole GPU with the GPU-wide fields that
+dcgm-exporter repeats on every instance (read once). `cluster`, `pool` and
 `zone` come from target labels when Prometheus adds them, else from settings.
 
 Every dcgm-exporter generation and deployment:
@@ -38,7 +40,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +71,6 @@ from pipeline.sources.prometheus_series import (
 
 QUERY = '{__name__=~"(?i)dcgm_fi_.+"}'
 log = logging.getLogger(__name__)
-
-
 
 
 class PrometheusPosition(msgspec.Struct, frozen=True):
@@ -108,6 +108,17 @@ def parse_series(
 class _Gpu:
     labels: Mapping[str, str]
     metrics: dict[str, float]
+    rank: dict[str, int] = field(default_factory=dict)  # field -> MIG instance it came from
+
+
+# Fields a MIG GPU instance has of its own (DCGM's profiling fields, and the framebuffer of the
+# instance); every other DCGM field is the whole GPU's.
+PER_INSTANCE = ("DCGM_FI_PROF_", "DCGM_FI_DEV_FB_")
+# labels of one instance or its workload, which a GPU-wide reading does not have
+_INSTANCE_LABELS = frozenset(
+    {"GPU_I_ID", "GPU_I_PROFILE", "pod", "pod_name", "exported_pod", "namespace",
+     "exported_namespace", "container", "exported_container"}
+)  # fmt: skip
 
 
 @dataclass
@@ -161,14 +172,33 @@ def _add_series(
                 driver=str(labels.get("DCGM_FI_DRIVER_VERSION", "")),
                 gpus={},
             )
+        _put(scrape, key, labels, name, value)
+
+
+def _put(
+    scrape: _NodeScrape,
+    key: tuple[int, int | None],
+    labels: Mapping[str, Any],
+    name: str,
+    value: float,
+) -> None:
+    """One value into its reading. dcgm-exporter repeats a GPU-wide field (temperature, power,
+    clocks, ECC, XID, PCIe, NVLink) on every MIG instance of the GPU: it is one reading of the
+    GPU, not one per instance, so it goes to the GPU's own reading (job-less), taken from the
+    lowest instance that reports it (the same value, read once, whatever the series order)."""
+    index, instance = key
+    if instance is None or name.startswith(PER_INSTANCE):
         gpu = scrape.gpus.setdefault(key, _Gpu(labels=labels, metrics={}))
         gpu.metrics[name] = value
+        gpu.rank[name] = -1
+        return
+    whole = scrape.gpus.setdefault((index, None), _Gpu(labels=_gpu_wide(labels), metrics={}))
+    if instance < whole.rank.get(name, instance + 1):
+        whole.metrics[name], whole.rank[name] = value, instance
 
 
-
-
-
-
+def _gpu_wide(labels: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in labels.items() if k not in _INSTANCE_LABELS}
 
 
 def _mig_instance(labels: Mapping[str, Any]) -> int | None:
@@ -190,10 +220,6 @@ def _gpu_order(item: tuple[tuple[int, int | None], _Gpu]) -> tuple[int, int]:
 def _device(key: tuple[int, int | None]) -> str:
     index, instance = key
     return str(index) if instance is None else f"{index}/mig{instance}"
-
-
-
-
 
 
 def _reading(key: tuple[int, int | None], gpu: _Gpu) -> GpuReading:
@@ -218,16 +244,10 @@ def _reading(key: tuple[int, int | None], gpu: _Gpu) -> GpuReading:
     )
 
 
-
-
 def _invalid(node: str, exc: Exception) -> DecodeError:
     return DecodeError(
         field=f"node {node!r}", expected="values valid for gpu_sample/3", got=str(exc)
     )
-
-
-
-
 
 
 def series_selector(selector: str = "") -> str:
@@ -357,7 +377,9 @@ class PrometheusSource:
             )
             parsed.extend(
                 parse_fabric_series(
-                    fabric, self._identity, after_ms=start_ms,
+                    fabric,
+                    self._identity,
+                    after_ms=start_ms,
                     link_layers=self._settings.prometheus_fabric_link_layers,
                 )
             )
