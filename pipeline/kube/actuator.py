@@ -30,19 +30,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from pipeline.actuate.base import ActuatorStats as _SharedStats
+from pipeline.actuate.base import BaseActuator, RefusedError, Result
 from pipeline.config import KubernetesSettings
 from pipeline.errors import SinkError
 from pipeline.kube import defences, nodes
 from pipeline.kube.client import UNREACHABLE
 from pipeline.kube.defences import REMOVALS, REPAIR_KINDS, Refusal
 from pipeline.kube.release import release, uncordoned_by_person
-from pipeline.model import Action, NodeEvent, host_kind
+from pipeline.model import Action
 from pipeline.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -56,30 +57,14 @@ _MIRROR = "kubernetes.io/config.mirror"
 
 
 @dataclass
-class ActuatorStats:
-    actions: int = 0
-    dry_run: int = 0
-    other_cluster: int = 0
-    network_elements: int = 0  # repair_switch / repair_link: the network team's actuator's
-    replayed: int = 0
+class ActuatorStats(_SharedStats):
+    """The shared counts (pipeline/actuate/base.py), and the Eviction API's."""
+
     evictions: int = 0
     eviction_refusals: int = 0  # 429s from a PodDisruptionBudget, each retry counted
-    outcomes: dict[str, int] = field(default_factory=dict, metadata={"label": "outcome"})
-    # actions refused by the actuator's own defences, by why (no_expires_at, too_old, ahead,
-    # key, not_found, labels, gpu_slice, cap, not_drained) and the API server's (api_rejected)
-    refusals: dict[str, int] = field(default_factory=dict, metadata={"label": "why"})
-    removals: int = 0  # targets newly cordoned, drained or sent to repair (the cap counts them)
-    in_flight: int = field(default=0, metadata={"gauge": True})  # actions being carried out
-    api_errors: int = 0  # API server failures retried (unreachable, 5xx)
 
 
-@dataclass(frozen=True)
-class Result:
-    kind: str  # node_event kind
-    reason: str
-
-
-class ApiRefusedError(Exception):
+class ApiRefusedError(RefusedError):
     """The API server refused a request for good (400/422): the action can never be carried
     out as written (e.g. a slice name no label selector can hold)."""
 
@@ -88,8 +73,12 @@ class _HeldError(Exception):
     """A person holds the node (seen before a patch or between eviction rounds)."""
 
 
-class Actuator:
-    """Carries out actions against one cluster's API server (`core`: a CoreV1Api)."""
+class Actuator(BaseActuator[KubernetesSettings]):
+    """Carries out actions against one cluster's API server (`core`: a CoreV1Api).
+    `handle(action, key)` (pipeline/actuate/base.py) raises SinkError when the API server
+    cannot be reached or fails, ApiRefusedError when it refuses for good."""
+
+    section = "kubernetes"
 
     def __init__(
         self,
@@ -101,81 +90,9 @@ class Actuator:
         sleep: Callable[[float], Any] | None = None,
         stats: ActuatorStats | None = None,
     ) -> None:
-        self.core, self.settings, self.cluster = core, settings, cluster
-        # set when the process stops: a drain waiting for a PodDisruptionBudget gives up at
-        # once (SinkError: not committed, so it is carried on after the restart)
-        self.stopping = threading.Event()
-        self.clock, self.sleep = clock, sleep or self.stopping.wait
-        self.stats = stats or ActuatorStats()
-        self.cap = defences.RemovalCap(settings)
-        self._lock = threading.Lock()  # stats, from the Kafka side's workers
-
-    # --- one action ---------------------------------------------------------------------
-
-    def handle(self, action: Action, key: str | None = None) -> NodeEvent | None:
-        """Carry the action out (or not); the echo for fleet.events.node, None for none.
-        `key`: the record's Kafka key, checked against the target (None: not from Kafka).
-
-        Raises SinkError when the API server cannot be reached or fails: nothing may be
-        committed then, and the action comes again. ApiRefusedError when it refuses for good."""
-        if action.target.cluster != self.cluster:
-            self.count("other_cluster")
-            return None  # another cluster's actuator (its own consumer group) handles it
-        if action.target.kind not in ("node", "slice"):
-            # fabric localisation's verdicts on a switch or link: no node to act on, and no
-            # echo awaited (node_event/2 names nodes and slices only; docs/actuators.md)
-            self.count("network_elements")
-            log.info("skipped %s %s %s: the network team's actuator's", action.action_id,
-                     action.kind, action.target.name)  # fmt: skip
-            return None
-        self.count("actions")
-        now_ms = int(self.clock() * 1000)
-        if action.dry_run:
-            self.count("dry_run")
-            log.info("dry run, not carried out: %s %s (%s)", action.kind,
-                     action.target.name, action.reason.summary)  # fmt: skip
-            return None
-        refusal = defences.credible(action, key, now_ms, self.settings)
-        if refusal is not None:
-            result = self._refuse(refusal)
-        elif action.expires_at is not None and now_ms > action.expires_at:
-            late = now_ms - action.expires_at
-            result = Result("skipped", f"expired {defences.in_words(late / 1000)} ({late} ms) "
-                            f"before it could start (expires_at {action.expires_at})")  # fmt: skip
-        else:
-            result = self._on_target(action)
-        with self._lock:
-            self.stats.outcomes[result.kind] = self.stats.outcomes.get(result.kind, 0) + 1
-        log.info("%s %s %s: %s (%s)", action.action_id, action.kind, action.target.name,
-                 result.kind, result.reason)  # fmt: skip
-        return self._echo(action, result, int(self.clock() * 1000))
-
-    def count(self, name: str, by: int = 1) -> None:
-        with self._lock:
-            setattr(self.stats, name, getattr(self.stats, name) + by)
-
-    def count_refusal(self, why: str) -> None:
-        with self._lock:
-            self.stats.refusals[why] = self.stats.refusals.get(why, 0) + 1
-
-    def _refuse(self, refusal: Refusal) -> Result:
-        self.count_refusal(refusal.why)
-        return Result("refused", refusal.reason)
-
-    def _echo(self, action: Action, result: Result, now_ms: int) -> NodeEvent:
-        target = action.target
-        return NodeEvent(
-            ts=now_ms,
-            cluster=target.cluster,
-            target_kind=host_kind(target),
-            target=target.name,
-            pool=target.pool,
-            zone=target.zone,
-            kind=result.kind,  # type: ignore[arg-type]  # one of NodeEventKind by construction
-            actor=self.settings.actor,
-            action_id=action.action_id,
-            reason=f"{action.kind}: {result.reason}"[:4096],
-        )
+        super().__init__(settings, cluster, clock=clock, sleep=sleep,
+                         stats=stats or ActuatorStats())  # fmt: skip
+        self.core = core
 
     def _on_target(self, action: Action) -> Result:
         found = self._nodes(action)
@@ -184,9 +101,7 @@ class Actuator:
                                         f"{action.target.name}"))  # fmt: skip
         refusal = defences.agrees(action, found, self.settings)
         if refusal is None and action.kind in REMOVALS and any(map(self._in_service, found)):
-            refusal = self.cap.take(action, int(self.clock() * 1000))
-            if refusal is None:
-                self.count("removals")
+            refusal = self.take_removal(action)
         if refusal is not None:
             return self._refuse(refusal)
         results = [self._on_node(node, action) for node in found]

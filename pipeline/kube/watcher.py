@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.actuate.kafka import Out
 from pipeline.config import KubernetesSettings
 from pipeline.errors import SinkError
 from pipeline.kube import nodes
@@ -28,18 +29,10 @@ from pipeline.retry import Backoff
 from pipeline.wire.codec import encode
 from pipeline.wire.topics import scoped
 
+__all__ = ["NodeWatcher", "Out", "WatcherStats"]
 log = logging.getLogger(__name__)
 # waits between tries while the API server is away: 1 s, doubling, at most 30 s
 _RETRY_INITIAL_S, _RETRY_MAX_S = 1.0, 30.0
-
-
-@dataclass(frozen=True)
-class Out:
-    """One record to send: topic suffix, key, value (None: a tombstone)."""
-
-    topic: str
-    key: str
-    value: bytes | None
 
 
 @dataclass
