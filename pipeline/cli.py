@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.inventory",
     "pipeline.commands.policy",
     "pipeline.commands.kube",
+    "pipeline.commands.slurm",  # adds `slurm` under kube's `actuate` and `watch`
     "pipeline.commands.node",
 )
 

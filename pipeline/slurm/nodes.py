@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -262,3 +263,74 @@ def jobs_of(squeue: str) -> list[str]:
             rest = ", ".join(parts[1:])
             out.append(f"{parts[0]} ({rest})" if rest else parts[0])
     return out
+
+
+# --- what changed between two polls -------------------------------------------------------
+
+Change = tuple[str, str, str | None, str]  # (node_event kind, actor, action_id, reason)
+
+
+def changes(old: SlurmNode | None, new: SlurmNode, prefix: str) -> list[Change]:
+    """What a person, Slurm itself or a reboot changed between two polls of a node.
+    FleetPulse's own drains and resumes are left out: the actuator echoes those."""
+    if old is None:
+        return [("created", "slurm", None, "node added to Slurm")]
+    found: list[Change] = []
+    found += _drain_change(old, new, prefix)
+    # a reboot takes the node down on purpose: its end is the `repaired` below
+    was_down, is_down = _down(old), _down(new)
+    if is_down and not was_down:
+        found.append(("not_ready", "slurm", None, f"{new.state.upper()}"
+                      f"{' NOT_RESPONDING' if 'NOT_RESPONDING' in new.flags else ''}: "
+                      f"{new.reason or 'no reason given'}"))  # fmt: skip
+    elif was_down and not is_down:
+        found.append(("ready", "slurm", None, f"{new.state} again"))
+    if "MAINTENANCE" in new.flags and "MAINTENANCE" not in old.flags:
+        found.append(("held", "slurm", None, "a maintenance reservation holds the node"))
+    if old.boot_time and new.boot_time > old.boot_time:
+        action_id = action_id_in(old.reason, prefix)
+        found.append(("repaired", "slurm", action_id, f"rebooted (boot time "
+                      f"{_when(new.boot_time)})"))  # fmt: skip
+    return found
+
+
+def _down(node: SlurmNode) -> bool:
+    return node.down and not node.reboot_pending
+
+
+def _drain_change(old: SlurmNode, new: SlurmNode, prefix: str) -> list[Change]:
+    if new.drain and not old.drain:
+        if new.reason.startswith(prefix):
+            return []  # FleetPulse's drain (or reboot): the actuator echoes it
+        by = new.reason_by or "slurm"
+        return [("cordoned", by, None, f"drained by {by} at {_when(new.reason_at)}: "
+                 f"{new.reason or 'no reason given'}")]  # fmt: skip
+    if old.drain and not new.drain:
+        if old.reason.startswith(prefix) and (_resumed_by_us(old, new, prefix)
+                                              or old.reboot_pending):  # fmt: skip
+            return []  # FleetPulse's resume (echoed), or its reboot done (`repaired`)
+        whose = "FleetPulse's drain" if old.reason.startswith(prefix) else "drain"
+        return [("uncordoned", "slurm", None, f"{whose} ({old.reason}) resumed by a person")]
+    return []
+
+
+def _resumed_by_us(old: SlurmNode, new: SlurmNode, prefix: str) -> bool:
+    """The comment gained an `uncordoned` record: FleetPulse's own resume."""
+    before = applied(old, prefix)
+    return any(v == "uncordoned" and before.get(k) != v
+               for k, v in applied(new, prefix).items())  # fmt: skip
+
+
+def action_id_in(reason: str, prefix: str) -> str | None:
+    """The action id in FleetPulse's reason (its last word), None in anyone else's. Slurm
+    appends to a reason it changes itself (" : reboot issued"): only the first part counts."""
+    if not reason.startswith(prefix):
+        return None
+    words = reason.split(" : ")[0].split()
+    return words[-1] if len(words) > 1 else None
+
+
+def _when(seconds: int) -> str:
+    if seconds <= 0:
+        return "an unknown time"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
