@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaError as AioKafkaError
 from pipeline.config import Settings
 from pipeline.wire import batches
 from pipeline.wire.group_topics import TABLES, group_name, table_partitions
-from pipeline.wire.kafka import client_kwargs
+from pipeline.wire.kafka import producer_kwargs
 from streams import agents
 from streams.acks import Settler
 from streams.clock import Family, PartitionClocks
@@ -45,7 +45,8 @@ def create_app(settings: Settings, metrics: WorkerMetrics | None = None) -> Cont
     Path(w.datadir).mkdir(parents=True, exist_ok=True)  # faust makes only the last level
     app = faust.App(
         app_id(settings),
-        **client_kwargs(k, "faust"),  # broker URLs and broker_credentials (TLS / SASL)
+        # broker URLs, broker_credentials (TLS / SASL) and the producer's compression
+        **producer_kwargs(k, "faust"),
         broker_client_id=f"{k.client_id}-worker",
         store=w.store,
         datadir=str(Path(w.datadir) / app_id(settings)),

@@ -25,7 +25,7 @@ from pipeline.retry import Backoff
 from pipeline.selfmetrics import Readiness
 from pipeline.wire.codec import decode, encode
 from pipeline.wire.edge import Edge, EdgeOptions, EdgeStats, Rejected
-from pipeline.wire.kafka import STAY_CONNECTED, check_login, client_kwargs
+from pipeline.wire.kafka import STAY_CONNECTED, check_login, producer_kwargs
 from pipeline.wire.topics import record_key, topic_name
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class Producer:
 
         check_login(settings.kafka)
         self.settings = settings
-        self._producer = KafkaProducer(**client_kwargs(settings.kafka), **STAY_CONNECTED,
+        self._producer = KafkaProducer(**producer_kwargs(settings.kafka), **STAY_CONNECTED,
                                        client_id=client_id,
                                        acks="all", linger_ms=5)  # fmt: skip
 

@@ -24,8 +24,8 @@ from pipeline.wire.batches import input_records
 from pipeline.wire.kafka import (
     STAY_CONNECTED,
     check_login,
-    client_kwargs,
     partition_count,
+    producer_kwargs,
     until_connected,
 )
 from pipeline.wire.topics import TOPICS, topic_name
@@ -94,7 +94,7 @@ def produce_kafka(
     # BROKER_AWAY_MS) instead of failing them
     producer = until_connected(
         lambda: KafkaProducer(
-            **client_kwargs(settings),
+            **producer_kwargs(settings),
             **STAY_CONNECTED,
             client_id=f"{settings.client_id}-simulate",
             acks="all",

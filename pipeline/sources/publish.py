@@ -27,7 +27,7 @@ from pipeline.model import (
 from pipeline.sources.base import BadRecord
 from pipeline.wire.batches import input_records
 from pipeline.wire.codec import encode
-from pipeline.wire.kafka import STAY_CONNECTED, check_login, client_kwargs, partition_count
+from pipeline.wire.kafka import STAY_CONNECTED, check_login, partition_count, producer_kwargs
 from pipeline.wire.topics import topic_name
 
 _SEND_TIMEOUT_S = 30.0
@@ -64,7 +64,7 @@ class KafkaPublisher:
         if self._producer is None:
             try:
                 self._producer = KafkaProducer(
-                    **client_kwargs(self._settings),
+                    **producer_kwargs(self._settings),
                     **STAY_CONNECTED,
                     client_id=self._client_id,
                     acks="all",

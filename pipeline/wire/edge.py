@@ -44,7 +44,13 @@ from pipeline.model import DeadLetter
 from pipeline.retry import Backoff
 from pipeline.selfmetrics import consumer_readiness
 from pipeline.wire.codec import encode
-from pipeline.wire.kafka import STAY_CONNECTED, check_login, client_kwargs, until_connected
+from pipeline.wire.kafka import (
+    STAY_CONNECTED,
+    check_login,
+    client_kwargs,
+    producer_kwargs,
+    until_connected,
+)
 from pipeline.wire.topics import topic_name
 
 if TYPE_CHECKING:
@@ -198,7 +204,7 @@ class Edge:
         session_ms = self.options.session_timeout_s * 1000
         # a broker away at start is waited for (not ready meanwhile, and why), not an exit
         producer = until_connected(lambda: KafkaProducer(
-            **client_kwargs(kafka), **STAY_CONNECTED, acks="all",
+            **producer_kwargs(kafka), **STAY_CONNECTED, acks="all",
             client_id=f"{kafka.client_id}-{self.name}-dlq",
             max_block_ms=int(DLQ_TIMEOUT_S * 1000),  # not the default minute, broker away
         ), kafka, self.name, self.stop, self._wait)

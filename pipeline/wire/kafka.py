@@ -70,6 +70,37 @@ def client_kwargs(kafka: KafkaSettings, library: Library = "kafka-python") -> di
     return kwargs
 
 
+def producer_kwargs(kafka: KafkaSettings, library: Library = "kafka-python") -> dict[str, Any]:
+    """A producer's connection arguments and its compression (kafka.compression): record
+    batches are compressed by the producer, stored so by the broker and decompressed by each
+    consumer, whatever its own settings say. Consumers and admin clients refuse the argument,
+    so it is a producer's only."""
+    kwargs = client_kwargs(kafka, library)
+    codec = None if kafka.compression == "none" else kafka.compression
+    if codec is not None:
+        _require_codec(codec)
+    kwargs["producer_compression_type" if library == "faust" else "compression_type"] = codec
+    return kwargs
+
+
+# the packages each client library needs for a codec (gzip is in the standard library)
+_CODEC_PACKAGES = {"zstd": ("zstandard", "cramjam"), "lz4": ("lz4", "cramjam"),
+                   "snappy": ("cramjam",)}  # fmt: skip
+
+
+def _require_codec(codec: str) -> None:
+    """Fail at start, naming the setting and the package, rather than at the first send (or,
+    worse, at a consumer that cannot read what this one wrote)."""
+    import importlib.util
+
+    missing = [n for n in _CODEC_PACKAGES.get(codec, ()) if importlib.util.find_spec(n) is None]
+    if missing:
+        raise ConfigError(
+            f"kafka.compression {codec!r} needs the Python package(s) {', '.join(missing)} "
+            "(pip install them, or set kafka.compression to gzip or none)"
+        )
+
+
 def check_login(kafka: KafkaSettings, timeout_s: float = 15.0) -> None:
     """Fail fast, with a clear error, when the broker refuses our TLS or SASL login.
 
