@@ -46,7 +46,7 @@ from pipeline.config import Settings, SimSettings
 from pipeline.model import Event
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.sim.engine import Simulation
-from pipeline.stages.route import encode_state
+from pipeline.stages.base import encode_state
 from pipeline.wire.codec import content_type_of, decode
 from pipeline.wire.topics import TOPICS, topic_name
 

@@ -24,16 +24,17 @@ from typing import Any, TypeVar
 
 from pipeline.errors import DecodeError
 from pipeline.model import Action, Alert, Event, Finding
-from pipeline.stages import route, topology
+from pipeline.stages import telemetry, topology
 from pipeline.stages.align import Aligner
-from pipeline.stages.clock import RobustClock
-from pipeline.stages.route import ClockName, Family, Refusal
-from pipeline.stages.topology import HEALTH_TOPICS as HEALTH_TOPICS
-from pipeline.stages.topology import INVENTORY as INVENTORY
-from pipeline.stages.topology import TELEMETRY_TOPICS as TELEMETRY_TOPICS
-from pipeline.stages.topology import Out
+from pipeline.stages.base import Out, Refusal, Stage
+from pipeline.stages.clock import ClockName, Family, RobustClock
+from pipeline.stages.telemetry_state import TelemetryState, family_of
 from pipeline.wire.batches import BATCHED, OUTPUT_BATCHED, is_batch, partition_of, unpack
 from pipeline.wire.codec import decode
+from pipeline.wire.internal import HEALTH_TOPICS as HEALTH_TOPICS
+from pipeline.wire.internal import INVENTORY as INVENTORY
+from pipeline.wire.internal import TELEMETRY_TABLE
+from pipeline.wire.internal import TELEMETRY_TOPICS as TELEMETRY_TOPICS
 from pipeline.wire.topics import record_key
 from streams.acks import Ack
 from streams.context import Context, Futures
@@ -45,7 +46,7 @@ ALIGN_MAX_HELD = 20_000  # records held for ordering, at most, per agent
 
 
 class KafkaPart:
-    """topology.Part over one partition of a stage's table (Context.load/store)."""
+    """stages.base.Part over one partition of a stage's table (Context.load/store)."""
 
     def __init__(self, ctx: Context, table: str, partition: int) -> None:
         self.ctx = ctx
@@ -73,10 +74,10 @@ class KafkaPart:
         keys = []
         for raw_key, known in self.ctx.clocks.keys_of(self.partition):
             if known is None:  # recovered from the changelog: its state says what it is
-                state = self.ctx.load(self.table, raw_key, route.TelemetryState)
+                state = self.ctx.load(self.table, raw_key, TelemetryState)
                 if state is None:
                     continue
-                known = topology.family_of(state)
+                known = family_of(state)
                 self.ctx.clocks.add_key(self.partition, raw_key, known)
             if family is None or known == family:
                 keys.append(raw_key.decode())
@@ -124,20 +125,20 @@ def send_all(ctx: Context, outs: list[Out], record: Record | None) -> Futures:
 
 def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) -> Futures:
     """The `family` clock of a quiet `partition` crossed `boundaries` (app.py's lag timer)."""
-    part = KafkaPart(ctx, "telemetry", partition)
+    part = KafkaPart(ctx, TELEMETRY_TABLE, partition)
     try:
-        outs = topology.tick(part, family, boundaries)
+        outs = telemetry.tick(part, family, boundaries)
     except Exception:  # beyond a key's own check (those roll that key back, `failed`)
         log.exception("staleness checks of partition %d at %s failed", partition, boundaries)
         ctx.metrics.errors.labels("telemetry-tick").inc()
-        ctx.roll_back("telemetry")
+        ctx.roll_back(TELEMETRY_TABLE)
         return []
     ctx.commit()
     return send_all(ctx, outs, None)
 
 
 def handle(
-    ctx: Context, stage: topology.Stage, record: Record, event: Event | None, own_key: bool = False
+    ctx: Context, stage: Stage, record: Record, event: Event | None, own_key: bool = False
 ) -> Futures:
     """`own_key`: a value of a producer's batch (pipeline/wire/batches.py), keyed by its own
     target."""
@@ -151,7 +152,7 @@ def handle(
 # --- the loop -----------------------------------------------------------------------------
 
 
-def handle_record(ctx: Context, stage: topology.Stage, record: Record) -> Futures:
+def handle_record(ctx: Context, stage: Stage, record: Record) -> Futures:
     """Decode and run the stage; a record it cannot handle becomes a dead letter, never a
     crash. (For an agent with an Aligner, decoding happened before: see `Agent.receive`.)"""
     started = time.perf_counter()
@@ -177,7 +178,7 @@ def _value(ctx: Context, record: Record) -> Event | None:
     return value
 
 
-def handle_batch(ctx: Context, stage: topology.Stage, record: Record) -> Futures:
+def handle_batch(ctx: Context, stage: Stage, record: Record) -> Futures:
     """Each value of a batch record in turn (pipeline/wire/batches.py), as if each were a
     record; one that cannot be handled is a dead letter (of the whole record, naming the
     value), and the others go on."""
@@ -193,7 +194,7 @@ def handle_batch(ctx: Context, stage: topology.Stage, record: Record) -> Futures
 
 
 def _handle_packed(
-    ctx: Context, stage: topology.Stage, record: Record, content_type: str, raw: bytes,
+    ctx: Context, stage: Stage, record: Record, content_type: str, raw: bytes,
     value: Event | None,
 ) -> Futures:
     if value is None:
@@ -217,7 +218,7 @@ def _own_key(ctx: Context, record: Record, event: Event | None) -> str:
 
 
 def _guarded(
-    ctx: Context, stage: topology.Stage, record: Record, run: Callable[[], Futures],
+    ctx: Context, stage: Stage, record: Record, run: Callable[[], Futures],
     where: str = "",
 ) -> Futures:
     """`run()`'s outputs, or the dead letter of `record` if it cannot be handled (`where`: which
@@ -244,7 +245,7 @@ class Agent:
     """One stage's agent, and the Aligner that orders its co-partitioned inputs."""
 
     ctx: Context
-    stage: topology.Stage
+    stage: Stage
     aligner: Aligner[Held] | None
 
     @property

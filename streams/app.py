@@ -1,7 +1,7 @@
 """The faust App, built from Settings: topics, tables, agents and the worker's timers.
 
 - Every topic is read and written as raw bytes; pipeline.wire.codec decodes, so bad input is ours.
-- Tables are keyed by bytes and hold msgpack state (route.encode_state), one per stage:
+- Tables are keyed by bytes and hold msgpack state (stages.base.encode_state), one per stage:
   telemetry (node or slice), health (target), zones (zone), policy (pool). Each is backed by a
   compacted changelog topic `<app id>-<table>-changelog` with the source topics' partition
   count, and `standby_replicas` warm copies on other workers. The changelogs are created
@@ -23,7 +23,8 @@ from aiokafka.errors import KafkaError as AioKafkaError
 
 from pipeline.config import Settings
 from pipeline.wire import batches
-from pipeline.wire.group_topics import TABLES, group_name, table_partitions
+from pipeline.wire.group_topics import group_name, table_partitions
+from pipeline.wire.internal import TABLES
 from pipeline.wire.kafka import producer_kwargs
 from streams import agents
 from streams.acks import Settler

@@ -3,8 +3,8 @@
 A node that stops reporting produces no records, so the only clock that can notice it is the
 event time of the *other* records in its partition. Each partition has one robust clock
 (pipeline/stages/clock.py) per source family, moved by its own accepted records, and runs
-`route.on_time` for its keys at every boundary it crosses, with the boundary as "now" (the ids
-the embedded runtime makes, whose whole fleet is one stream with the same clocks).
+the telemetry stage's `tick` for its keys at every boundary it crosses, with the boundary as
+"now" (the ids the embedded runtime makes, whose whole fleet is one stream with the same clocks).
 
 There is one clock per source family, because sources lag differently (Prometheus ~30 s, Cloud
 Monitoring ~3 min): GPU nodes are judged by the event time of GPU samples, TPU slices by that
@@ -22,8 +22,7 @@ partitions, which must never make a reporting node look silent.
 from __future__ import annotations
 
 from pipeline.config import ClockSettings
-from pipeline.stages.clock import MAX_TICKS, RobustClock
-from pipeline.stages.route import CLOCKS, FAMILIES, ClockName, Family
+from pipeline.stages.clock import CLOCKS, FAMILIES, MAX_TICKS, ClockName, Family, RobustClock
 
 __all__ = ["FAMILIES", "MAX_TICKS", "Family", "PartitionClocks"]
 IDLE_S = 30.0

@@ -1,7 +1,8 @@
 """What the agents share: settings, topics, tables, metrics, the settler and the clocks.
 
 Tables hold each key's state as bytes with bytes keys, so what is recovered from a changelog is
-byte-for-byte what was written: `route.encode_state` (msgpack) compressed with zlib at level 1.
+byte-for-byte what was written: `stages.base.encode_state` (msgpack) compressed with zlib at
+level 1.
 A node's detector state is ~10 kB of msgpack, rewritten with every scrape; compressed it is
 ~1-2 kB for ~0.1 ms of CPU, and the changelog stops being most of what the worker writes.
 
@@ -38,14 +39,15 @@ import msgspec
 
 from pipeline.config import Settings
 from pipeline.model import Action, Alert, DeadLetter, Event, Finding
-from pipeline.stages import route
-from pipeline.stages.topology import ANNOUNCE_INPUT as ANNOUNCE_INPUT
-from pipeline.stages.topology import INTERNAL
-from pipeline.stages.topology import POLICY_INPUT as POLICY_INPUT
-from pipeline.stages.topology import ZONE_INPUT as ZONE_INPUT
+from pipeline.stages.base import decode_state, encode_state
+from pipeline.stages.keys import health_key, target_name
 from pipeline.wire import batches
 from pipeline.wire import headers as cloudevents_headers
 from pipeline.wire.codec import JSON, encode_as, record_headers
+from pipeline.wire.internal import ANNOUNCE_INPUT as ANNOUNCE_INPUT
+from pipeline.wire.internal import INTERNAL
+from pipeline.wire.internal import POLICY_INPUT as POLICY_INPUT
+from pipeline.wire.internal import ZONE_INPUT as ZONE_INPUT
 from pipeline.wire.topics import TOPICS, topic_name
 from streams import tables
 from streams.acks import Settler
@@ -59,7 +61,7 @@ Futures = list[Awaitable[Any]]
 Replay = Callable[[], object]
 
 # Internal topics (created by faust, named after the app like its changelogs; declared with
-# the stages that write and read them in pipeline/stages/topology.py).
+# the stages that write and read them in pipeline/stages/, named in pipeline/wire/internal.py).
 CATCHING_UP = 100  # records left to read in a partition: it is catching up, not live
 INTERNAL_TOPICS = tuple(INTERNAL)
 CE_TOPICS = cloudevents_headers.TOPICS  # the public topics only, not the internal copies
@@ -124,7 +126,7 @@ class Context:
                     return None
                 packed = zlib.decompress(tables.compressed_of(raw))
                 self.written[(table, key)] = (tables.generation_of(raw), _digest(packed))
-            state = route.decode_state(packed, cls)
+            state = decode_state(packed, cls)
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError) as exc:
             # a state written by an older release: start this key afresh (re-warm) rather
             # than stop the stream; the counter says how often that happens
@@ -146,7 +148,7 @@ class Context:
     def commit(self) -> None:
         """A record or a staleness check went through: snapshot the states it changed."""
         for table_key, partition in self.touched.items():
-            self.dirty[table_key] = (partition, route.encode_state(self.cache[table_key]))
+            self.dirty[table_key] = (partition, encode_state(self.cache[table_key]))
         self.touched.clear()
 
     def replayable(self, table: str) -> None:
@@ -199,7 +201,7 @@ class Context:
         # the changelog and a fenced worker's late write of the key cannot win a replay
         current = self.app.consumer_generation_id
         for (table, key), (partition, snapshot) in self.dirty.items():
-            packed = snapshot or route.encode_state(self.cache[(table, key)])
+            packed = snapshot or encode_state(self.cache[(table, key)])
             t = self.tables[table]
             generation, digest = t.generation_for(key, current), _digest(packed)
             if self.written.get((table, key)) == (generation, digest):
@@ -262,11 +264,11 @@ class Context:
 
     def send_finding(self, finding: Finding) -> Awaitable[Any]:
         self.metrics.findings.labels(finding.check, str(finding.healthy).lower()).inc()
-        return self.send("findings", route.health_key(finding), finding)
+        return self.send("findings", health_key(finding), finding)
 
     def send_action(self, action: Action) -> Awaitable[Any]:
         self.metrics.actions.labels(action.kind, str(action.dry_run).lower()).inc()
-        return self.send("actions", route.target_name(action.target), action)
+        return self.send("actions", target_name(action.target), action)
 
     def send_alert(self, alert: Alert) -> Awaitable[Any]:
         self.metrics.alerts.labels(alert.status, alert.labels.get("alertname", "")).inc()

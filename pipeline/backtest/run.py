@@ -4,8 +4,11 @@ Two inputs:
 - a plain `timestamp,value` CSV (NAB format), run through the single-series detector
   (`pipeline.detect.series`): one series per file;
 - a JSONL file of topic values (one encoded event per line, as the simulator records them),
-  run through the real device detectors keyed like the stream (node / slice): one series per
-  target.
+  run through the telemetry stage on the embedded runtime (pipeline/runtime/embedded.py, the
+  stage table's own driver, with the telemetry stage alone): the device detectors keyed and
+  ticked exactly as the stream runs them (`cluster/node`, `cluster/slice`, a staleness check
+  at every 10 s boundary of the fleet's robust clock), node and capacity events announced to
+  them as the health and zone stages would. One series per target.
 
 Scoring follows NAB's windows: a window is hit when a flag opens inside it; flags outside every
 window are false alarms (reported per series-week); delay runs from the window start to the
@@ -23,12 +26,25 @@ from pathlib import Path
 
 import msgspec
 
-from pipeline.config import DetectSettings
-from pipeline.detect.replay import Detectors
+from pipeline.config import DetectSettings, Settings
 from pipeline.detect.series import SeriesParams, SeriesState, series_step
 from pipeline.errors import DecodeError, FleetPulseError
-from pipeline.model import Event, Finding, GpuSample, IciSample, TpuSample, XidEvent
+from pipeline.model import (
+    CapacityEvent,
+    Event,
+    Finding,
+    GpuSample,
+    IciSample,
+    NodeEvent,
+    TpuSample,
+    XidEvent,
+)
+from pipeline.runtime.embedded import EmbeddedRuntime
+from pipeline.stages import telemetry
+from pipeline.stages.keys import announcement_key
 from pipeline.wire.codec import MAX_VALUE_BYTES, decode
+from pipeline.wire.internal import ANNOUNCE_INPUT, TELEMETRY_TOPICS
+from pipeline.wire.topics import TOPICS
 
 WEEK_MS = 7 * 24 * 3600 * 1000
 # NAB centres a window on each label; all windows of a file together span 10 % of its length.
@@ -268,23 +284,53 @@ class Recording(msgspec.Struct, kw_only=True):
     bad_reasons: dict[str, int] = {}  # DecodeError.reason -> lines
     first_bad: str = ""
     ignored: int = 0
+    refused: int = 0  # records the telemetry stage's door refused (dead letters on a stream)
     findings: int = 0
     clears: int = 0
     heartbeats: int = 0
 
 
+_TELEMETRY = {spec.value for spec in TOPICS if spec.suffix in TELEMETRY_TOPICS}
+
+
 def run_recording(
     path: Path, settings: DetectSettings, max_bytes: int = MAX_VALUE_BYTES
 ) -> tuple[list[SeriesResult], Recording]:
-    """Replay a JSONL recording of topic values through the device detectors.
+    """Replay a JSONL recording of topic values through the telemetry stage.
 
     Series are targets (node or slice names); flags are unhealthy findings. Lines that do not
     decode (whatever they hold, `max_bytes` at most) are counted by reason and skipped, as the
     stream would send them to the dead-letter topic.
     """
-    detectors = Detectors(settings)
     results: dict[str, SeriesResult] = {}
     stats = Recording()
+
+    def emit(topic: str, event: Event) -> None:
+        if isinstance(event, Finding):
+            _note_finding(results, stats, event)
+        elif topic == "dlq":
+            stats.refused += 1
+
+    runtime = EmbeddedRuntime(
+        Settings(detect=settings), emit, stages=(telemetry.STAGE,)
+    )
+    for event in _events(path, max_bytes, stats):
+        stats.records += 1
+        _note_record(results, event)
+        announced = (
+            announcement_key(event) if isinstance(event, NodeEvent | CapacityEvent) else None
+        )
+        if type(event) in _TELEMETRY:
+            runtime.feed(event)
+        elif announced is not None:  # what the health and zone stages pass on to it
+            runtime.deliver(ANNOUNCE_INPUT, announced, event)
+        else:
+            stats.ignored += 1
+    runtime.finish()
+    return sorted(results.values(), key=lambda r: r.series), stats
+
+
+def _events(path: Path, max_bytes: int, stats: Recording) -> Iterator[Event]:
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -294,20 +340,11 @@ def run_recording(
             if not line.strip():
                 continue
             try:
-                event = decode(line.strip(), Event, max_bytes)
+                yield decode(line.strip(), Event, max_bytes)
             except DecodeError as exc:
                 stats.bad_lines += 1
                 stats.bad_reasons[exc.reason] = stats.bad_reasons.get(exc.reason, 0) + 1
                 stats.first_bad = stats.first_bad or f"{path}:{number}: {exc}"
-                continue
-            stats.records += 1
-            _note_record(results, event)
-            for finding in detectors.feed(event):
-                _note_finding(results, stats, finding)
-    for finding in detectors.tick(detectors.now_ms):
-        _note_finding(results, stats, finding)
-    stats.ignored = detectors.ignored
-    return sorted(results.values(), key=lambda r: r.series), stats
 
 
 def _note_record(results: dict[str, SeriesResult], event: Event) -> None:

@@ -8,7 +8,9 @@ fleet is one partition. Outputs on FleetPulse's topics go to an `emit(topic_suff
 callback — the demo writes them to the lake; tests collect them.
 
 Input is fed in event-time order, so nothing needs aligning. Stages mutate the states they
-are given (topology.py); this driver keeps no snapshot: a stage that raises stops the run.
+are given (stages/base.py); this driver keeps no snapshot: a stage that raises stops the run.
+`stages` may be part of the table (a backtest runs the telemetry stage alone): an input whose
+reader is not among them is counted (`ignored`) and dropped, and so are outputs.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from pipeline.config import Settings
 from pipeline.decide import guard, health, policy
 from pipeline.errors import DecodeError
 from pipeline.model import DeadLetter, Event, RawRecord
-from pipeline.stages import route, topology
+from pipeline.stages import topology
 from pipeline.stages import zone as zones
-from pipeline.stages.clock import RobustClock
-from pipeline.stages.route import ClockName, Family, Refusal
-from pipeline.stages.topology import INTERNAL, READER, Out
+from pipeline.stages.base import Out, Refusal, Stage
+from pipeline.stages.clock import CLOCKS, ClockName, Family, RobustClock
+from pipeline.stages.keys import GUARD_KEY, record_key
+from pipeline.stages.telemetry_state import TelemetryState, family_of
 from pipeline.wire.codec import decode, encode
-from pipeline.wire.topics import TOPICS, record_key
+from pipeline.wire.internal import INTERNAL
+from pipeline.wire.topics import TOPICS
 
 Emit = Callable[[str, Event], None]
 S = TypeVar("S")
@@ -40,13 +44,13 @@ _OUT_COUNT: dict[str, str] = {}
 # the topics read from outside the pipeline (not written by any of its stages)
 _INPUTS = {
     topic
-    for topic in READER
+    for topic in topology.READER
     if topic not in INTERNAL and not any(topic in stage.outputs for stage in topology.STAGES)
 }
 
 
 class _Part:
-    """One stage's states, the fleet's clocks: topology.Part over dictionaries."""
+    """One stage's states, the fleet's clocks: stages.base.Part over dictionaries."""
 
     def __init__(self, runtime: EmbeddedRuntime, table: dict[str, Any]) -> None:
         self.runtime = runtime
@@ -78,7 +82,7 @@ class _Part:
         return [
             key
             for key in sorted(telemetry)
-            if family is None or topology.family_of(telemetry[key]) == family
+            if family is None or family_of(telemetry[key]) == family
         ]
 
     def note_key(self, key: str, family: Family) -> None:
@@ -103,19 +107,24 @@ class EmbeddedRuntime:
         settings: Settings,
         emit: Emit | None = None,
         wall_ms: Callable[[], int] | None = None,
+        stages: tuple[Stage, ...] = topology.STAGES,
     ) -> None:
         self.settings = settings
         self._emit_to = emit
         self._wall_ms = wall_ms
-        self.tables: dict[str, dict[str, Any]] = {stage.table: {} for stage in topology.STAGES}
-        self._parts = {s.name: _Part(self, self.tables[s.table]) for s in topology.STAGES}
+        self.stages = stages
+        self._reader = topology.reader_of(stages)
+        self.tables: dict[str, dict[str, Any]] = {
+            stage.table: {} for stage in topology.STAGES
+        }
+        self._parts = {s.name: _Part(self, self.tables[s.table]) for s in stages}
         self.counts: Counter[str] = Counter()
-        self.clocks = {name: RobustClock(settings.clock) for name in route.CLOCKS}
+        self.clocks = {name: RobustClock(settings.clock) for name in CLOCKS}
         self._offset = 0  # pseudo offsets for dead letters of events fed as objects
 
     # the stages' states, by key
     @property
-    def telemetry(self) -> dict[str, route.TelemetryState]:
+    def telemetry(self) -> dict[str, TelemetryState]:
         return self.tables["telemetry"]
 
     @property
@@ -128,11 +137,11 @@ class EmbeddedRuntime:
 
     @property
     def policy(self) -> dict[str, policy.PolicyState]:
-        return {k: v for k, v in self.tables["policy"].items() if k != route.GUARD_KEY}
+        return {k: v for k, v in self.tables["policy"].items() if k != GUARD_KEY}
 
     @property
     def guard(self) -> guard.GuardState | None:
-        found: guard.GuardState | None = self.tables["policy"].get(route.GUARD_KEY)
+        found: guard.GuardState | None = self.tables["policy"].get(GUARD_KEY)
         return found
 
     def feed(self, event: Event, key: str | None = None) -> None:
@@ -145,6 +154,11 @@ class EmbeddedRuntime:
             raise TypeError(f"the embedded runtime takes input events, got {type(event).__name__}")
         assert suffix is not None
         self._run([(suffix, record_key(event) if key is None else key, event)])
+
+    def deliver(self, topic: str, key: str, event: Event) -> None:
+        """An event put straight onto a topic the stages read, internal ones included (a
+        backtest running the telemetry stage alone hands it the announcements)."""
+        self._run([(topic, key, event)])
 
     def feed_all(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -182,7 +196,7 @@ class EmbeddedRuntime:
 
     def finish(self) -> None:
         """End of input: every stage's end-of-input outputs (open utilization windows)."""
-        for stage in topology.STAGES:
+        for stage in self.stages:
             if stage.on_eof is not None:
                 self._route(stage.on_eof(self._parts[stage.name]), deque())
 
@@ -194,7 +208,10 @@ class EmbeddedRuntime:
         queue = deque(work)
         while queue:
             topic, key, event = queue.popleft()
-            stage = READER[topic]
+            stage = self._reader.get(topic)
+            if stage is None:  # its reader is not among this runtime's stages
+                self.counts["ignored"] += 1
+                continue
             try:
                 state_key = stage.key(event, key)
             except DecodeError as exc:
@@ -223,7 +240,7 @@ class EmbeddedRuntime:
                 continue
             if out.topic not in INTERNAL:
                 self._emit(out.topic, out.event)
-            if out.topic in READER:
+            if out.topic in self._reader:
                 queue.append((out.topic, out.key, out.event))
 
     def _dead_letter(

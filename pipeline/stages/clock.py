@@ -22,7 +22,7 @@ follows. Without this, a stream silent for longer than `max_ahead_s` would refus
 record after it, forever. Until the quorum is reached, the first records are dead letters
 (visible, counted), never silently dropped. The clock then jumps to the quorum's time in one
 tick and remembers it as `resumed`: nothing was known about any key during the gap, so the
-staleness checks measure a key's silence from there (route.on_time), not from before it.
+staleness checks measure a key's silence from there (telemetry_state.on_time), not from before it.
 
 Cost: O(1) per record. The k-th newest time is computed (O(n log k)) only when k keys have
 passed the next tick boundary, so about once per tick.
@@ -33,9 +33,19 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from pipeline.config import ClockSettings
 
+# A partition has a clock per source family (GPU nodes by GPU samples, TPU slices by TPU chip
+# samples: sources lag differently), and fabric samples a door clock of their own, which ticks
+# nothing (stages/telemetry_state.py DOOR_CLOCK).
+Family = Literal["gpu", "tpu"]
+FAMILIES: tuple[Family, ...] = ("gpu", "tpu")
+ClockName = Family | Literal["fabric"]
+CLOCKS: tuple[ClockName, ...] = (*FAMILIES, "fabric")
+# Staleness is checked each time event time crosses a TICK_MS boundary; both runtimes use
+# the boundary itself as "now", so replays and the two runtimes agree on finding ids.
 TICK_MS = 10_000
 # A clock that jumps further than this (ten minutes) ticks only the last of the boundaries.
 MAX_TICKS = 60

@@ -1,4 +1,9 @@
-"""The fleet stage's state and logic for one cluster, in event-time order whatever the runtime.
+"""The fleet stage (per cluster): fabric localisation and job peers, in event-time order whatever
+the runtime.
+
+Reads `fleet-input` keyed by cluster; its table is `fleet` (the stage and table keep their
+first name, which the group's changelog and agent carry); writes findings (switch and link
+verdicts, job stragglers) and the network team's repair actions.
 
 The fleet stage reads one internal topic keyed by cluster, written by the telemetry stage of
 every partition that holds one of the cluster's nodes. On Kafka those partitions are spread over
@@ -41,8 +46,11 @@ import msgspec
 
 from pipeline.config import Settings
 from pipeline.detect import fabric_localise, job_peers
-from pipeline.model import Action, FabricSample, FabricTick, Finding, Inventory, PeerSample
-from pipeline.wire.topics import record_key, scoped
+from pipeline.errors import DecodeError
+from pipeline.model import Action, Event, FabricSample, FabricTick, Finding, Inventory, PeerSample
+from pipeline.stages.base import Out, Part, Stage, action_out, expect_key, finding_out, tag
+from pipeline.stages.keys import node_key, record_key, target_name
+from pipeline.wire.internal import FLEET_INPUT, FLEET_TABLE
 
 # a FabricSample itself: what workers before FabricTick passed on (their records still read)
 FleetSignal = Inventory | Finding | FabricTick | FabricSample | PeerSample
@@ -125,9 +133,8 @@ def on_fleet(
 
 def _node(signal: Finding | FabricTick | FabricSample | PeerSample) -> str:
     if isinstance(signal, Finding):
-        target = signal.entity.target
-        return scoped(target.cluster, target.name)
-    return scoped(signal.cluster, signal.node)
+        return target_name(signal.entity.target)
+    return node_key(signal.cluster, signal.node)
 
 
 def watermark(
@@ -209,3 +216,43 @@ def _detect(
         return found, actions
     state.peers, found = job_peers.detect_job_peers(state.peers, signal, settings.detect)
     return found, []
+
+
+# --- the stage ----------------------------------------------------------------------------
+
+_INPUTS = (Inventory, Finding, FabricTick, FabricSample, PeerSample)
+
+
+def key(signal: Event, got: str | None) -> str:
+    """One partition per cluster: a leaf switch's or a rail's nodes, and a job's, are in one
+    cluster (the zone stage keys by zone the same way)."""
+    if not isinstance(signal, _INPUTS):
+        raise DecodeError(
+            field="$.schema",
+            expected=("'inventory/1', 'finding/2', 'fabric_tick/1', 'fabric_sample/1' or "
+                      "'peer_sample/1'"),
+            got=tag(signal),
+        )
+    target = signal.entity.target if isinstance(signal, Finding) else signal
+    return expect_key(got, target.cluster, "cluster")
+
+
+def on_item(part: Part, signal: FleetSignal, key: str) -> list[Out]:
+    """Held until every live node of the cluster has reported up to their time, whatever the
+    number of workers (see above)."""
+    state = part.get(key, FleetState)
+    state, findings, actions = on_fleet(state, signal, part.settings, part.wall_ms)
+    part.put(key, state)
+    return [finding_out(finding) for finding in findings] + [action_out(a) for a in actions]
+
+
+STAGE = Stage(
+    name="fleet",
+    inputs=(FLEET_INPUT,),
+    # one input topic, in the order the telemetry stage (itself aligned) wrote it
+    aligned=(),
+    table=FLEET_TABLE,
+    key=key,
+    on_item=on_item,
+    outputs=("findings", "actions"),
+)

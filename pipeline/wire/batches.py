@@ -31,8 +31,8 @@ import msgspec
 from pipeline.config import KafkaSettings
 from pipeline.errors import DecodeError
 from pipeline.model import Event
-from pipeline.stages.topology import FLEET_INPUT, TELEMETRY_TOPICS
 from pipeline.wire.codec import encode_as, header_of, record_headers
+from pipeline.wire.internal import FLEET_INPUT, TELEMETRY_TOPICS
 from pipeline.wire.topics import TOPICS, record_key, topic_name
 
 BATCH_HEADER = "fleetpulse-batch"

@@ -19,12 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.config import KafkaSettings
-from pipeline.stages.topology import INTERNAL, POLICY_INPUT, STAGES
-
-TABLES = tuple(dict.fromkeys(stage.table for stage in STAGES))  # one per stage's state
-# The policy stage decides every removal in the fleet in one order: its input topic and its
-# table (and so the table's changelog) have one partition.
-POLICY_TABLE = "policy"
+from pipeline.wire.internal import INTERNAL, POLICY_INPUT, POLICY_TABLE
+from pipeline.wire.internal import TABLES as TABLES
 
 
 @dataclass(frozen=True)

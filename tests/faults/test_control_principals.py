@@ -30,9 +30,9 @@ from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailed
 from kafka.structs import OffsetAndMetadata
 
 from pipeline.config import KafkaSettings
-from pipeline.stages.topology import POLICY_INPUT
 from pipeline.wire.acl import ROLES, Role, may_write
 from pipeline.wire.group_topics import changelog_name, group_name
+from pipeline.wire.internal import POLICY_INPUT
 from pipeline.wire.kafka import client_kwargs
 from pipeline.wire.topics import TOPICS, topic_name
 from tests.faults import reliability

@@ -24,9 +24,9 @@ from pipeline.backtest.score import REMOVALS
 from pipeline.config import KafkaSettings, Settings, load_settings
 from pipeline.model import Action, DeadLetter, Event, FabricSample, Finding
 from pipeline.sim import Simulation, parse_forced
-from pipeline.stages.topology import FLEET_INPUT
 from pipeline.wire.batches import BATCH_HEADER, partition_of
 from pipeline.wire.codec import encode_as
+from pipeline.wire.internal import FLEET_INPUT
 from pipeline.wire.topics import record_key, topic_name
 from streams.app import LAG_INTERVAL_S, app_id
 from streams.testing import (

@@ -17,7 +17,7 @@ import pytest
 from pipeline.config import load_settings
 from pipeline.errors import DecodeError
 from pipeline.model import CapacityEvent, DeadLetter, NodeState, Target
-from pipeline.stages import route
+from pipeline.stages import base
 from pipeline.stages import zone as zones
 from pipeline.stages.align import Aligner
 from pipeline.wire.group_topics import TABLES, group_topics
@@ -341,10 +341,9 @@ def _tally(part: Any, event: _Numbered, key: str) -> list[Any]:
 
 
 def _run_tally(ctx: Any, table: str, numbers: list[int]) -> int:
-    from pipeline.stages import topology
     from streams import agents
 
-    stage = topology.Stage(
+    stage = base.Stage(
         name="tally", inputs=(), aligned=(), table=table, key=lambda event, got: got or "",
         on_item=_tally, outputs=(), replayable=table != "telemetry",
     )
@@ -372,10 +371,10 @@ def test_a_stage_that_raises_half_way_leaves_the_states_of_its_good_records(
     assert ctx.load(table, b"k", _Tally) == _Tally([1, 2, 4])
     assert ctx.load(table, b"k-twin", _Tally) == _Tally([1, 2, 4])
     ctx.flush()  # what reaches the changelog is the same
-    got = {key: route.decode_state(zlib.decompress(c), _Tally) for key, c in written}
+    got = {key: base.decode_state(zlib.decompress(c), _Tally) for key, c in written}
     assert got == {b"k": _Tally([1, 2, 4]), b"k-twin": _Tally([1, 2, 4])}
     # after a flush, only the records since it are replayed (the flushed state is kept)
-    ctx.tables[table].data[b"k"] = tables.pack(0, zlib.compress(route.encode_state(got[b"k"])))
+    ctx.tables[table].data[b"k"] = tables.pack(0, zlib.compress(base.encode_state(got[b"k"])))
     ctx.tables[table].data[b"k-twin"] = ctx.tables[table].data[b"k"]
     assert _run_tally(ctx, table, [5, 13, 6, 23, 7]) == 2
     assert ctx.load(table, b"k", _Tally) == _Tally([1, 2, 4, 5, 6, 7])

@@ -22,10 +22,10 @@ from kafka import KafkaProducer
 from pipeline.config import Settings
 from pipeline.lake.query import Lake
 from pipeline.model import TOPIC_VALUES, DeadLetter, Event, NodeState, Proposal
-from pipeline.stages import route
-from pipeline.stages.topology import POLICY_INPUT, ZONE_INPUT
+from pipeline.stages import keys
 from pipeline.wire import codec
 from pipeline.wire.group_topics import group_name
+from pipeline.wire.internal import POLICY_INPUT, ZONE_INPUT
 from pipeline.wire.topics import record_key, topic_name
 from streams.testing import (
     TopicReader,
@@ -65,9 +65,9 @@ def _key(event: Event, suffix: str) -> str:
         assert isinstance(event, NodeState)
         return event.target.zone
     if isinstance(event, Proposal | NodeState):
-        return route.policy_key(event)
+        return keys.policy_key(event)
     if suffix in ("findings", "actions"):
-        return route.health_key(event)  # type: ignore[arg-type]
+        return keys.health_key(event)  # type: ignore[arg-type]
     return record_key(event)
 
 

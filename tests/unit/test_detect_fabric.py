@@ -314,9 +314,10 @@ def test_the_fleet_stage_is_keyed_by_cluster_and_refuses_other_keys() -> None:
 
     from pipeline.errors import DecodeError
     from pipeline.stages import topology
+    from pipeline.wire import internal
 
-    stage = topology.READER[topology.FLEET_INPUT]
-    assert stage.name == "fleet" and "telemetry.fabric" in topology.TELEMETRY_TOPICS
+    stage = topology.READER[internal.FLEET_INPUT]
+    assert stage.name == "fleet" and "telemetry.fabric" in internal.TELEMETRY_TOPICS
     event = sample("n0", 0, lambda n, p, s: {})
     assert stage.key(event, "c1") == "c1"
     with pytest.raises(DecodeError, match="cluster"):

@@ -23,8 +23,9 @@ from pipeline.config import load_settings
 from pipeline.model import Event, FabricSample, FabricTick, Finding, Inventory, PeerSample
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.sim import Simulation, parse_forced
+from pipeline.stages import base
 from pipeline.stages import cluster as fleet
-from pipeline.stages import topology
+from pipeline.wire import internal
 
 BASE = load_settings(environ={})
 NODES = 12
@@ -36,10 +37,10 @@ class _Recording(EmbeddedRuntime):
 
     fleet_input: list[Signal]
 
-    def _route(self, outs: list[topology.Out], queue: deque, source: object = None) -> None:  # type: ignore[type-arg, override]
+    def _route(self, outs: list[base.Out], queue: deque, source: object = None) -> None:  # type: ignore[type-arg, override]
         self.fleet_input.extend(
             (out.key, out.event) for out in outs  # type: ignore[misc]
-            if out.topic == topology.FLEET_INPUT
+            if out.topic == internal.FLEET_INPUT
         )
         super()._route(outs, queue, source)  # type: ignore[arg-type]
 

@@ -14,7 +14,8 @@ from pipeline.config import PolicySettings, Settings
 from pipeline.decide.policy import PolicyState, decide_all
 from pipeline.ids import stable_id
 from pipeline.model import Action, CapacityEvent, Inventory, NodeState, Proposal, WithheldRecord
-from pipeline.stages import route
+from pipeline.stages import keys
+from pipeline.stages import policy as policy_stage
 from tests.remediation_fixture import capacity, ms, node_state, proposal, target
 
 BASE = PolicySettings(
@@ -125,18 +126,18 @@ def test_maintenance_held_for_its_allowance_is_said_once_while_it_is_asked_every
 
 
 def test_the_guard_s_reasons_come_through_the_policy_stage() -> None:
-    """route.on_policy (both runtimes' policy stage) returns the records; an enforced inventory
+    """policy_stage.on_policy (both runtimes' policy stage) returns the records; an enforced inventory
     that does not list the node holds its cordon back as not_in_inventory."""
     settings = Settings()
     t1, t2 = target("n1"), target("n2")
     member = Inventory(ts=ms(0), cluster=t1.cluster, kind="node", name="n1", pool="p1",
                        zone="z1", accelerator="H100", capacity=8)
-    _, fleet, *_ = route.on_policy(None, None, member, settings, route.GUARD_KEY)
-    key = route.policy_key(proposal(t2, 1))
+    _, fleet, *_ = policy_stage.on_policy(None, None, member, settings, keys.GUARD_KEY)
+    key = keys.policy_key(proposal(t2, 1))
     state: PolicyState | None = None
     records: list[WithheldRecord] = []
     for signal in (node_state(t1, 1), node_state(t2, 1), proposal(t2, 2)):
-        state, fleet, _, _, withheld = route.on_policy(state, fleet, signal, settings, key)
+        state, fleet, _, _, withheld = policy_stage.on_policy(state, fleet, signal, settings, key)
         records += withheld
     assert said(records) == [("n2", "not_in_inventory")]
     assert records[0].detail == "node n2 is not in the inventory, which is enforced"
