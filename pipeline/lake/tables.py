@@ -1,12 +1,15 @@
 """The lake's tables: which topic feeds each, its Parquet columns, and how an event flattens.
 
-One row per event. Nested structs become prefixed columns (`target.cluster` → `target_cluster`),
-lists of strings stay Parquet lists, label maps stay Parquet maps, and event-time milliseconds
-become TIMESTAMP (UTC, no zone) so DuckDB can bucket them directly.
+One row per event. The columns are the event's struct (pipeline/lake/columns.py derives them:
+nested structs become prefixed columns, `target.cluster` → `target_cluster`; lists of strings
+stay Parquet lists, label maps Parquet maps; event-time milliseconds become TIMESTAMP); a table
+says only its time field and what the struct cannot (a renamed path, a narrower int, a computed
+column). tests/unit/test_lake_tables.py holds every table's schema as written so far.
 
-A table's `version` goes up when its columns change. Readers (pipeline/lake/query.py) fill columns that
-old files lack with NULL, so adding a column never breaks reading what is already on disk;
-removing or retyping one needs a new table name.
+A table's `version` goes up when its columns change (a new field in its event's struct is a new
+column). Readers (pipeline/lake/query.py) fill columns that old files lack with NULL, so adding
+a column never breaks reading what is already on disk; removing or retyping one needs a new
+table name.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
+from pipeline.lake.columns import SCHEMA, TIMESTAMP, Column, columns_of
 from pipeline.model import (
     Action,
     Alert,
@@ -33,18 +37,7 @@ from pipeline.model import (
     XidEvent,
 )
 
-TIMESTAMP = pa.timestamp("ms")
 CHUNK_ROWS = 4096  # rows converted to Arrow at a time (see TableSpec.to_arrow)
-STRINGS = pa.list_(pa.string())
-LABELS = pa.map_(pa.string(), pa.string())
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type: pa.DataType
-    get: Callable[[Any], Any]
-    field: str | None = None  # the event's own top-level field this column copies, if it is one
 
 
 @dataclass(frozen=True)
@@ -112,7 +105,7 @@ def _tag_column(events: Sequence[Event]) -> pa.Array:
     # The schema tag is the same for every event of a table: repeated, not read per row.
     if not events:
         return pa.array([], type=SCHEMA.type)
-    return pa.repeat(pa.scalar(_schema_tag(events[0])), len(events))
+    return pa.repeat(pa.scalar(SCHEMA.get(events[0])), len(events))
 
 
 def _joined(parts: list[pa.Array | None], kind: pa.DataType) -> pa.Array:
@@ -150,48 +143,13 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _col(name: str, kind: pa.DataType, path: str | None = None) -> Column:
-    path = path or name
-    return Column(name, kind, attrgetter(path), None if "." in path else path)
-
-
-def _maybe(path: str, name: str) -> Callable[[Any], Any]:
-    # An optional nested struct: its fields are NULL when the struct is absent.
-    outer = attrgetter(path)
-    return lambda event: None if (inner := outer(event)) is None else getattr(inner, name)
-
-
-def _schema_tag(event: Event) -> str:
-    return str(event.__struct_config__.tag)
-
-
-SCHEMA = Column("schema", pa.string(), _schema_tag)
-
-
-def _target(prefix: str = "target") -> tuple[Column, ...]:
-    return tuple(
-        _col(f"target_{part}", pa.string(), f"{prefix}.{part}")
-        for part in ("cluster", "kind", "name", "pool", "zone")
-    )
-
-
 UTILIZATION = TableSpec(
     name="utilization",
     topic_suffix="utilization",
     event=Utilization,
     version=1,
     time=attrgetter("window_start"),
-    columns=(
-        _col("window_start", TIMESTAMP),
-        _col("window_s", pa.int32()),
-        *(_col(name, pa.string()) for name in ("cluster", "pool", "zone", "node", "slice")),
-        *(_col(name, pa.string()) for name in ("device", "accelerator", "job")),
-        _col("allocated", pa.bool_()),
-        *(_col(name, pa.float64()) for name in ("util_mean", "util_max", "mem_used_frac")),
-        _col("power_w_mean", pa.float64()),
-        _col("samples", pa.int32()),
-        SCHEMA,
-    ),
+    columns=columns_of(Utilization, time="window_start", int32=("samples",)),
     key=("window_start", "window_s", "cluster", "node", "slice", "device"),
 )
 
@@ -201,25 +159,7 @@ FINDINGS = TableSpec(
     event=Finding,
     version=1,
     time=attrgetter("ts"),
-    columns=(
-        _col("ts", TIMESTAMP),
-        _col("finding_id", pa.string()),
-        _col("entity_kind", pa.string(), "entity.kind"),
-        *_target("entity.target"),
-        _col("device", pa.string(), "entity.device"),
-        _col("check", pa.string()),
-        _col("severity", pa.string()),
-        _col("healthy", pa.bool_()),
-        _col("fatal", pa.bool_()),
-        _col("recommended_action", pa.string()),
-        Column("evidence_metric", pa.string(), _maybe("evidence", "metric")),
-        Column("evidence_value", pa.float64(), _maybe("evidence", "value")),
-        Column("evidence_baseline", pa.float64(), _maybe("evidence", "baseline")),
-        Column("evidence_score", pa.float64(), _maybe("evidence", "score")),
-        Column("evidence_window_s", pa.int64(), _maybe("evidence", "window_s")),
-        _col("message", pa.string()),
-        SCHEMA,
-    ),
+    columns=columns_of(Finding, rename={"entity.target": "target", "entity.device": "device"}),
     key=("finding_id",),
 )
 
@@ -229,20 +169,7 @@ ACTIONS = TableSpec(
     event=Action,
     version=2,  # v2: device (action/2)
     time=attrgetter("ts"),
-    columns=(
-        _col("ts", TIMESTAMP),
-        _col("action_id", pa.string()),
-        _col("kind", pa.string()),
-        *_target(),
-        _col("reason_checks", STRINGS, "reason.checks"),
-        _col("reason_finding_ids", STRINGS, "reason.finding_ids"),
-        _col("reason_summary", pa.string(), "reason.summary"),
-        _col("dry_run", pa.bool_()),
-        _col("proposal_id", pa.string()),
-        _col("expires_at", TIMESTAMP),
-        _col("device", pa.string()),
-        SCHEMA,
-    ),
+    columns=columns_of(Action),
     key=("action_id",),
     once_in_views=True,
 )
@@ -253,19 +180,7 @@ NODE_STATE = TableSpec(
     event=NodeState,
     version=1,
     time=attrgetter("ts"),
-    columns=(
-        _col("ts", TIMESTAMP),
-        *_target(),
-        _col("state", pa.string()),
-        _col("since", TIMESTAMP),
-        _col("episode", pa.string()),
-        _col("cordoned_by_us", pa.bool_()),
-        _col("human_hold", pa.bool_()),
-        _col("repairs", pa.int32()),
-        _col("last_action", pa.string()),
-        _col("open_checks", STRINGS),
-        SCHEMA,
-    ),
+    columns=columns_of(NodeState, int32=("repairs",)),
     # a target changes state at most once per instant
     key=("target_cluster", "target_kind", "target_name", "ts", "state"),
 )
@@ -276,18 +191,12 @@ ALERTS = TableSpec(
     event=Alert,
     version=1,
     time=attrgetter("ts"),
-    columns=(
-        _col("ts", TIMESTAMP),
-        _col("fingerprint", pa.string()),
-        _col("status", pa.string()),
-        Column("alertname", pa.string(), lambda alert: alert.labels.get("alertname")),
-        Column("severity", pa.string(), lambda alert: alert.labels.get("severity")),
-        _col("labels", LABELS),
-        _col("annotations", LABELS),
-        _col("starts_at", pa.string(), "startsAt"),
-        _col("ends_at", pa.string(), "endsAt"),
-        _col("generator_url", pa.string(), "generatorURL"),
-        SCHEMA,
+    columns=columns_of(
+        Alert,
+        after={"status": (  # the labels people filter on, as columns of their own
+            Column("alertname", pa.string(), lambda alert: alert.labels.get("alertname")),
+            Column("severity", pa.string(), lambda alert: alert.labels.get("severity")),
+        )},
     ),
     key=("fingerprint", "status", "starts_at", "ends_at"),  # as the alert sinks dedupe
     once_in_views=True,
@@ -299,18 +208,7 @@ WITHHELD = TableSpec(
     event=WithheldRecord,
     version=1,
     time=attrgetter("ts"),
-    columns=(
-        _col("ts", TIMESTAMP),
-        _col("withheld_id", pa.string()),
-        _col("proposal_id", pa.string()),
-        _col("kind", pa.string()),
-        *_target(),
-        _col("reason", pa.string()),
-        _col("detail", pa.string()),
-        _col("checks", STRINGS),
-        _col("fatal", pa.bool_()),
-        SCHEMA,
-    ),
+    columns=columns_of(WithheldRecord),
     # a replay re-emits the same id at the same time; a rule that comes back later is a row
     key=("withheld_id", "ts"),
     once_in_views=True,
@@ -322,22 +220,7 @@ CAPACITY = TableSpec(
     event=CapacityEvent,
     version=1,
     time=attrgetter("ts"),
-    columns=(
-        _col("ts", TIMESTAMP),
-        *(_col(name, pa.string()) for name in ("event_id", "provider", "source", "kind")),
-        *(_col(name, pa.string()) for name in ("severity", "region", "zone", "cluster", "pool")),
-        *(_col(name, pa.string()) for name in ("target_kind", "target", "accelerator_type")),
-        Column("quota_metric", pa.string(), _maybe("quota", "metric")),
-        Column("quota_limit", pa.float64(), _maybe("quota", "limit")),
-        Column("quota_usage", pa.float64(), _maybe("quota", "usage")),
-        Column("quota_unit", pa.string(), _maybe("quota", "unit")),
-        Column("window_start", TIMESTAMP, _maybe("window", "start")),
-        Column("window_end", TIMESTAMP, _maybe("window", "end")),
-        Column("window_notice_s", pa.int64(), _maybe("window", "notice_s")),
-        *(_col(name, pa.string()) for name in ("state", "previous_state", "error_code")),
-        _col("message", pa.string()),
-        SCHEMA,
-    ),
+    columns=columns_of(CapacityEvent),
     key=("event_id",),
     once_in_views=True,
 )
@@ -348,18 +231,7 @@ XID = TableSpec(
     event=XidEvent,
     version=2,  # v2: count and last_ts (a storm's repeats coalesced); NULL in v1 files
     time=attrgetter("ts"),
-    columns=(
-        _col("ts", TIMESTAMP),
-        *(_col(name, pa.string()) for name in ("cluster", "node", "pool", "zone", "pci_bus_id")),
-        _col("gpu_index", pa.int32()),
-        _col("uuid", pa.string()),
-        _col("xid", pa.int32()),
-        _col("pid", pa.int64()),
-        *(_col(name, pa.string()) for name in ("process", "job", "message", "source")),
-        _col("count", pa.int64()),  # lines this row stands for
-        _col("last_ts", TIMESTAMP),
-        SCHEMA,
-    ),
+    columns=columns_of(XidEvent),
     once_in_views=True,  # no id: the whole line (node, time, GPU, xid, pid, text) is one
 )
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.lake.columns import columns_of
 from pipeline.lake.tables import TABLES
+from pipeline.model import Action, Event
 
 # name -> (version, "column:arrow type" in order), as the lake wrote them before the derivation
 WRITTEN: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -113,3 +115,18 @@ def test_a_tables_schema_is_the_one_written_before(name: str) -> None:
     assert spec.schema.metadata == {
         b"fleetpulse.table": name.encode(), b"fleetpulse.version": str(version).encode()
     }
+
+
+class _Odd(Event, frozen=True, kw_only=True, tag_field="schema", tag="odd/1"):
+    ts: int
+    blob: bytes
+
+
+def test_a_field_the_lake_cannot_hold_is_named() -> None:
+    with pytest.raises(TypeError, match=r"_Odd\.blob: expected a type the lake can hold"):
+        columns_of(_Odd)
+
+
+def test_a_table_without_its_time_field_is_refused() -> None:
+    with pytest.raises(ValueError, match="expected a time field 'window_start'"):
+        columns_of(Action, time="window_start")
