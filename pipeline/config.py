@@ -71,9 +71,10 @@ class KafkaSettings(Section, frozen=True):
     # key's own record would (the producer asks the broker how many the topic has).
     telemetry_batch: bool = True
     # How FleetPulse's producers compress record batches on the wire (and so on the broker's
-    # disk): zstd (about 4-5x on telemetry batches, bench/bench_compression.py), lz4, gzip,
-    # snappy, or none. Every consumer decompresses whatever it is given, whatever this says;
-    # zstd needs the zstandard (kafka-python) and cramjam (aiokafka, faust) packages.
+    # disk): zstd (17x on the simulator's telemetry, gzip 15x: bench/bench_compression.py),
+    # lz4, gzip, snappy, or none. Every consumer decompresses whatever it is given; zstd needs
+    # the zstandard (kafka-python) and cramjam (aiokafka, faust) packages, lz4 and snappy the
+    # lz4 and python-snappy packages (not installed by default).
     compression: Literal["zstd", "lz4", "gzip", "snappy", "none"] = "zstd"
     # The worker writes its utilization rows (a row per device and window: most of what it
     # writes) as batch records too, one per partition and settled batch, each value JSON and

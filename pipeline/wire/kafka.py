@@ -85,15 +85,20 @@ def producer_kwargs(kafka: KafkaSettings, library: Library = "kafka-python") -> 
 
 # the packages each client library needs for a codec (gzip is in the standard library)
 _CODEC_PACKAGES = {"zstd": ("zstandard", "cramjam"), "lz4": ("lz4", "cramjam"),
-                   "snappy": ("cramjam",)}  # fmt: skip
+                   "snappy": ("snappy", "cramjam")}  # fmt: skip
+
+
+def missing_codec_packages(codec: str) -> list[str]:
+    """The packages a codec needs that this Python lacks."""
+    import importlib.util
+
+    return [n for n in _CODEC_PACKAGES.get(codec, ()) if importlib.util.find_spec(n) is None]
 
 
 def _require_codec(codec: str) -> None:
     """Fail at start, naming the setting and the package, rather than at the first send (or,
     worse, at a consumer that cannot read what this one wrote)."""
-    import importlib.util
-
-    missing = [n for n in _CODEC_PACKAGES.get(codec, ()) if importlib.util.find_spec(n) is None]
+    missing = missing_codec_packages(codec)
     if missing:
         raise ConfigError(
             f"kafka.compression {codec!r} needs the Python package(s) {', '.join(missing)} "
