@@ -62,7 +62,9 @@ class SlurmNode:
 
     @property
     def down(self) -> bool:
-        return self.state == "down" or "NOT_RESPONDING" in self.flags
+        """DOWN (with NOT_RESPONDING once slurmd is silent for SlurmdTimeout). NOT_RESPONDING
+        alone is not down: Slurm sets it on every resumed node until its next ping (`idle*`)."""
+        return self.state == "down"
 
     @property
     def reboot_pending(self) -> bool:

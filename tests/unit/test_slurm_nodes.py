@@ -67,7 +67,8 @@ def test_a_bad_answer_is_an_error_never_an_empty_fleet(raw: str, words: str) -> 
      ("mixed", ["DRAIN"], True, False),  # draining
      ("idle", ["DRAIN", "COMPLETING"], True, False),  # a job still completing
      ("down", ["DRAIN"], False, True),
-     ("idle", ["NOT_RESPONDING"], False, True)],
+     ("down", ["NOT_RESPONDING"], False, True),
+     ("idle", ["NOT_RESPONDING"], False, False)],  # `idle*`: just resumed, not yet pinged
 )
 def test_draining_until_no_job_is_left(state: str, flags: list[str], busy: bool,
                                        down: bool) -> None:  # fmt: skip
