@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pipeline.capacity.state import region_of
+from pipeline.catalog.gcp_prices import BASES, CATALOG, RegionPrice, region_prices
 from pipeline.model import PriceUsed
 
 NEGOTIATED_SOURCE = "capacity.negotiated_prices (this fleet's setting)"
@@ -47,3 +48,24 @@ class PriceBook:
                     location=location,
                 )
         return None
+
+
+def catalog_book(
+    negotiated: Mapping[str, float] | None = None,
+    basis: str = "on-demand",
+    rows: tuple[RegionPrice, ...] | None = None,
+) -> PriceBook:
+    """The book of the dated price catalog (catalog/gcp_prices.csv) per region, with the
+    cheapest region of each type and basis as the "*" fallback, and the fleet's own prices."""
+    prices: dict[tuple[str, str, str], CatalogPrice] = {}
+    for row in region_prices() if rows is None else rows:
+        for column in BASES:
+            usd = row.column(column)
+            if usd is None:
+                continue
+            source = f"{CATALOG}, {row.region}: {row.unit}"
+            prices[(row.type, row.region, column)] = CatalogPrice(usd, source)
+            anywhere = prices.get((row.type, "*", column))
+            if anywhere is None or usd < anywhere.usd_per_hour:
+                prices[(row.type, "*", column)] = CatalogPrice(usd, source)
+    return PriceBook(prices=prices, negotiated=dict(negotiated or {}), basis=basis)
