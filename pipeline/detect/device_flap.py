@@ -18,16 +18,13 @@ absence longer than the window, is a return, not a flap.
 from __future__ import annotations
 
 from pipeline.config import DetectSettings
-from pipeline.detect.episodes import clear_episode, open_episode
+from pipeline.detect.catalog import FLAP_PREFIXES, GPU_FLAP, flap_checks
+from pipeline.detect.emit import Judgement, emit, said
 from pipeline.detect.findings import Book, evidence
 from pipeline.model import Finding
 
-PREFIXES = ("gpu", "tpu.chip")
-
-
-def flap_checks(prefix: str) -> tuple[str, str]:
-    """The first-episode and the persistent check of a device kind."""
-    return f"{prefix}.flap", f"{prefix}.flap.persistent"
+PREFIXES = FLAP_PREFIXES
+__all__ = ["PREFIXES", "came_back", "flap_checks", "settled"]
 
 
 def came_back(
@@ -51,34 +48,22 @@ def came_back(
     returns = [t for t in returns if ts - t <= window_ms] + [ts]
     flap, persistent = flap_checks(prefix)
     away_s = round(away_ms / 1000)
-    found = [
-        open_episode(
-            book,
-            flap,
-            ts,
-            device=device,
-            evidence=evidence("seconds_away", away_s, 0.0, None, settings.device_flap_window_s),
-            message=f"{_name(prefix)} {device} of {book.name} left the scrape for {away_s} s and "
-            "came back: first up/down episode, watched",
-        )
-    ]
+    found: list[Finding] = []
+    first = said(
+        f"{_name(prefix)} {device} of {book.name} left the scrape for {away_s} s and came "
+        "back: first up/down episode, watched",
+        evidence("seconds_away", away_s, 0.0, None, settings.device_flap_window_s),
+    )
+    emit(book, {}, ts, Judgement(flap, device, True, first), settings, found)
     persist = settings.tuned(persistent).device_flap_persist
     if len(returns) >= persist:
-        found.append(
-            open_episode(
-                book,
-                persistent,
-                ts,
-                device=device,
-                evidence=evidence(
-                    "returns", len(returns), persist, None,
-                    settings.device_flap_window_s,
-                ),
-                message=f"{_name(prefix)} {device} of {book.name} keeps dropping out: "
-                f"{len(returns)} returns within {settings.device_flap_window_s} s",
-            )
+        again = said(
+            f"{_name(prefix)} {device} of {book.name} keeps dropping out: {len(returns)} "
+            f"returns within {settings.device_flap_window_s} s",
+            evidence("returns", len(returns), persist, None, settings.device_flap_window_s),
         )
-    return returns, [f for f in found if f is not None]
+        emit(book, {}, ts, Judgement(persistent, device, True, again), settings, found)
+    return returns, found
 
 
 def settled(
@@ -87,14 +72,13 @@ def settled(
     """No return for a whole window: the flapping episode is over."""
     if not returns or ts - returns[-1] <= settings.device_flap_window_s * 1000:
         return returns, []
-    message = f"{_name(prefix)} {device}: no drop-out for {settings.device_flap_window_s} s"
+    quiet = said(f"{_name(prefix)} {device}: no drop-out for {settings.device_flap_window_s} s")
     flap, persistent = flap_checks(prefix)
-    found = [
-        clear_episode(book, persistent, ts, device, message),
-        clear_episode(book, flap, ts, device, message),
-    ]
-    return [], [f for f in found if f is not None]
+    found: list[Finding] = []
+    for check in (persistent, flap):
+        emit(book, {}, ts, Judgement(check, device, False, quiet), settings, found)
+    return [], found
 
 
 def _name(prefix: str) -> str:
-    return "GPU" if prefix == "gpu" else "chip"
+    return "GPU" if prefix == GPU_FLAP else "chip"

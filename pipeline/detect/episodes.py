@@ -25,7 +25,7 @@ import msgspec
 from pipeline.config import DetectSettings
 from pipeline.detect.catalog import spec_of
 from pipeline.detect.findings import Book, clear_check, deepen_check, open_check
-from pipeline.detect.spec import CheckSpec, Unit
+from pipeline.detect.spec import CheckSpec, Persistence, Unit
 from pipeline.model import Evidence, Finding, RecommendedAction, Severity
 
 OPEN, CLEAR = 1, -1
@@ -157,6 +157,28 @@ def rule(settings: DetectSettings, check: str) -> Rule:
     if found is None:
         found = rules[check] = _resolve(settings, spec_of(check))
     return found
+
+
+def timer(settings: DetectSettings, persistence: Persistence, check: str) -> Rule:
+    """A persistence that is not a check's own but one of its conditions' (how long a plain
+    slowdown lasts before it counts as throttling), under `check`'s settings; counted with
+    `step` like a check's, and held while its run is open (`watched`)."""
+    cached = _TIMERS.get((id(settings), id(persistence), check))
+    if cached is not None and cached[0] is settings:
+        return cached[1]
+    if len(_TIMERS) > 64:
+        _TIMERS.clear()
+    tuned = settings.tuned(check)
+    p = persistence
+    found = Rule(
+        _amount(tuned, p.open_after, p.open_unit), p.open_unit == "seconds",
+        _amount(tuned, p.clear_after, p.clear_unit), p.clear_unit == "seconds",
+    )  # fmt: skip
+    _TIMERS[(id(settings), id(persistence), check)] = (settings, found)
+    return found
+
+
+_TIMERS: dict[tuple[int, int, str], tuple[DetectSettings, Rule]] = {}
 
 
 def _resolve(settings: DetectSettings, spec: CheckSpec) -> Rule:

@@ -24,16 +24,18 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import DetectSettings
-from pipeline.detect.episodes import CLEAR, OPEN, Run, clear_episode, open_episode, rule, step
+from pipeline.detect import catalog
+from pipeline.detect.emit import Judgement, Said, emit, said
+from pipeline.detect.episodes import OPEN, Run, rule
 from pipeline.detect.findings import Book, evidence, refresh
 from pipeline.detect.stats import counter_delta
 from pipeline.model import FabricPort, FabricSample, Finding
 
-NIC_MISSING = "fabric.nic.missing"
-PORT_DOWN = "fabric.port.down"
-PORT_FLAP = "fabric.port.flap"
-PORT_FLAP_PERSISTENT = "fabric.port.flap.persistent"
-PORT_ERRORS = "fabric.port.errors"
+NIC_MISSING = catalog.FABRIC_NIC_MISSING
+PORT_DOWN = catalog.FABRIC_PORT_DOWN
+PORT_FLAP = catalog.FABRIC_PORT_FLAP
+PORT_FLAP_PERSISTENT = catalog.FABRIC_PORT_FLAP_PERSISTENT
+PORT_ERRORS = catalog.FABRIC_PORT_ERRORS
 # The checks fabric_localise.py turns into a link or switch verdict.
 ELEMENT_CHECKS = frozenset({PORT_DOWN, PORT_FLAP_PERSISTENT, PORT_ERRORS})
 
@@ -103,13 +105,13 @@ def detect_fabric(
 def _port(
     state: FabricNodeState, port: FabricPort, ts: int, settings: DetectSettings
 ) -> list[Finding]:
-    book, out = state.book, []
+    book, out = state.book, list[Finding]()
     ps = state.ports.get(port.key)
     if ps is None:
         ps = state.ports[port.key] = PortState(nic=port.device)
+    judged = []
     if ps.absent:
-        if ps.absent >= rule(settings, NIC_MISSING).open_after:
-            out.append(clear_episode(book, NIC_MISSING, ts, port.device, f"NIC {port.device} back"))
+        judged.append(Judgement(NIC_MISSING, port.device, False, said(f"NIC {port.device} back")))
         ps.absent = 0
     values = tuple(port.metrics.get(name) for name in COUNTERS)
     deltas = [
@@ -119,14 +121,18 @@ def _port(
     dt_s = (ts - ps.last_ts) / 1000 if ps.last_ts else 0.0
     ps.counters, ps.last_ts = values, ts
     down = _is_down(port.metrics)
-    out += _down(book, ps, port, ts, down, settings)
+    judged.append(_down(book, port, down))
     # A toggle is a down-and-up between scrapes: link_downed steps on the way down, carrier
     # changes count both edges. A port down now is a down, not a flap.
     toggles = 0.0 if down else max(deltas[0], deltas[1] // 2)
-    out += _flaps(book, ps, port, ts, toggles, settings)
+    judged += _flaps(book, ps, port, ts, toggles, settings)
     rate = sum(deltas[2:]) / dt_s if dt_s > 0 else 0.0
-    out += _errors(book, ps, port, ts, rate, down or toggles > 0, settings)
-    return [f for f in out if f is not None]
+    if not (down or toggles > 0):
+        # errors counted while the link went down or toggled belong to that event
+        judged.append(_errors(book, port, rate, settings))
+    for one in judged:
+        emit(book, ps.runs, ts, one, settings, out)
+    return out
 
 
 def _is_down(metrics: dict[str, float]) -> bool:
@@ -138,28 +144,19 @@ def _is_down(metrics: dict[str, float]) -> bool:
     )
 
 
-def _down(
-    book: Book, ps: PortState, port: FabricPort, ts: int, down: bool, settings: DetectSettings
-) -> list[Finding | None]:
-    edge = step(ps.runs, PORT_DOWN, ts, down, rule(settings, PORT_DOWN))
-    if edge == CLEAR:
-        return [clear_episode(book, PORT_DOWN, ts, port.key, f"port {port.key} up again")]
-    if edge != OPEN:
-        return []
-    return [
-        open_episode(
-            book,
-            PORT_DOWN,
-            ts,
-            device=port.key,
-            evidence=evidence(
-                STATE, port.metrics.get(STATE, port.metrics.get(NET_UP)), ACTIVE, None, 0
-            ),
-            message=f"port {port.key} of {book.name} is down (state "
-            f"{port.metrics.get(STATE)}, physical {port.metrics.get(PHYSICAL)}, netdev up "
-            f"{port.metrics.get(NET_UP)}): its cable or switch; localised by the fabric stage",
+def _down(book: Book, port: FabricPort, down: bool) -> Judgement:
+    def say(edge: int) -> Said:
+        if edge != OPEN:
+            return f"port {port.key} up again", None
+        metrics = port.metrics
+        return (
+            f"port {port.key} of {book.name} is down (state {metrics.get(STATE)}, physical "
+            f"{metrics.get(PHYSICAL)}, netdev up {metrics.get(NET_UP)}): its cable or switch; "
+            "localised by the fabric stage",
+            evidence(STATE, metrics.get(STATE, metrics.get(NET_UP)), ACTIVE, None, 0),
         )
-    ]
+
+    return Judgement(PORT_DOWN, port.key, down, say)
 
 
 def _flaps(
@@ -169,103 +166,66 @@ def _flaps(
     ts: int,
     toggles: float,
     settings: DetectSettings,
-) -> list[Finding | None]:
+) -> list[Judgement]:
     window_ms = settings.fabric_flap_window_s * 1000
     if toggles > 0:
         ps.flaps.append(ts)
     ps.flaps = [t for t in ps.flaps if ts - t <= window_ms]
-    out: list[Finding | None] = []
     if toggles > 0:
-        out.append(
-            open_episode(
-                book,
-                PORT_FLAP,
-                ts,
-                device=port.key,
-                evidence=evidence(LINK_DOWNED, toggles, 0.0, None, settings.fabric_flap_window_s),
-                message=f"port {port.key} of {book.name} went down and up ({toggles:.0f} "
-                "toggles): first flapping episode, watched",
-            )
+        first = said(
+            f"port {port.key} of {book.name} went down and up ({toggles:.0f} toggles): first "
+            "flapping episode, watched",
+            evidence(LINK_DOWNED, toggles, 0.0, None, settings.fabric_flap_window_s),
         )
+        judged = [Judgement(PORT_FLAP, port.key, True, first)]
         persist = settings.tuned(PORT_FLAP_PERSISTENT).fabric_flap_persist
         if len(ps.flaps) >= persist:
-            out.append(
-                open_episode(
-                    book,
-                    PORT_FLAP_PERSISTENT,
-                    ts,
-                    device=port.key,
-                    evidence=evidence(
-                        "flapping_scrapes",
-                        len(ps.flaps),
-                        persist,
-                        None,
-                        settings.fabric_flap_window_s,
-                    ),
-                    message=f"port {port.key} of {book.name} keeps flapping: toggles in "
-                    f"{len(ps.flaps)} scrapes within {settings.fabric_flap_window_s} s",
-                )
-            )
-    elif not ps.flaps and book.open:  # no toggle for a whole window: the episode is over
-        for check in (PORT_FLAP, PORT_FLAP_PERSISTENT):
-            out.append(clear_episode(book, check, ts, port.key, f"port {port.key} stable again"))
-    return out
+            again = said(
+                f"port {port.key} of {book.name} keeps flapping: toggles in {len(ps.flaps)} "
+                f"scrapes within {settings.fabric_flap_window_s} s",
+                evidence("flapping_scrapes", len(ps.flaps), persist, None,
+                         settings.fabric_flap_window_s),
+            )  # fmt: skip
+            judged.append(Judgement(PORT_FLAP_PERSISTENT, port.key, True, again))
+        return judged
+    if not ps.flaps and book.open:  # no toggle for a whole window: the episode is over
+        stable = said(f"port {port.key} stable again")
+        return [Judgement(check, port.key, False, stable) for check in (PORT_FLAP,
+                                                                        PORT_FLAP_PERSISTENT)]
+    return []
 
 
-def _errors(
-    book: Book,
-    ps: PortState,
-    port: FabricPort,
-    ts: int,
-    rate: float,
-    link_event: bool,
-    settings: DetectSettings,
-) -> list[Finding | None]:
-    """Errors on a link that stays up: a failing optic or dirty connector. Errors counted while
-    the link went down or toggled belong to that event, not to gray loss."""
-    if link_event:
-        return []
+def _errors(book: Book, port: FabricPort, rate: float, settings: DetectSettings) -> Judgement:
+    """Errors on a link that stays up: a failing optic or dirty connector."""
     limit = settings.tuned(PORT_ERRORS).fabric_errors_per_s
-    bad = rate >= limit
-    edge = step(ps.runs, PORT_ERRORS, ts, bad, rule(settings, PORT_ERRORS))
-    if edge == CLEAR:
-        return [clear_episode(book, PORT_ERRORS, ts, port.key, f"port {port.key} errors stopped")]
-    if edge != OPEN:
-        return []
-    return [
-        open_episode(
-            book,
-            PORT_ERRORS,
-            ts,
-            device=port.key,
-            evidence=evidence("port_errors_per_s", rate, limit, None, 0),
-            message=f"port {port.key} of {book.name}: {rate:.2f} symbol/receive/recovery "
-            "errors per second with the link up: silent gray loss on its cable or optic",
+
+    def say(edge: int) -> Said:
+        if edge != OPEN:
+            return f"port {port.key} errors stopped", None
+        return (
+            f"port {port.key} of {book.name}: {rate:.2f} symbol/receive/recovery errors per "
+            "second with the link up: silent gray loss on its cable or optic",
+            evidence("port_errors_per_s", rate, limit, None, 0),
         )
-    ]
+
+    return Judgement(PORT_ERRORS, port.key, rate >= limit, say)
 
 
 def _absent(
     state: FabricNodeState, seen: set[str], ts: int, settings: DetectSettings
 ) -> list[Finding]:
-    out = []
+    out: list[Finding] = []
+    missing = rule(settings, NIC_MISSING).open_after
     for key, ps in state.ports.items():
         if key in seen:
             continue
         ps.absent += 1
-        if ps.absent != rule(settings, NIC_MISSING).open_after:
-            continue
-        finding = open_episode(
-            state.book,
-            NIC_MISSING,
-            ts,
-            device=ps.nic,
-            evidence=evidence(
-                "ports_reporting", len(seen), len(state.ports), None, 0
-            ),
-            message=f"NIC {ps.nic} (port {key}) of {state.book.name} gone from "
-            f"{ps.absent} scrapes while the node reports: the NIC failed",
+        if ps.absent != missing:
+            continue  # the absence count is the check's window (catalog)
+        gone = said(
+            f"NIC {ps.nic} (port {key}) of {state.book.name} gone from {ps.absent} scrapes while "
+            "the node reports: the NIC failed",
+            evidence("ports_reporting", len(seen), len(state.ports), None, 0),
         )
-        if finding is not None:
-            out.append(finding)
+        emit(state.book, ps.runs, ts, Judgement(NIC_MISSING, ps.nic, True, gone), settings, out)
     return out

@@ -30,8 +30,9 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import DetectSettings
-from pipeline.detect.catalog import spec_of
-from pipeline.detect.fabric import ELEMENT_CHECKS, PORT_DOWN, PORT_ERRORS, PORT_FLAP_PERSISTENT
+from pipeline.detect.catalog import FABRIC_SWITCH_DOWN, LINK_OF_PORT, SWITCH_SHORT, spec_of
+from pipeline.detect.episodes import OPEN, Rule, Run, step, timer
+from pipeline.detect.fabric import ELEMENT_CHECKS
 from pipeline.detect.findings import evidence
 from pipeline.ids import stable_id
 from pipeline.model import (
@@ -44,12 +45,9 @@ from pipeline.model import (
     Target,
 )
 
-SWITCH_DOWN = "fabric.switch.down"
-LINK_CHECKS = {
-    PORT_DOWN: "fabric.link.down",
-    PORT_FLAP_PERSISTENT: "fabric.link.flapping",
-    PORT_ERRORS: "fabric.link.errors",
-}
+SWITCH_DOWN = FABRIC_SWITCH_DOWN
+LINK_CHECKS = LINK_OF_PORT  # the link verdict of each port check
+SHORT = "short"  # the run of a switch's troubles being of too few nodes
 
 
 class Trouble(msgspec.Struct, kw_only=True, gc=False):
@@ -79,9 +77,9 @@ class Element(msgspec.Struct, kw_only=True, gc=False):
     pool: str
     zone: str
     members: list[str] = []  # trouble keys it explains
-    # a switch's: since when its troubles are of fewer than `fabric_switch_min_nodes` nodes
-    # (0: they are not)
-    short_since: int = 0
+    # a switch's: the run of its troubles being those of fewer than `fabric_switch_min_nodes`
+    # nodes (catalog.SWITCH_SHORT)
+    runs: dict[str, Run] = {}
 
 
 class FabricFleetState(msgspec.Struct, kw_only=True):
@@ -160,7 +158,8 @@ def _judge(state: FabricFleetState, now: int, settings: DetectSettings, dry_run:
         findings += f
         actions += a
     # after the troubles that joined an open switch did (they may give it its quorum back)
-    findings += _unsupported_switches(state, now, window_ms, min_nodes)
+    short_for = timer(settings, SWITCH_SHORT, SWITCH_DOWN)
+    findings += _unsupported_switches(state, now, short_for, min_nodes)
     for key, trouble in sorted(state.troubles.items()):
         if trouble.element is None and now - trouble.ts >= window_ms:
             name = f"{trouble.node}:{trouble.port}"
@@ -172,18 +171,15 @@ def _judge(state: FabricFleetState, now: int, settings: DetectSettings, dry_run:
 
 
 def _unsupported_switches(
-    state: FabricFleetState, now: int, window_ms: int, min_nodes: int
+    state: FabricFleetState, now: int, short_for: Rule, min_nodes: int
 ) -> list[Finding]:
     """Clear the switch verdicts whose troubles have been those of fewer than `min_nodes`
-    nodes for `window_ms`, and free those troubles to be judged again (as links, unless a
-    switch pattern forms anew)."""
+    nodes for `short_for` (catalog.SWITCH_SHORT), and free those troubles to be judged again
+    (as links, unless a switch pattern forms anew)."""
     findings = []
     for key, element in sorted(state.elements.items()):
-        if not _short(state, element, min_nodes):
-            element.short_since = 0
-            continue
-        element.short_since = element.short_since or now
-        if now - element.short_since < window_ms:
+        short = _short(state, element, min_nodes)
+        if step(element.runs, SHORT, now, short, short_for) != OPEN:
             continue
         del state.elements[key]
         for member in element.members:

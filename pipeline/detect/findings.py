@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from pipeline.detect.catalog import HEARTBEAT, spec_of
 from pipeline.ids import stable_id
 from pipeline.model import (
     Entity,
@@ -26,7 +27,6 @@ from pipeline.model import (
     XidEvent,
 )
 
-HEARTBEAT = "heartbeat"
 FOREVER = 2**62
 
 
@@ -188,18 +188,20 @@ def clear_check(
 
 
 def heartbeat(book: Book, ts: int, every_s: int) -> Finding | None:
-    """The health machine's event-time clock: at most one per target per `every_s`."""
+    """The health machine's event-time clock (the catalog's `heartbeat`): at most one per
+    target per `every_s`."""
     if book.last_heartbeat and ts - book.last_heartbeat < every_s * 1000:
         return None
     book.last_heartbeat = ts
+    spec = spec_of(HEARTBEAT)
     return Finding(
         finding_id=finding_id(book, None, HEARTBEAT, ts, healthy=True),
         ts=ts,
         entity=Entity(kind="slice" if book.kind == "slice" else "node", target=target_of(book)),
         check=HEARTBEAT,
-        severity="info",
+        severity=spec.severity,
         healthy=True,
-        recommended_action="none",
+        recommended_action=spec.action,
         message=f"{book.kind} {book.name} reporting; {len(book.open)} open checks",
     )
 

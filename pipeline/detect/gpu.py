@@ -17,52 +17,23 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import DetectSettings
+from pipeline.detect import catalog
 from pipeline.detect.announce import announced
 from pipeline.detect.device_flap import came_back, settled
-from pipeline.detect.episodes import Run, clear_episode, open_episode, rule
+from pipeline.detect.emit import Judgement, Said, clear_device, emit, said
+from pipeline.detect.episodes import rule
 from pipeline.detect.findings import Book, evidence, heartbeat, refresh
-from pipeline.detect.gpu_context import Ctx, Peers, View
+from pipeline.detect.gpu_context import Ctx, GpuDevice, Peers, View
 from pipeline.detect.gpu_counters import counter_rules
 from pipeline.detect.gpu_gauges import gauge_rules
 from pipeline.detect.plausible import unread
-from pipeline.detect.stats import Baseline, alpha_for, median, median_mad
+from pipeline.detect.stats import alpha_for, median, median_mad
 from pipeline.model import Finding, GpuSample
 
-NODE_STALE = "node.stale"
-NODE_DOWN = "node.down"
-GPU_MISSING = "gpu.missing"
-
-
-class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
-    """What the detector remembers about one GPU of a node."""
-
-    uuid: str = ""
-    last_ts: int = 0
-    absent: int = 0  # consecutive scrapes of the node without this GPU
-    returns: list[int] = []  # ts of recent returns after an absence (device_flap.py)
-    temp_offset: Baseline = msgspec.field(default_factory=Baseline)  # temp - peer median
-    clock_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
-    clock_own: Baseline = msgspec.field(default_factory=Baseline)  # own SM clock, this job
-    clock_job: str | None = None  # the job clock_own was learned on
-    slow_since: int = 0  # start of a run of clock drops without hardware evidence
-    power_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
-    raw: tuple[float | None, ...] = ()  # last counter and flag fields (gpu_metrics.RAW_FIELDS)
-    at_rest: bool = False  # no counter check open or counting: unchanged fields need no work
-    was_busy: bool = False
-    thermal_reasons: bool = False  # last throttle reasons: thermal or hardware slowdown
-    slowdown_reasons: bool = False  # ... hardware slowdown (HW thermal, power brake)
-    runs: dict[str, Run] = {}  # per check: its bad or clearing stretch (episode engine)
-    nvlink_hits: list[int] = []  # ts of recent scrapes with new NVLink errors
-    pcie_hits: list[tuple[int, float]] = []  # (ts, replays) of recent scrapes with replays
-    sbe_hour: float = 0.0  # SBE count decaying with a one-hour half-life ...
-    sbe_ts: int = 0  # ... as of this time
-    wake_ts: int = 0  # when a counter window or quiet period ends (0: none pending)
-    last_dbe_ts: int = 0
-    last_rows_ts: int = 0
-    best_gen: float = 0.0
-    best_width: float = 0.0
-    slow_jobs: list[str] = []  # jobs during which it drew less power than its peers
-    normal_busy: int = 0  # busy scrapes since it last looked slow
+NODE_STALE = catalog.NODE_STALE
+NODE_DOWN = catalog.NODE_DOWN
+GPU_MISSING = catalog.GPU_MISSING
+__all__ = ["GpuDevice", "GpuNodeState", "check_stale_gpu", "detect_gpu", "new_gpu_state"]
 
 
 class GpuNodeState(msgspec.Struct, kw_only=True):
@@ -93,9 +64,10 @@ def detect_gpu(
     ctx = Ctx(
         book, sample.ts, settings, alpha_for(settings.half_life_samples), state.interval_ms / 1000.0
     )
-    if book.open:
+    if book.open:  # the silence is over
+        back = said(f"node {book.name} reporting")
         for check in (NODE_STALE, NODE_DOWN):
-            ctx.emit(clear_episode(book, check, sample.ts, None, f"node {book.name} reporting"))
+            emit(book, {}, sample.ts, Judgement(check, None, False, back), settings, ctx.out)
     # a GPU whose every metric reads 0 is listed (not missing) but unread (detect/plausible.py)
     seen = {r.device for r in sample.gpus if unread(r.metrics) and r.device in state.devices}
     views = [
@@ -112,7 +84,8 @@ def detect_gpu(
         dev = _device(state, view, ctx)
         if dev.returns:
             dev.returns, done = settled(
-                book, dev.returns, ctx.ts, prefix="gpu", device=view.device, settings=settings
+                book, dev.returns, ctx.ts, prefix=catalog.GPU_FLAP, device=view.device,
+                settings=settings,
             )
             ctx.out += done
         dt_ms = sample.ts - dev.last_ts if dev.last_ts else 0
@@ -150,25 +123,14 @@ def check_stale_gpu(
         note = announced(state.book, start_ts)  # deleted, drained or maintained on purpose?
         if note is not None and check == NODE_DOWN:
             break
-        finding = open_episode(
-            state.book,
-            check,
-            now_ms,
-            device=None,
-            announced=note is not None,
-            start_ts=start_ts,
-            evidence=evidence(
-                "seconds_since_last_scrape",
-                silent_ms / 1000,
-                state.interval_ms / 1000,
-                None,
-                limit_ms / 1000,
-            ),
-            message=f"node {state.book.name} has not reported for {silent_ms / 1000:.0f} s"
-            + (f", as announced ({note.reason})" if note else ""),
+        proof = evidence("seconds_since_last_scrape", silent_ms / 1000, state.interval_ms / 1000,
+                         None, limit_ms / 1000)  # fmt: skip
+        message = f"node {state.book.name} has not reported for {silent_ms / 1000:.0f} s" + (
+            f", as announced ({note.reason})" if note else ""
         )
-        if finding is not None:
-            out.append(finding)
+        silent = Judgement(check, None, True, said(message, proof), start_ts=start_ts,
+                           announced=note is not None)  # fmt: skip
+        emit(state.book, {}, now_ms, silent, settings, out)
     return state, out
 
 
@@ -186,37 +148,19 @@ def _device(state: GpuNodeState, view: View, ctx: Ctx) -> GpuDevice:
     dev = state.devices.get(view.device)
     if dev is not None and dev.uuid == view.uuid:
         if dev.absent:
-            if dev.absent >= rule(ctx.settings, GPU_MISSING).open_after:
-                ctx.emit(
-                    clear_episode(
-                        ctx.book,
-                        GPU_MISSING,
-                        ctx.ts,
-                        view.device,
-                        f"GPU {view.device} reporting again",
-                    )
-                )
+            back = said(f"GPU {view.device} reporting again")
+            ctx.judge(dev, Judgement(GPU_MISSING, view.device, False, back))
             dev.returns, flaps = came_back(
                 ctx.book, dev.returns, ctx.ts, ctx.ts - dev.last_ts,
                 scrapes_away=dev.absent, interval_ms=ctx.interval_s * 1000,
-                prefix="gpu", device=view.device, settings=ctx.settings,
+                prefix=catalog.GPU_FLAP, device=view.device, settings=ctx.settings,
             )
             ctx.out += flaps
             dev.absent = 0
         return dev
     if dev is not None:  # another GPU in that slot: the old one's findings no longer apply
-        for key, episode in list(ctx.book.open.items()):
-            if episode.device == view.device:
-                ctx.emit(
-                    clear_episode(
-                        ctx.book,
-                        episode.check,
-                        ctx.ts,
-                        view.device,
-                        f"GPU {view.device} replaced ({view.uuid})",
-                        key=key,
-                    )
-                )
+        message = f"GPU {view.device} replaced ({view.uuid})"
+        clear_device(ctx.book, ctx.ts, view.device, message, ctx.out)
     dev = GpuDevice(uuid=view.uuid)
     state.devices[view.device] = dev
     return dev
@@ -225,28 +169,23 @@ def _device(state: GpuNodeState, view: View, ctx: Ctx) -> GpuDevice:
 def _absent(state: GpuNodeState, seen: set[str], ctx: Ctx) -> None:
     if len(seen) == len(state.devices):
         return
+    missing = rule(ctx.settings, GPU_MISSING).open_after
     for device, dev in state.devices.items():
         if device in seen:
             continue
         dev.absent += 1
-        if dev.absent == rule(ctx.settings, GPU_MISSING).open_after:
-            ctx.emit(
-                open_episode(
-                    ctx.book,
-                    GPU_MISSING,
-                    ctx.ts,
-                    device=device,
-                    evidence=evidence(
-                        "gpus_reporting",
-                        len(seen),
-                        len(state.devices),
-                        None,
-                        rule(ctx.settings, GPU_MISSING).open_after * ctx.interval_s,
-                    ),
-                    message=f"GPU {device} ({dev.uuid}) missing from {dev.absent} scrapes while "
-                    f"the node reports",
-                )
-            )
+        if dev.absent != missing:
+            continue  # the absence count is the check's window (catalog: gpu.missing)
+
+        def say(_edge: int, device: str = device, dev: GpuDevice = dev) -> Said:
+            return (
+                f"GPU {device} ({dev.uuid}) missing from {dev.absent} scrapes while the node "
+                "reports",
+                evidence("gpus_reporting", len(seen), len(state.devices), None,
+                         missing * ctx.interval_s),
+            )  # fmt: skip
+
+        ctx.judge(dev, Judgement(GPU_MISSING, device, True, say))
 
 
 def _peer_groups(views: list[View], peer_min: int) -> dict[str, Peers]:

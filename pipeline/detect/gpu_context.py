@@ -1,20 +1,51 @@
-"""What the per-GPU rules share: the scrape context, a GPU's view of the scrape, its peers,
-and the GPU rules' way into the episode engine."""
+"""What the per-GPU rules share: what is remembered of a GPU, the scrape context, a GPU's view
+of the scrape, its peers, and the GPU rules' judgements (emitted by emit.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from pipeline.detect import episodes
+import msgspec
+
+from pipeline.config import DetectSettings
+from pipeline.detect import emit, episodes
 from pipeline.detect import gpu_metrics as gm
-from pipeline.detect.episodes import CLEAR, OPEN, clear_episode, deepen_episode, open_episode
-from pipeline.detect.findings import evidence
+from pipeline.detect.emit import Judgement, Said
+from pipeline.detect.episodes import OPEN, Run
+from pipeline.detect.findings import Book, evidence
+from pipeline.detect.stats import Baseline
 from pipeline.model import Finding, RecommendedAction
 
-if TYPE_CHECKING:
-    from pipeline.config import DetectSettings
-    from pipeline.detect.findings import Book
-    from pipeline.detect.gpu import GpuDevice
+
+class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
+    """What the detector remembers about one GPU of a node."""
+
+    uuid: str = ""
+    last_ts: int = 0
+    absent: int = 0  # consecutive scrapes of the node without this GPU
+    returns: list[int] = []  # ts of recent returns after an absence (device_flap.py)
+    temp_offset: Baseline = msgspec.field(default_factory=Baseline)  # temp - peer median
+    clock_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
+    clock_own: Baseline = msgspec.field(default_factory=Baseline)  # own SM clock, this job
+    clock_job: str | None = None  # the job clock_own was learned on
+    power_gap: Baseline = msgspec.field(default_factory=Baseline)  # relative deficit to peers
+    raw: tuple[float | None, ...] = ()  # last counter and flag fields (gpu_metrics.RAW_FIELDS)
+    at_rest: bool = False  # no counter check open or counting: unchanged fields need no work
+    was_busy: bool = False
+    thermal_reasons: bool = False  # last throttle reasons: thermal or hardware slowdown
+    slowdown_reasons: bool = False  # ... hardware slowdown (HW thermal, power brake)
+    runs: dict[str, Run] = {}  # per check: its bad or clearing stretch (episode engine)
+    nvlink_hits: list[int] = []  # ts of recent scrapes with new NVLink errors
+    pcie_hits: list[tuple[int, float]] = []  # (ts, replays) of recent scrapes with replays
+    sbe_hour: float = 0.0  # SBE count decaying with a one-hour half-life ...
+    sbe_ts: int = 0  # ... as of this time
+    wake_ts: int = 0  # when a counter window or quiet period ends (0: none pending)
+    last_dbe_ts: int = 0
+    last_rows_ts: int = 0
+    best_gen: float = 0.0
+    best_width: float = 0.0
+    slow_jobs: list[str] = []  # jobs during which it drew less power than its peers
+    normal_busy: int = 0  # busy scrapes since it last looked slow
 
 
 class Ctx:
@@ -32,6 +63,10 @@ class Ctx:
     def emit(self, finding: Finding | None) -> None:
         if finding is not None:
             self.out.append(finding)
+
+    def judge(self, dev: GpuDevice, judged: Judgement) -> bool | None:
+        """Emit a rule's judgement of one GPU; returns its verdict."""
+        return emit.emit(self.book, dev.runs, self.ts, judged, self.settings, self.out)
 
 
 class Peers:
@@ -91,49 +126,36 @@ class View:
         return self.temp is not None or self.clock is not None or self.power is not None
 
 
-def step(ctx: Ctx, dev: GpuDevice, check: str, bad: bool) -> int:
-    """Feed one verdict of a check on a device to the episode engine: OPEN, CLEAR or 0; the
-    caller builds the finding only then (messages cost time)."""
-    if not bad and check not in dev.runs:
-        return 0  # the common case: healthy for a while already
-    return episodes.step(dev.runs, check, ctx.ts, bad, episodes.rule(ctx.settings, check))
-
-
-def edge(
+def verdict(
     ctx: Ctx,
-    transition: int,
     device: str,
     check: str,
+    bad: bool,
     *,
     metric: str,
     value: float | None,
     baseline: float | None,
     score: float | None,
-    message: str,
+    message: Callable[[], str],
     action: RecommendedAction | None = None,
-) -> None:
-    """Emit the finding of an OPEN or CLEAR transition returned by `step`; the evidence
-    window is the check's persistence."""
-    persist = episodes.rule(ctx.settings, check).open_after
-    proof = evidence(metric, value, baseline, score, persist * ctx.interval_s)
-    if transition == OPEN:
-        ctx.emit(
-            open_episode(
-                ctx.book,
-                check,
-                ctx.ts,
-                device=device,
-                action=action,
-                message=f"GPU {device}: {message}",
-                evidence=proof,
-            )
-        )
-    elif transition == CLEAR:
-        ctx.emit(
-            clear_episode(
-                ctx.book, check, ctx.ts, device, f"GPU {device}: {check} back to normal", proof
-            )
-        )
+) -> Judgement:
+    """A GPU rule's verdict on a check whose persistence the engine counts; its findings'
+    evidence window is that persistence, and `message` is only built if an episode opens."""
+
+    def say(edge: int) -> Said:
+        persist = episodes.rule(ctx.settings, check).open_after
+        proof = evidence(metric, value, baseline, score, persist * ctx.interval_s)
+        if edge == OPEN:
+            return f"GPU {device}: {message()}", proof
+        return f"GPU {device}: {check} back to normal", proof
+
+    return Judgement(check, device, bad, say, action=action)
+
+
+def unjudged(device: str, check: str) -> Judgement:
+    """Nothing to judge (idle, no peers, no value) counts towards clearing, so a repaired GPU
+    that sits idle on a cordoned node does not keep its old finding open forever."""
+    return Judgement(check, device, False, lambda _: (f"GPU {device}: {check} cleared", None))
 
 
 def deepen(
@@ -141,29 +163,15 @@ def deepen(
     what: str, unit: str,
 ) -> None:
     """Announce an open episode of `check` again once `value` (lower is worse) has fallen a
-    further `frac` below the level it held, for the check's persistence (episodes.deepened)."""
-    if check not in dev.runs:
-        return  # the common case: no episode at all
-    rule = episodes.rule(ctx.settings, check)
-    fell_from = episodes.deepened(dev.runs, check, ctx.ts, value, frac, rule)
-    if fell_from is None:
-        return
-    fall = (fell_from - value) / fell_from
-    ctx.emit(
-        deepen_episode(
-            ctx.book,
-            check,
-            ctx.ts,
-            device=device,
-            evidence=evidence(metric, value, fell_from, fall, rule.open_after * ctx.interval_s),
-            message=f"GPU {device}: {check} worse: {what} {value:.0f} {unit}, a further "
+    further `frac` below the level it held, for the check's persistence (emit.deepen)."""
+
+    def say(fell_from: float) -> Said:
+        fall = (fell_from - value) / fell_from
+        window_s = episodes.rule(ctx.settings, check).open_after * ctx.interval_s
+        return (
+            f"GPU {device}: {check} worse: {what} {value:.0f} {unit}, a further "
             f"{100 * fall:.0f} % below the {fell_from:.0f} {unit} it held in this episode",
+            evidence(metric, value, fell_from, fall, window_s),
         )
-    )
 
-
-def unjudged(ctx: Ctx, dev: GpuDevice, device: str, check: str) -> None:
-    # Nothing to judge (idle, no peers, no value) counts towards clearing, so a repaired GPU
-    # that sits idle on a cordoned node does not keep its old finding open forever.
-    if step(ctx, dev, check, False) == CLEAR:
-        ctx.emit(clear_episode(ctx.book, check, ctx.ts, device, f"GPU {device}: {check} cleared"))
+    emit.deepen(ctx.book, dev.runs, ctx.ts, ctx.settings, check, device, value, frac, say, ctx.out)

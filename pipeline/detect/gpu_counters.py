@@ -8,28 +8,26 @@ counter that drops was reset (driver reload, GPU reset): it counts from zero aga
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from pipeline.detect import catalog
 from pipeline.detect import gpu_metrics as gm
-from pipeline.detect.episodes import clear_episode, counting, open_episode, rule
-from pipeline.detect.findings import evidence, is_open
-from pipeline.detect.gpu_context import Ctx, View, edge, step
+from pipeline.detect.emit import Judgement, Said
+from pipeline.detect.episodes import OPEN, counting, rule
+from pipeline.detect.findings import evidence
+from pipeline.detect.gpu_context import Ctx, GpuDevice, View, verdict
 from pipeline.detect.stats import counter_delta
 
-if TYPE_CHECKING:
-    from pipeline.detect.gpu import GpuDevice
-
 HOUR_MS = 3_600_000
-DBE = "gpu.ecc.dbe"
-SBE = "gpu.ecc.sbe_rate"
-REMAP_FAILURE = "gpu.row_remap.failure"
-REMAP_PENDING = "gpu.row_remap.pending"
-PCIE_REPLAY = "gpu.pcie.replay_rate"
-PCIE_DOWNGRADE = "gpu.pcie.link_downgrade"
-NVLINK = "gpu.nvlink.crc_rate"
-RECOVERY = "gpu.recovery_action"
+DBE = catalog.GPU_ECC_DBE
+SBE = catalog.GPU_ECC_SBE
+REMAP_FAILURE = catalog.GPU_REMAP_FAILURE
+REMAP_PENDING = catalog.GPU_REMAP_PENDING
+PCIE_REPLAY = catalog.GPU_PCIE_REPLAY
+PCIE_DOWNGRADE = catalog.GPU_PCIE_DOWNGRADE
+NVLINK = catalog.GPU_NVLINK
+RECOVERY = catalog.GPU_RECOVERY_ACTION
 STEPPED_CHECKS = (REMAP_FAILURE, REMAP_PENDING, PCIE_DOWNGRADE, RECOVERY)
-THROTTLE = "gpu.clock.throttle"  # gpu_gauges.CLOCK: the check the thermal evidence serves
+THROTTLE = catalog.GPU_CLOCK_THROTTLE  # gpu_gauges.CLOCK: the check the thermal evidence serves
 
 
 class Signs:
@@ -107,22 +105,21 @@ def _settle(ctx: Ctx, dev: GpuDevice) -> None:
 def _dbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
     # Uncorrectable ECC is a hard fault at the first count; it clears after a quiet spell
     # (the volatile counter also resets with the GPU reset that repairs it).
+    bad: bool | None = None
     if new > 0:
-        dev.last_dbe_ts = ctx.ts
-        if not is_open(ctx.book, DBE, device):
-            ctx.emit(
-                open_episode(
-                    ctx.book,
-                    DBE,
-                    ctx.ts,
-                    device=device,
-                    evidence=evidence(gm.DBE, new, 0.0, None, 0),
-                    message=f"GPU {device}: {new:g} new double-bit (uncorrectable) ECC errors",
-                )
-            )
+        dev.last_dbe_ts, bad = ctx.ts, True
     elif dev.last_dbe_ts and ctx.ts - dev.last_dbe_ts >= quiet_ms(ctx, DBE):
-        dev.last_dbe_ts = 0
-        ctx.emit(clear_episode(ctx.book, DBE, ctx.ts, device, f"GPU {device}: no new DBE"))
+        dev.last_dbe_ts, bad = 0, False
+
+    def say(edge: int) -> Said:
+        if edge == OPEN:
+            return (
+                f"GPU {device}: {new:g} new double-bit (uncorrectable) ECC errors",
+                evidence(gm.DBE, new, 0.0, None, 0),
+            )
+        return f"GPU {device}: no new DBE", None
+
+    ctx.judge(dev, Judgement(DBE, device, bad, say))
 
 
 def quiet_ms(ctx: Ctx, check: str) -> int:
@@ -139,19 +136,11 @@ def _row_remap(
     new_rows: float,
 ) -> None:
     if failure is not None:
-        transition = step(ctx, dev, REMAP_FAILURE, failure >= 1)
-        if transition:
-            edge(
-                ctx,
-                transition,
-                device,
-                REMAP_FAILURE,
-                metric=gm.REMAP_FAILURE,
-                value=failure,
-                baseline=0.0,
-                score=None,
-                message="row remapping failed: no spare rows left (RMA candidate)",
-            )
+        ctx.judge(dev, verdict(
+            ctx, device, REMAP_FAILURE, failure >= 1, metric=gm.REMAP_FAILURE, value=failure,
+            baseline=0.0, score=None,
+            message=lambda: "row remapping failed: no spare rows left (RMA candidate)",
+        ))  # fmt: skip
     if new_rows > 0:
         dev.last_rows_ts = ctx.ts
     quiet = quiet_ms(ctx, REMAP_PENDING)
@@ -161,19 +150,10 @@ def _row_remap(
         pending = dev.last_rows_ts > 0 and ctx.ts - dev.last_rows_ts < quiet
     if not pending and dev.last_rows_ts and ctx.ts - dev.last_rows_ts >= quiet:
         dev.last_rows_ts = 0
-    transition = step(ctx, dev, REMAP_PENDING, pending)
-    if transition:
-        edge(
-            ctx,
-            transition,
-            device,
-            REMAP_PENDING,
-            metric=gm.REMAP_PENDING,
-            value=flag,
-            baseline=0.0,
-            score=new_rows,
-            message="row remap pending: a GPU reset applies it",
-        )
+    ctx.judge(dev, verdict(
+        ctx, device, REMAP_PENDING, pending, metric=gm.REMAP_PENDING, value=flag, baseline=0.0,
+        score=new_rows, message=lambda: "row remap pending: a GPU reset applies it",
+    ))  # fmt: skip
 
 
 def _pcie(
@@ -196,29 +176,20 @@ def _pcie(
             hits.pop(0)
     total = sum(count for _, count in hits)
     replaying = total >= s.pcie_replays
-    if replaying and not is_open(ctx.book, PCIE_REPLAY, view.device):
-        ctx.emit(
-            open_episode(
-                ctx.book,
-                PCIE_REPLAY,
-                ctx.ts,
-                device=view.device,
-                evidence=evidence(
-                    gm.PCIE_REPLAY, total, s.pcie_replays, total / s.pcie_replays, s.pcie_window_s
-                ),
-                message=f"GPU {view.device}: {total:g} PCIe replays in {s.pcie_window_s} s",
-            )
-        )
-    elif not hits:
-        ctx.emit(
-            clear_episode(
-                ctx.book,
-                PCIE_REPLAY,
-                ctx.ts,
-                view.device,
-                f"GPU {view.device}: no PCIe replays for {s.pcie_window_s} s",
-            )
-        )
+    device = view.device
+
+    def say(edge: int) -> Said:
+        if edge == OPEN:
+            return (
+                f"GPU {device}: {total:g} PCIe replays in {s.pcie_window_s} s",
+                evidence(gm.PCIE_REPLAY, total, s.pcie_replays, total / s.pcie_replays,
+                         s.pcie_window_s),
+            )  # fmt: skip
+        return f"GPU {device}: no PCIe replays for {s.pcie_window_s} s", None
+
+    # opens when the window's sum reaches the limit, clears when the window holds no replay
+    ctx.judge(dev, Judgement(PCIE_REPLAY, device, True if replaying else None if hits else False,
+                             say))  # fmt: skip
     if gen is None and width is None:
         return replaying
     # Links train down in gen when idle (power saving), never in width: judge gen only busy.
@@ -228,19 +199,11 @@ def _pcie(
         dev.best_width = width
     if view.busy and gen is not None and gen > dev.best_gen:
         dev.best_gen = gen
-    transition = step(ctx, dev, PCIE_DOWNGRADE, downgraded)
-    if transition:
-        edge(
-            ctx,
-            transition,
-            view.device,
-            PCIE_DOWNGRADE,
-            metric=gm.PCIE_WIDTH,
-            value=width,
-            baseline=dev.best_width,
-            score=gen,
-            message=f"PCIe link below its best (gen {gen}, width {width})",
-        )
+    ctx.judge(dev, verdict(
+        ctx, device, PCIE_DOWNGRADE, downgraded, metric=gm.PCIE_WIDTH, value=width,
+        baseline=dev.best_width, score=gen,
+        message=lambda: f"PCIe link below its best (gen {gen}, width {width})",
+    ))  # fmt: skip
     return replaying or downgraded
 
 
@@ -248,21 +211,12 @@ def _recovery(ctx: Ctx, dev: GpuDevice, device: str, code: float | None) -> None
     """The driver's own verdict (NVML recovery action, XID 154's payload): act on it."""
     if code is None:
         return
-    transition = step(ctx, dev, RECOVERY, code >= 1)
-    if transition:
-        name, action = gm.recovery(int(code))
-        edge(
-            ctx,
-            transition,
-            device,
-            RECOVERY,
-            action=action,
-            metric=gm.RECOVERY_ACTION,
-            value=code,
-            baseline=0.0,
-            score=None,
-            message=f"the driver asks for {name} (recovery action {int(code)})",
-        )
+    name, action = gm.recovery(int(code))
+    ctx.judge(dev, verdict(
+        ctx, device, RECOVERY, code >= 1, action=action, metric=gm.RECOVERY_ACTION, value=code,
+        baseline=0.0, score=None,
+        message=lambda: f"the driver asks for {name} (recovery action {int(code)})",
+    ))  # fmt: skip
 
 
 def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
@@ -278,27 +232,20 @@ def _nvlink(ctx: Ctx, dev: GpuDevice, device: str, errors: float) -> None:
     while hits and hits[0] <= ctx.ts - window_ms:
         hits.pop(0)
     spread = hits[-1] - hits[0] if hits else 0
-    if len(hits) >= s.nvlink_error_scrapes and spread >= s.nvlink_span_s * 1000:
-        if not is_open(ctx.book, NVLINK, device):
-            ctx.emit(
-                open_episode(
-                    ctx.book,
-                    NVLINK,
-                    ctx.ts,
-                    device=device,
-                    evidence=evidence(
-                        "DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL",
-                        errors,
-                        0.0,
-                        len(hits),
-                        s.nvlink_window_s,
-                    ),
-                    message=f"GPU {device}: NVLink errors in {len(hits)} scrapes within "
-                    f"{s.nvlink_window_s} s",
-                )
-            )
-    elif not hits:
-        ctx.emit(clear_episode(ctx.book, NVLINK, ctx.ts, device, f"GPU {device}: NVLink quiet"))
+    qualifies = len(hits) >= s.nvlink_error_scrapes and spread >= s.nvlink_span_s * 1000
+
+    def say(edge: int) -> Said:
+        if edge == OPEN:
+            return (
+                f"GPU {device}: NVLink errors in {len(hits)} scrapes within "
+                f"{s.nvlink_window_s} s",
+                evidence("DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL", errors, 0.0, len(hits),
+                         s.nvlink_window_s),
+            )  # fmt: skip
+        return f"GPU {device}: NVLink quiet", None
+
+    # opens when the window's scrapes qualify, clears when the window holds none
+    ctx.judge(dev, Judgement(NVLINK, device, True if qualifies else None if hits else False, say))
 
 
 def _sbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
@@ -309,18 +256,21 @@ def _sbe(ctx: Ctx, dev: GpuDevice, device: str, new: float) -> None:
     dev.sbe_hour = dev.sbe_hour * 0.5 ** ((ctx.ts - dev.sbe_ts) / HOUR_MS) + new
     dev.sbe_ts = ctx.ts
     limit = ctx.settings.tuned(SBE).sbe_watch_per_hour
-    if dev.sbe_hour >= limit and not is_open(ctx.book, SBE, device):
-        ctx.emit(
-            open_episode(
-                ctx.book,
-                SBE,
-                ctx.ts,
-                device=device,
-                evidence=evidence(gm.SBE, dev.sbe_hour, limit, None, 3600),
-                message=f"GPU {device}: ~{dev.sbe_hour:.0f} single-bit ECC errors in the last hour",
-            )
-        )
+    bad: bool | None = None
+    if dev.sbe_hour >= limit:
+        bad = True
     elif dev.sbe_hour < limit / 2:
         if dev.sbe_hour < 1:
             dev.sbe_hour = 0.0
-        ctx.emit(clear_episode(ctx.book, SBE, ctx.ts, device, f"GPU {device}: SBE rate low"))
+        bad = False
+    rate = dev.sbe_hour
+
+    def say(edge: int) -> Said:
+        if edge == OPEN:
+            return (
+                f"GPU {device}: ~{rate:.0f} single-bit ECC errors in the last hour",
+                evidence(gm.SBE, rate, limit, None, 3600),
+            )
+        return f"GPU {device}: SBE rate low", None
+
+    ctx.judge(dev, Judgement(SBE, device, bad, say))

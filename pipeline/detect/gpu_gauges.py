@@ -9,16 +9,20 @@ down together has no slower peer; it is judged against its own history on the sa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from pipeline.detect import catalog
 from pipeline.detect import gpu_metrics as gm
-from pipeline.detect.episodes import forget_mark, watched
-from pipeline.detect.gpu_context import Ctx, Peers, View, deepen, edge, step, unjudged
+from pipeline.detect.episodes import forget_mark, step, timer, watched
+from pipeline.detect.gpu_context import (
+    Ctx,
+    GpuDevice,
+    Peers,
+    View,
+    deepen,
+    unjudged,
+    verdict,
+)
 from pipeline.detect.gpu_counters import Signs
 from pipeline.detect.stats import MAD_TO_SIGMA, Baseline, cusum, learn, scale_of
-
-if TYPE_CHECKING:
-    from pipeline.detect.gpu import GpuDevice
 
 # Scale floors: below these a difference is sensor quantisation, not signal.
 TEMP_FLOOR_C = 0.5
@@ -26,11 +30,12 @@ CLOCK_FLOOR = 0.005
 POWER_FLOOR = 0.02
 CUSUM_CAP = 4.0
 
-TEMP = "gpu.temp.peer"
-CLOCK = "gpu.clock.throttle"
-SLOW = "gpu.clock.slow"
-POWER = "gpu.power.peer"
-PCIE_TRAFFIC = "gpu.pcie.traffic"
+TEMP = catalog.GPU_TEMP
+CLOCK = catalog.GPU_CLOCK_THROTTLE
+SLOW = catalog.GPU_CLOCK_SLOW
+POWER = catalog.GPU_POWER
+PCIE_TRAFFIC = catalog.GPU_PCIE_TRAFFIC
+LASTING = f"{CLOCK}|lasting"  # the run of a plain slowdown (catalog.SLOW_LASTING)
 
 
 def gauge_rules(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Signs) -> None:
@@ -44,7 +49,7 @@ def _temperature(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> b
     s = ctx.settings.tuned(TEMP)
     temp = view.temp
     if temp is None or peers is None or peers.n < s.peer_min:
-        unjudged(ctx, dev, view.device, TEMP)
+        ctx.judge(dev, unjudged(view.device, TEMP))
         return False
     offset = temp - peers.temp
     base = dev.temp_offset
@@ -68,19 +73,12 @@ def _temperature(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> b
         TEMP_FLOOR_C,
         s.anomaly_adapt if bad else 1.0,
     )
-    transition = step(ctx, dev, TEMP, bad)
-    if transition:
-        edge(
-            ctx,
-            transition,
-            view.device,
-            TEMP,
-            metric=gm.TEMP,
-            value=temp,
-            baseline=peers.temp + base.mean,
-            score=z or offset,
-            message=f"{temp:.0f} C, {offset:+.1f} C against its peers (usually {base.mean:+.1f})",
-        )
+    ctx.judge(dev, verdict(
+        ctx, view.device, TEMP, bad, metric=gm.TEMP, value=temp, baseline=peers.temp + base.mean,
+        score=z or offset,
+        message=lambda: f"{temp:.0f} C, {offset:+.1f} C against its peers (usually "
+        f"{base.mean:+.1f})",
+    ))  # fmt: skip
     return bad
 
 
@@ -100,24 +98,16 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
         # repaired, another job) it counts towards clearing.
         between_peaks = clock is not None and view.job is not None and view.job == dev.clock_job
         if not between_peaks:
-            unjudged(ctx, dev, view.device, SLOW)
+            ctx.judge(dev, unjudged(view.device, SLOW))
         if not signs.slowdown:
             if not between_peaks:
-                unjudged(ctx, dev, view.device, CLOCK)
+                ctx.judge(dev, unjudged(view.device, CLOCK))
             return False
-        transition = step(ctx, dev, CLOCK, True)
-        if transition:
-            edge(
-                ctx,
-                transition,
-                view.device,
-                CLOCK,
-                metric=gm.THROTTLE_REASONS,
-                value=view.metrics.get(gm.THROTTLE_REASONS),
-                baseline=0.0,
-                score=None,
-                message="hardware slowdown reasons (HW thermal / power brake) while idle",
-            )
+        ctx.judge(dev, verdict(
+            ctx, view.device, CLOCK, True, metric=gm.THROTTLE_REASONS,
+            value=view.metrics.get(gm.THROTTLE_REASONS), baseline=0.0, score=None,
+            message=lambda: "hardware slowdown reasons (HW thermal / power brake) while idle",
+        ))  # fmt: skip
         return True
     gap, slow_peer = _peer_gap(ctx, dev, peers, clock)
     drop = _own_drop(ctx, dev, view, clock, slow_peer)
@@ -127,44 +117,26 @@ def _clock(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Sig
     # once watched, half the drop holds the run: a GPU slowed by about clock_own_frac is not
     # restarted by every scrape just above the line (a transient that ends still ends it)
     held = not explained and watched(dev.runs, SLOW) and drop >= s.clock_own_frac / 2
-    if plain or held:
-        dev.slow_since = dev.slow_since or ctx.ts
-    else:
-        dev.slow_since = 0
-    lasting = (plain or held) and ctx.ts - dev.slow_since >= s.slow_escalate_s * 1000
+    lasting_for = timer(ctx.settings, catalog.SLOW_LASTING, CLOCK)
+    step(dev.runs, LASTING, ctx.ts, plain or held, lasting_for)
+    lasting = watched(dev.runs, LASTING)
     plain_watched = not explained and drop >= as_slow.clock_own_frac
     bad = slow_peer or slow_heat or signs.slowdown or lasting
-    transition = step(ctx, dev, CLOCK, bad)
-    if transition:
-        own = dev.clock_own.mean
-        reference = peers.clock if slow_peer and peers is not None else own
-        why = "hardware slowdown reasons" if signs.slowdown else "thermal throttling"
-        edge(
-            ctx,
-            transition,
-            view.device,
-            CLOCK,
-            metric=gm.SM_CLOCK,
-            value=clock,
-            baseline=reference,
-            score=gap if slow_peer else drop,
-            message=f"SM clock {clock:.0f} MHz against {reference:.0f} MHz"
-            + (f" with {why}" if signs.thermal or signs.slowdown else ""),
-        )
-    transition = step(ctx, dev, SLOW, plain_watched)
-    if transition:
-        edge(
-            ctx,
-            transition,
-            view.device,
-            SLOW,
-            metric=gm.SM_CLOCK,
-            value=clock,
-            baseline=dev.clock_own.mean,
-            score=drop,
-            message=f"SM clock {clock:.0f} MHz, {100 * drop:.0f} % below its usual "
-            f"{dev.clock_own.mean:.0f} MHz on this job, no hardware evidence yet",
-        )
+    own = dev.clock_own.mean
+    reference = peers.clock if slow_peer and peers is not None else own
+    why = "hardware slowdown reasons" if signs.slowdown else "thermal throttling"
+    ctx.judge(dev, verdict(
+        ctx, view.device, CLOCK, bad, metric=gm.SM_CLOCK, value=clock, baseline=reference,
+        score=gap if slow_peer else drop,
+        message=lambda: f"SM clock {clock:.0f} MHz against {reference:.0f} MHz"
+        + (f" with {why}" if signs.thermal or signs.slowdown else ""),
+    ))  # fmt: skip
+    ctx.judge(dev, verdict(
+        ctx, view.device, SLOW, plain_watched, metric=gm.SM_CLOCK, value=clock, baseline=own,
+        score=drop,
+        message=lambda: f"SM clock {clock:.0f} MHz, {100 * drop:.0f} % below its usual "
+        f"{own:.0f} MHz on this job, no hardware evidence yet",
+    ))  # fmt: skip
     # A slowdown on top of an open one (a rank slowed on a node already slow) is news too.
     for check, tuned in ((CLOCK, s), (SLOW, as_slow)):
         deepen(ctx, dev, view.device, check, metric=gm.SM_CLOCK, value=clock,
@@ -203,7 +175,8 @@ def _own_drop(ctx: Ctx, dev: GpuDevice, view: View, clock: float, slow_peer: boo
     each job and says nothing until it has warmed up."""
     s = ctx.settings.tuned(CLOCK)
     if view.job != dev.clock_job:
-        dev.clock_job, dev.clock_own, dev.slow_since = view.job, Baseline(), 0
+        dev.clock_job, dev.clock_own = view.job, Baseline()
+        dev.runs.pop(LASTING, None)
         for check in (CLOCK, SLOW):  # the new job sets its own clocks
             forget_mark(dev.runs, check)
     own = dev.clock_own
@@ -221,23 +194,16 @@ def _pcie_traffic(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None) -> 
     s = ctx.settings.tuned(PCIE_TRAFFIC)
     traffic = view.pcie
     if traffic is None or peers is None or peers.n < s.peer_min:
-        unjudged(ctx, dev, view.device, PCIE_TRAFFIC)
+        ctx.judge(dev, unjudged(view.device, PCIE_TRAFFIC))
         return False
     starved = peers.pcie >= s.pcie_traffic_min_bps and traffic <= s.pcie_traffic_frac * peers.pcie
-    transition = step(ctx, dev, PCIE_TRAFFIC, starved)
-    if transition:
-        edge(
-            ctx,
-            transition,
-            view.device,
-            PCIE_TRAFFIC,
-            metric="DCGM_FI_PROF_PCIE_TX_BYTES+RX_BYTES",
-            value=traffic,
-            baseline=peers.pcie,
-            score=traffic / peers.pcie if peers.pcie else None,
-            message=f"PCIe traffic {traffic:.3g} B/s against {peers.pcie:.3g} B/s on its "
-            "peers: NIC or PCIe path",
-        )
+    level = peers.pcie
+    ctx.judge(dev, verdict(
+        ctx, view.device, PCIE_TRAFFIC, starved, metric="DCGM_FI_PROF_PCIE_TX_BYTES+RX_BYTES",
+        value=traffic, baseline=level, score=traffic / level if level else None,
+        message=lambda: f"PCIe traffic {traffic:.3g} B/s against {level:.3g} B/s on its "
+        "peers: NIC or PCIe path",
+    ))  # fmt: skip
     return starved
 
 
@@ -250,10 +216,10 @@ def _power(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, corroborat
     s = ctx.settings.tuned(POWER)
     power = view.power
     if power is None or not view.busy or peers is None or peers.n_busy < s.peer_min:
-        unjudged(ctx, dev, view.device, POWER)
+        ctx.judge(dev, unjudged(view.device, POWER))
         return
     if peers.power <= 0:
-        unjudged(ctx, dev, view.device, POWER)
+        ctx.judge(dev, unjudged(view.device, POWER))
         return
     gap = (peers.power - power) / peers.power
     base = dev.power_gap
@@ -281,17 +247,9 @@ def _power(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, corroborat
         if dev.normal_busy >= s.clear_persist_samples:
             jobs.clear()
     bad = low and (corroborated or len(jobs) >= s.straggler_min_jobs)
-    transition = step(ctx, dev, POWER, bad)
-    if transition:
-        edge(
-            ctx,
-            transition,
-            view.device,
-            POWER,
-            metric=gm.POWER,
-            value=power,
-            baseline=peers.power,
-            score=gap,
-            message=f"straggler: {power:.0f} W against {peers.power:.0f} W on its peers "
-            f"(jobs {', '.join(j or '?' for j in jobs)})",
-        )
+    level = peers.power
+    ctx.judge(dev, verdict(
+        ctx, view.device, POWER, bad, metric=gm.POWER, value=power, baseline=level, score=gap,
+        message=lambda: f"straggler: {power:.0f} W against {level:.0f} W on its peers "
+        f"(jobs {', '.join(j or '?' for j in jobs)})",
+    ))  # fmt: skip

@@ -21,28 +21,23 @@ Health is libtpu's `ici_link_health` scale as observed: 0 healthy, 10 down.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from pipeline.config import DetectSettings
-from pipeline.detect.episodes import (
-    CLEAR,
-    OPEN,
-    Rule,
-    Run,
-    clear_episode,
-    open_episode,
-    rule,
-    step,
-)
+from pipeline.detect import catalog
+from pipeline.detect.emit import Judgement, Said, emit, said
+from pipeline.detect.episodes import OPEN, Run, rule
 from pipeline.detect.findings import Book, evidence, refresh
 from pipeline.detect.stats import alpha_for, counter_delta, median
 from pipeline.model import Finding, IciLink, IciSample
 
-LINK_DOWN = "ici.link.down"
-LINK_DEGRADED = "ici.link.degraded"
-CHIP_DOWN = "ici.chip.down"
-HOST_DOWN = "ici.host.down"
-OCS = "ici.ocs.degraded"
+LINK_DOWN = catalog.ICI_LINK_DOWN
+LINK_DEGRADED = catalog.ICI_LINK_DEGRADED
+CHIP_DOWN = catalog.ICI_CHIP_DOWN
+HOST_DOWN = catalog.ICI_HOST_DOWN
+OCS = catalog.ICI_OCS
 CUBE_EDGE = 4  # chips along each edge of a cube (4x4x4, copper inside; OCS between cubes)
 
 
@@ -194,27 +189,25 @@ def _judge(state: IciSliceState, ts: int, settings: DetectSettings) -> list[Find
     for key in sorted(set(verdicts) | set(state.runs)):
         verdict = verdicts.get(key)
         check = key.partition("|")[0]
-        # The open limit is the verdict's (a link down at one end waits longer than at both),
-        # the clear limit the check's.
-        persist_ms = verdict.persist_ms if verdict is not None else 0
-        timing = Rule(persist_ms, True, rule(settings, check).clear_after, True)
-        edge = step(state.runs, key, ts, verdict is not None, timing)
-        finding = None
-        if edge == OPEN and verdict is not None:
-            finding = open_episode(
-                state.book,
-                verdict.check,
-                ts,
-                device=verdict.device,
-                key=key,
-                evidence=evidence(verdict.metric, verdict.value, 0.0, None, persist_ms / 1000),
-                message=verdict.message,
-            )
-        elif edge == CLEAR:
-            finding = clear_episode(state.book, check, ts, None, f"{check} resolved", key=key)
-        if finding is not None:
-            out.append(finding)
+        if verdict is None:  # a run on its way back to good
+            judged = Judgement(check, None, False, said(f"{check} resolved"), key=key)
+        else:
+            # the open limit is the verdict's (a link down at one end waits longer than at
+            # both), the clear limit the check's
+            judged = Judgement(check, verdict.device, True, _said(verdict), key=key,
+                               open_ms=verdict.persist_ms)  # fmt: skip
+        emit(state.book, state.runs, ts, judged, settings, out)
     return out
+
+
+def _said(verdict: Verdict) -> Callable[[int], Said]:
+    def say(edge: int) -> Said:
+        if edge != OPEN:
+            return f"{verdict.check} resolved", None
+        proof = evidence(verdict.metric, verdict.value, 0.0, None, verdict.persist_ms / 1000)
+        return verdict.message, proof
+
+    return say
 
 
 def _localise(state: IciSliceState, ts: int, settings: DetectSettings) -> dict[str, Verdict]:

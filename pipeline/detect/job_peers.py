@@ -52,33 +52,28 @@ node's telemetry state); nodes are named by cluster/node.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from itertools import chain
+
 import msgspec
 
 from pipeline.config import DetectSettings
-from pipeline.detect.episodes import (
-    CLEAR,
-    OPEN,
-    Run,
-    clear_episode,
-    onset,
-    open_episode,
-    rule,
-    step,
-    watched,
-)
+from pipeline.detect import catalog
+from pipeline.detect.emit import Judgement, Said, emit
+from pipeline.detect.episodes import OPEN, Run, watched
 from pipeline.detect.findings import Book, evidence
 from pipeline.detect.stats import median
 from pipeline.model import Evidence, Finding, GpuSample, JobLevels, PeerSample
 
-STRAGGLER = "job.straggler"
-PERSISTENT = "job.straggler.persistent"
+STRAGGLER = catalog.JOB_STRAGGLER
+PERSISTENT = catalog.JOB_STRAGGLER_PERSISTENT
 CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
-SM_ACTIVE = "job.straggler.sm_active"
-NVLINK = "job.straggler.nvlink"
-PCIE = "job.straggler.pcie"
-STEP = "job.straggler.step"
-STEP_PERSISTENT = "job.straggler.step.persistent"
+SM_ACTIVE = catalog.JOB_SM_ACTIVE
+NVLINK = catalog.JOB_NVLINK
+PCIE = catalog.JOB_PCIE
+STEP = catalog.JOB_STEP
+STEP_PERSISTENT = catalog.JOB_STEP_PERSISTENT
 # check -> (the metrics summed per GPU, the evidence's metric name)
 ACTIVITY: dict[str, tuple[tuple[str, ...], str]] = {
     SM_ACTIVE: (("DCGM_FI_PROF_SM_ACTIVE",), "sm_active_vs_job_peers"),
@@ -158,9 +153,14 @@ def detect_job_peers(
             mine = nodes[key] = NodeInJob(ts=sample.ts, clock=clock)
         mine.ts, mine.clock, mine.levels = sample.ts, clock, dict(mine_now.levels)
         fresh = _fresh(state, nodes, key, sample.ts)
-        out += _judge(book, job, mine, [n.clock for n in fresh], sample.ts, settings)
-        out += _judge_activity(book, job, mine, fresh, sample.ts, settings)
-        out += _judge_step(book, job, mine, fresh, sample.ts, settings)
+        # lazily: a verdict may lean on an episode an earlier one of this sample opened
+        judged = chain(
+            _judge(book, job, mine, [n.clock for n in fresh], settings),
+            _judge_activity(book, job, mine, fresh, settings),
+            _judge_step(book, job, mine, fresh, settings),
+        )
+        for one in judged:  # named by when it fell behind, not when it was found
+            emit(book, mine.runs, sample.ts, one, settings, out)
     _forget(state, key, sample)
     return state, out
 
@@ -226,14 +226,8 @@ def _fresh(
 
 
 def _judge_activity(
-    book: Book,
-    job: str,
-    mine: NodeInJob,
-    fresh: list[NodeInJob],
-    ts: int,
-    settings: DetectSettings,
-) -> list[Finding]:
-    out: list[Finding] = []
+    book: Book, job: str, mine: NodeInJob, fresh: list[NodeInJob], settings: DetectSettings
+) -> Iterator[Judgement]:
     for check, (_, metric) in ACTIVITY.items():
         own = settings.tuned(check)
         value = mine.levels.get(check)
@@ -242,35 +236,28 @@ def _judge_activity(
             continue  # not reported, or too few peers for a majority to set the level
         level = median([*peers, value])  # the job's median node: the waiting majority
         deficit = 1.0 - value / level if level > 0 else 0.0
+
+        def say(edge: int, value: float = value, level: float = level, deficit: float = deficit,
+                metric: str = metric) -> Said:  # fmt: skip
+            if edge != OPEN:
+                return f"{book.name} level with its job's peers again", None
+            return (
+                f"node {book.name} runs job {job} {100 * deficit:.0f} % below the job's median "
+                f"node on {metric.removesuffix('_vs_job_peers')} (watched)",
+                evidence(metric, value, level, deficit, 0),
+            )
+
         slow = deficit >= own.job_activity_drop_frac
-        edge = step(mine.runs, check, ts, slow, rule(settings, check))
-        if edge == OPEN:
-            proof = evidence(metric, value, level, deficit, 0)
-            found = open_episode(
-                book, check, ts, device=None, evidence=proof, start_ts=onset(mine.runs, check),
-                message=f"node {book.name} runs job {job} {100 * deficit:.0f} % below the job's "
-                f"median node on {metric.removesuffix('_vs_job_peers')} (watched)",
-            )  # fmt: skip
-            out += [found] if found is not None else []
-        elif edge == CLEAR:
-            message = f"{book.name} level with its job's peers again"
-            cleared = clear_episode(book, check, ts, None, message)
-            out += [cleared] if cleared is not None else []
-    return out
+        yield Judgement(check, None, slow, say, by_onset=True)
 
 
 def _judge_step(
-    book: Book,
-    job: str,
-    mine: NodeInJob,
-    fresh: list[NodeInJob],
-    ts: int,
-    settings: DetectSettings,
-) -> list[Finding]:
+    book: Book, job: str, mine: NodeInJob, fresh: list[NodeInJob], settings: DetectSettings
+) -> Iterator[Judgement]:
     value = mine.levels.get(STEP)
     peers = [n for n in fresh if STEP in n.levels]
     if value is None or len(peers) < settings.tuned(STEP).job_peers_min:
-        return []  # not published, or no peer to compare with
+        return  # not published, or no peer to compare with
     level = median([n.levels[STEP] for n in peers])
     rise = value / level - 1.0 if level > 0 else 0.0
     clock_level = median([n.clock for n in peers])
@@ -281,21 +268,20 @@ def _judge_step(
     longer_held = rise >= hard.job_step_rise_frac or watched(mine.runs, STEP)
     held = longer_held and rise >= hard.job_step_rise_frac / 2
     slow_hardware = held and clock_deficit >= hard.job_step_clock_frac
-    proof = evidence("step_compute_s_vs_job_peers", value, level, rise, 0)
-    out: list[Finding | None] = []
-    for check, judged in ((STEP, longer), (STEP_PERSISTENT, slow_hardware)):
-        edge = step(mine.runs, check, ts, judged, rule(settings, check))
-        if edge == OPEN:
-            since = onset(mine.runs, check)
-            message = _step_message(book, job, rise, clock_deficit, check == STEP_PERSISTENT)
-            found = open_episode(
-                book, check, ts, device=None, evidence=proof, message=message, start_ts=since
+
+    def said_of(check: str) -> Callable[[int], Said]:
+        def say(edge: int) -> Said:
+            if edge != OPEN:
+                return f"{book.name} computes its steps level with its job's peers again", None
+            return (
+                _step_message(book, job, rise, clock_deficit, check == STEP_PERSISTENT),
+                evidence("step_compute_s_vs_job_peers", value, level, rise, 0),
             )
-            out.append(found)
-        elif edge == CLEAR:
-            message = f"{book.name} computes its steps level with its job's peers again"
-            out.append(clear_episode(book, check, ts, None, message))
-    return [f for f in out if f is not None]
+
+        return say
+
+    yield Judgement(STEP, None, longer, said_of(STEP), by_onset=True)
+    yield Judgement(STEP_PERSISTENT, None, slow_hardware, said_of(STEP_PERSISTENT), by_onset=True)
 
 
 def _step_message(book: Book, job: str, rise: float, clock_deficit: float, hard: bool) -> str:
@@ -306,19 +292,13 @@ def _step_message(book: Book, job: str, rise: float, clock_deficit: float, hard:
 
 
 def _judge(
-    book: Book,
-    job: str,
-    mine: NodeInJob,
-    peers: list[float],
-    ts: int,
-    settings: DetectSettings,
-) -> list[Finding]:
+    book: Book, job: str, mine: NodeInJob, peers: list[float], settings: DetectSettings
+) -> Iterator[Judgement]:
     if not peers:
-        return []
+        return
     level = median(peers)
     deficit = 1.0 - mine.clock / level if level > 0 else 0.0
     proof = evidence("sm_clock_vs_job_peers", mine.clock, level, deficit, 0)
-    out = []
     for check in (STRAGGLER, PERSISTENT):
         own = settings.tuned(check)
         if len(peers) < own.job_peers_min:
@@ -326,36 +306,26 @@ def _judge(
         slow = deficit >= own.clock_drop_frac
         if check == PERSISTENT:  # once watched, half the deficit holds it (as for step time)
             slow = (slow or watched(mine.runs, STRAGGLER)) and deficit >= own.clock_drop_frac / 2
-        edge = step(mine.runs, check, ts, slow, rule(settings, check))
-        if edge == OPEN:  # named by when it fell behind, not when it was found
-            out.append(_open(book, ts, check, onset(mine.runs, check), job, proof, deficit))
-        elif edge == CLEAR:
-            message = f"{book.name} level with its job's peers again"
-            out.append(clear_episode(book, check, ts, None, message))
-    return [f for f in out if f is not None]
+        # PERSISTENT's `watched` reads the STRAGGLER episode this sample's verdict left
+        yield Judgement(check, None, slow, _clock_said(book, job, check, proof, deficit),
+                        by_onset=True)  # fmt: skip
 
 
-def _open(
-    book: Book,
-    ts: int,
-    check: str,
-    since: int,
-    job: str,
-    proof: Evidence,
-    deficit: float,
-) -> Finding | None:
-    persistent = check == PERSISTENT
-    return open_episode(
-        book,
-        check,
-        ts,
-        device=None,
-        evidence=proof,
-        start_ts=since,
-        message=f"node {book.name} runs job {job} {100 * deficit:.0f} % below the SM clock "
-        f"of the job's other nodes"
-        + (" for too long: fail-slow hardware" if persistent else " (watched)"),
-    )
+def _clock_said(
+    book: Book, job: str, check: str, proof: Evidence, deficit: float
+) -> Callable[[int], Said]:
+    def say(edge: int) -> Said:
+        if edge != OPEN:
+            return f"{book.name} level with its job's peers again", None
+        persistent = check == PERSISTENT
+        return (
+            f"node {book.name} runs job {job} {100 * deficit:.0f} % below the SM clock of the "
+            "job's other nodes"
+            + (" for too long: fail-slow hardware" if persistent else " (watched)"),
+            proof,
+        )
+
+    return say
 
 
 def _forget(state: JobPeersState, key: str, sample: PeerSample) -> None:

@@ -15,7 +15,9 @@ import msgspec
 from pipeline.model import EntityKind, RecommendedAction, Severity
 
 Unit = Literal["samples", "seconds"]
-Detector = Literal["gpu", "xid", "fabric", "fabric_localise", "job_peers", "tpu", "ici"]
+Detector = Literal[
+    "gpu", "xid", "fabric", "fabric_localise", "job_peers", "tpu", "ici", "gpu, tpu", "clock"
+]
 
 
 class Persistence(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,19 +20,21 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import DetectSettings
+from pipeline.detect import catalog
 from pipeline.detect.announce import announced
 from pipeline.detect.device_flap import came_back, settled
-from pipeline.detect.episodes import CLEAR, OPEN, Run, clear_episode, open_episode, rule, step
+from pipeline.detect.emit import Judgement, Said, emit, said
+from pipeline.detect.episodes import OPEN, Run, rule
 from pipeline.detect.findings import Book, evidence, heartbeat, refresh
 from pipeline.detect.stats import median
 from pipeline.model import Finding, TpuChipReading, TpuSample
 
-DUTY = "tpu.chip.duty_cycle"
-UTIL = "tpu.chip.tensorcore_util"
-CHIP_MISSING = "tpu.chip.missing"
-HOST_STALE = "tpu.host.stale"
-HOST_DOWN = "tpu.host.down"
-SLICE_STALE = "tpu.slice.stale"
+DUTY = catalog.TPU_DUTY
+UTIL = catalog.TPU_UTIL
+CHIP_MISSING = catalog.TPU_CHIP_MISSING
+HOST_STALE = catalog.TPU_HOST_STALE
+HOST_DOWN = catalog.TPU_HOST_DOWN
+SLICE_STALE = catalog.TPU_SLICE_STALE
 DUTY_METRIC = "duty_cycle_pct"
 UTIL_METRIC = "tensorcore_util"
 # From this many hosts on, slice-wide medians are cached for a few seconds instead of being
@@ -88,18 +90,15 @@ def detect_tpu(
     _learn_interval(host, sample.ts)
     host.worker_id = sample.worker_id
     out: list[Finding] = []
-    if book.open:
-        for check in (HOST_STALE, HOST_DOWN):
-            _emit(
-                out,
-                clear_episode(
-                    book, check, sample.ts, sample.node, f"host {sample.node} reporting again"
-                ),
-            )
-        _emit(
-            out,
-            clear_episode(book, SLICE_STALE, sample.ts, None, f"slice {book.name} reporting again"),
-        )
+    if book.open:  # the silence is over
+        host_back = said(f"host {sample.node} reporting again")
+        back = [
+            Judgement(HOST_STALE, sample.node, False, host_back),
+            Judgement(HOST_DOWN, sample.node, False, host_back),
+            Judgement(SLICE_STALE, None, False, said(f"slice {book.name} reporting again")),
+        ]
+        for judged in back:
+            emit(book, {}, sample.ts, judged, settings, out)
     reporting = [r for r in sample.chips if _reports(r)]
     for reading in reporting:
         _update_chip(state, sample, reading, settings, out)
@@ -107,7 +106,9 @@ def detect_tpu(
     peers = _peers(state, sample, settings)
     for reading in reporting:
         _judge_chip(state, sample.ts, reading.chip_id, peers, settings, out)
-    _emit(out, heartbeat(book, sample.ts, settings.heartbeat_s))
+    beat = heartbeat(book, sample.ts, settings.heartbeat_s)
+    if beat is not None:
+        out.append(beat)
     return state, out
 
 
@@ -126,26 +127,22 @@ def check_stale_tpu(
         if not host.last_ts or now_ms <= became_stale:
             continue
         if newest > became_stale:  # another host reported after this one fell silent
-            _emit(out, _host_stale(state, node, host, now_ms, limits[node], HOST_STALE))
+            judged = [_host_stale(state, node, host, now_ms, limits[node], HOST_STALE)]
             down_ms = max(settings.node_down_s * 1000, limits[node])
             late = now_ms > host.last_ts + down_ms and newest > host.last_ts + down_ms
             if settings.node_down_s and late:
-                _emit(out, _host_stale(state, node, host, now_ms, down_ms, HOST_DOWN))
+                judged.append(_host_stale(state, node, host, now_ms, down_ms, HOST_DOWN))
+            for silent in judged:
+                emit(state.book, {}, now_ms, silent, settings, out)
     if newest and now_ms - newest > max(limits.values()) and len(state.hosts) > 1:
         silent_s = (now_ms - newest) / 1000
-        _emit(
-            out,
-            open_episode(
-                state.book,
-                SLICE_STALE,
-                now_ms,
-                device=None,
-                start_ts=newest + max(limits.values()),
-                evidence=evidence("seconds_since_last_scrape", silent_s, None, None, silent_s),
-                message=f"every host of slice {state.book.name} silent for {silent_s:.0f} s: "
-                "the slice is down or in maintenance as a whole",
-            ),
+        down = said(
+            f"every host of slice {state.book.name} silent for {silent_s:.0f} s: the slice is "
+            "down or in maintenance as a whole",
+            evidence("seconds_since_last_scrape", silent_s, None, None, silent_s),
         )
+        whole = Judgement(SLICE_STALE, None, True, down, start_ts=newest + max(limits.values()))
+        emit(state.book, {}, now_ms, whole, settings, out)
     return state, out
 
 
@@ -155,35 +152,24 @@ def _limit_ms(host: TpuHost, settings: DetectSettings) -> int:
 
 def _host_stale(
     state: TpuSliceState, node: str, host: TpuHost, now_ms: int, limit_ms: int, check: str
-) -> Finding | None:
+) -> Judgement:
     """`tpu.host.stale`, or `tpu.host.down` (fatal) once the silence lasted `node_down_s`:
-    a dead host sends nothing more that could move its episode forward."""
+    a dead host sends nothing more that could move its episode forward. An announced absence
+    is never down (None: no verdict)."""
     silent_ms = now_ms - host.last_ts
     note = announced(state.book, host.last_ts + limit_ms)
-    if note is not None and check == HOST_DOWN:
-        return None
-    return open_episode(
-        state.book,
-        check,
-        now_ms,
-        device=node,
-        announced=note is not None,
-        start_ts=host.last_ts + limit_ms,
-        evidence=evidence(
-            "seconds_since_last_scrape",
-            silent_ms / 1000,
-            host.interval_ms / 1000,
-            None,
-            limit_ms / 1000,
-        ),
-        message=f"host {node} (worker {host.worker_id}) of slice {state.book.name} silent for "
-        f"{silent_ms / 1000:.0f} s while its other hosts report",
-    )
 
+    def say(_edge: int) -> Said:
+        return (
+            f"host {node} (worker {host.worker_id}) of slice {state.book.name} silent for "
+            f"{silent_ms / 1000:.0f} s while its other hosts report",
+            evidence("seconds_since_last_scrape", silent_ms / 1000, host.interval_ms / 1000,
+                     None, limit_ms / 1000),
+        )  # fmt: skip
 
-def _emit(out: list[Finding], finding: Finding | None) -> None:
-    if finding is not None:
-        out.append(finding)
+    down_announced = note is not None and check == HOST_DOWN
+    return Judgement(check, node, None if down_announced else True, say,
+                     start_ts=host.last_ts + limit_ms, announced=note is not None)  # fmt: skip
 
 
 def _reports(reading: TpuChipReading) -> bool:
@@ -216,28 +202,20 @@ def _update_chip(
     chip.duty = reading.metrics.get(DUTY_METRIC)
     chip.util = reading.metrics.get(UTIL_METRIC)
     if chip.absent:
-        if chip.absent >= rule(settings, CHIP_MISSING).open_after:
-            _emit(
-                out,
-                clear_episode(
-                    state.book,
-                    CHIP_MISSING,
-                    sample.ts,
-                    str(reading.chip_id),
-                    f"chip {reading.chip_id} reporting again",
-                ),
-            )
+        back = said(f"chip {reading.chip_id} reporting again")
+        emit(state.book, chip.runs, sample.ts,
+             Judgement(CHIP_MISSING, str(reading.chip_id), False, back), settings, out)  # fmt: skip
         chip.returns, flaps = came_back(
             state.book, chip.returns, sample.ts, away_ms,
             scrapes_away=chip.absent, interval_ms=state.hosts[sample.node].interval_ms,
-            prefix="tpu.chip", device=str(reading.chip_id), settings=settings,
+            prefix=catalog.TPU_FLAP, device=str(reading.chip_id), settings=settings,
         )
         out += flaps
         chip.absent = 0
     elif chip.returns:
         chip.returns, done = settled(
             state.book, chip.returns, sample.ts,
-            prefix="tpu.chip", device=str(reading.chip_id), settings=settings,
+            prefix=catalog.TPU_FLAP, device=str(reading.chip_id), settings=settings,
         )
         out += done
 
@@ -256,25 +234,15 @@ def _absent_chips(
             continue
         chip.absent += 1
         missing = rule(settings, CHIP_MISSING).open_after
-        if chip.absent == missing:
-            _emit(
-                out,
-                open_episode(
-                    state.book,
-                    CHIP_MISSING,
-                    sample.ts,
-                    device=str(chip_id),
-                    evidence=evidence(
-                        "chips_reporting",
-                        len(seen),
-                        len(host.chips),
-                        None,
-                        missing * host.interval_ms / 1000,
-                    ),
-                    message=f"chip {chip_id} missing from {chip.absent} scrapes of host "
-                    f"{sample.node} while the host reports",
-                ),
-            )
+        if chip.absent == missing:  # the absence count is the check's window (catalog)
+            gone = said(
+                f"chip {chip_id} missing from {chip.absent} scrapes of host {sample.node} while "
+                "the host reports",
+                evidence("chips_reporting", len(seen), len(host.chips), None,
+                         missing * host.interval_ms / 1000),
+            )  # fmt: skip
+            gone_now = Judgement(CHIP_MISSING, str(chip_id), True, gone)
+            emit(state.book, chip.runs, sample.ts, gone_now, settings, out)
     host.chips = sorted(seen | {c for c in host.chips if state.chips[c].absent})
 
 
@@ -343,39 +311,25 @@ def _judge_chip(
         and chip.util <= util_median * (1 - by_util.tpu_util_drop_frac)
     )
     device = str(chip_id)
-    edge = step(chip.runs, DUTY, ts, duty_bad, rule(settings, DUTY))
-    if edge == OPEN:
-        _emit(
-            out,
-            open_episode(
-                state.book,
-                DUTY,
-                ts,
-                device=device,
-                evidence=evidence(
-                    DUTY_METRIC, chip.duty, duty_median, None, by_duty.tpu_persist_s
-                ),
-                message=f"chip {chip_id} on {chip.host}: duty cycle {chip.duty:.0f} % while its "
-                f"{count} peers run at {duty_median:.0f} %",
-            ),
-        )
-    elif edge == CLEAR:
-        _emit(out, clear_episode(state.book, DUTY, ts, device, f"chip {chip_id} busy again"))
-    edge = step(chip.runs, UTIL, ts, util_bad, rule(settings, UTIL))
-    if edge == OPEN:
-        _emit(
-            out,
-            open_episode(
-                state.book,
-                UTIL,
-                ts,
-                device=device,
-                evidence=evidence(
-                    UTIL_METRIC, chip.util, util_median, None, by_util.tpu_persist_s
-                ),
-                message=f"chip {chip_id} on {chip.host}: TensorCore utilisation {chip.util:.0f} "
-                f"against {util_median:.0f} on its peers",
-            ),
-        )
-    elif edge == CLEAR:
-        _emit(out, clear_episode(state.book, UTIL, ts, device, f"chip {chip_id} keeps pace"))
+
+    def duty_said(edge: int) -> Said:
+        if edge == OPEN:
+            return (
+                f"chip {chip_id} on {chip.host}: duty cycle {chip.duty:.0f} % while its {count} "
+                f"peers run at {duty_median:.0f} %",
+                evidence(DUTY_METRIC, chip.duty, duty_median, None, by_duty.tpu_persist_s),
+            )
+        return f"chip {chip_id} busy again", None
+
+    def util_said(edge: int) -> Said:
+        if edge == OPEN:
+            return (
+                f"chip {chip_id} on {chip.host}: TensorCore utilisation {chip.util:.0f} against "
+                f"{util_median:.0f} on its peers",
+                evidence(UTIL_METRIC, chip.util, util_median, None, by_util.tpu_persist_s),
+            )
+        return f"chip {chip_id} keeps pace", None
+
+    for judged in (Judgement(DUTY, device, duty_bad, duty_said),
+                   Judgement(UTIL, device, util_bad, util_said)):  # fmt: skip
+        emit(state.book, chip.runs, ts, judged, settings, out)

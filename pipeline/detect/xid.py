@@ -51,13 +51,15 @@ import msgspec
 from pipeline.catalog import xid_info
 from pipeline.catalog.xid import Action, XidEntry
 from pipeline.config import DetectSettings
-from pipeline.detect.episodes import clear_episode, open_episode
+from pipeline.detect import catalog
+from pipeline.detect.catalog import xid_check
+from pipeline.detect.emit import Judgement, emit, said
 from pipeline.detect.findings import Book, evidence, refresh
 from pipeline.detect.gpu_metrics import recovery
 from pipeline.model import Finding, RecommendedAction, XidEvent
 
-APP_RECURRENCE = "xid.app_recurrence"
-APP_REPEAT = "xid.app_repeat"
+APP_RECURRENCE = catalog.XID_APP_RECURRENCE
+APP_REPEAT = catalog.XID_APP_REPEAT
 APP_CHECKS = (APP_REPEAT, APP_RECURRENCE)
 UNKNOWN_JOB = ""  # the job of an application XID whose process has no known pod
 RECOVERY_XID = 154
@@ -125,13 +127,13 @@ def detect_xid(
     )
     entry = xid_info(event.xid)
     if event.xid == RECOVERY_XID:
-        finding = _recovery_changed(state, event, device)
+        judged = _recovery_changed(event, device)
     elif entry.application:
-        finding = _application(state, event, device, settings)
+        judged = _application(state, event, device, settings)
     else:
-        finding = _catalogued(state, event, device, entry)
-    if finding is not None:
-        out.append(finding)
+        judged = _catalogued(event, device, entry)
+    if judged is not None:
+        emit(state.book, {}, event.ts, judged, settings, out)
     return state, out
 
 
@@ -160,16 +162,13 @@ def expire_xid(
     clear_ms = settings.xid_clear_s * 1000
     for key in [k for k, e in state.episodes.items() if now_ms - e.last_ts >= clear_ms]:
         episode = state.episodes.pop(key)
-        for check in (f"xid.{episode.code}", f"xid.{episode.code}.nonfatal"):
-            finding = clear_episode(
-                state.book,
-                check,
-                now_ms,
-                episode.device,
-                f"XID {episode.code} on GPU {episode.device}: quiet after {episode.count} events",
-            )
-            if finding is not None:
-                out.append(finding)
+        quiet = said(
+            f"XID {episode.code} on GPU {episode.device}: quiet after {episode.count} events"
+        )
+        for nonfatal in (False, True):
+            check = xid_check(episode.code, nonfatal)
+            emit(state.book, {}, now_ms, Judgement(check, episode.device, False, quiet), settings,
+                 out)  # fmt: skip
     window_ms = settings.tuned(APP_RECURRENCE).app_xid_window_s * 1000
     since = max(now_ms - window_ms, state.repaired_ts)  # hits before this no longer count
     if state.app_hits and state.app_hits[0].ts < since:
@@ -182,72 +181,55 @@ def expire_xid(
                 continue
             if opened.check == APP_REPEAT and _repeats(strikes, settings):
                 continue
-            finding = clear_episode(
-                state.book,
-                opened.check,
-                now_ms,
-                device,
+            gone = said(
                 f"GPU {device}: application XIDs no longer recur"
-                + (" (the node was repaired)" if state.repaired_ts > now_ms - window_ms else ""),
+                + (" (the node was repaired)" if state.repaired_ts > now_ms - window_ms else "")
             )
-            if finding is not None:
-                out.append(finding)
+            emit(state.book, {}, now_ms, Judgement(opened.check, device, False, gone), settings,
+                 out)  # fmt: skip
     return state, out
 
 
-def _recovery_changed(state: XidState, event: XidEvent, device: str) -> Finding | None:
+def _recovery_changed(event: XidEvent, device: str) -> Judgement | None:
     """XID 154 carries the driver's new recovery action: a reset or reboot it asks for is a
     hard verdict on the GPU (no application bug makes the driver ask for a reset)."""
     match = _RECOVERY_TO.search(event.message)
     if match is None:
         return None
     code = int(match.group(1), 16)
-    check = f"xid.{RECOVERY_XID}"
+    check = xid_check(RECOVERY_XID)
     if code == 0:
-        return clear_episode(state.book, check, event.ts, device, f"GPU {device}: recovered")
+        return Judgement(check, device, False, said(f"GPU {device}: recovered"))
     name, action = recovery(code)
-    return open_episode(
-        state.book,
-        check,
-        event.ts,
-        device=device,
-        action=action,
-        evidence=evidence("recovery_action", code, 0, None, 0),
-        message=f"XID 154 on GPU {device} ({event.pci_bus_id}): the driver asks for {name}",
+    asks = said(
+        f"XID 154 on GPU {device} ({event.pci_bus_id}): the driver asks for {name}",
+        evidence("recovery_action", code, 0, None, 0),
     )
+    return Judgement(check, device, True, asks, action=action)
 
 
-def _catalogued(state: XidState, event: XidEvent, device: str, entry: XidEntry) -> Finding | None:
+def _catalogued(event: XidEvent, device: str, entry: XidEntry) -> Judgement | None:
     action = _ACTIONS[entry.action]
     if action == "none" and entry.severity == "info":
         return None  # e.g. corrected C2C errors: logged by the lake, not a finding
+    proof = evidence("xid", event.xid, None, None, 0)
     if entry.fatal and _NON_FATAL.search(event.message):
         # The driver itself says this one was corrected (NVLink "non-fatal error detected"):
         # the link retried and the job survived. Watch it; a real fatal line still acts.
-        return open_episode(
-            state.book,
-            f"xid.{event.xid}.nonfatal",
-            event.ts,
-            device=device,
-            evidence=evidence("xid", event.xid, None, None, 0),
-            message=f"XID {event.xid} {entry.mnemonic} on GPU {device}, reported non-fatal",
+        corrected = said(
+            f"XID {event.xid} {entry.mnemonic} on GPU {device}, reported non-fatal", proof
         )
-    return open_episode(
-        state.book,
-        f"xid.{event.xid}",
-        event.ts,
-        device=device,
-        severity=entry.severity,
-        action=action,
-        fatal=entry.fatal,
-        evidence=evidence("xid", event.xid, None, None, 0),
-        message=f"XID {event.xid} {entry.mnemonic} on GPU {device} ({event.pci_bus_id})",
+        return Judgement(xid_check(event.xid, nonfatal=True), device, True, corrected)
+    line = said(
+        f"XID {event.xid} {entry.mnemonic} on GPU {device} ({event.pci_bus_id})", proof
     )
+    return Judgement(xid_check(event.xid), device, True, line, action=action,
+                     severity=entry.severity, fatal=entry.fatal)  # fmt: skip
 
 
 def _application(
     state: XidState, event: XidEvent, device: str, settings: DetectSettings
-) -> Finding | None:
+) -> Judgement | None:
     if event.ts < state.repaired_ts:
         return None  # a line from before the repair, read late: its strike no longer counts
     # Unknown: at worst one job, the most cautious reading (`_recurs` never counts it as a
@@ -262,25 +244,22 @@ def _application(
     )
     if _recurs(jobs, strikes, settings):
         own = settings.tuned(APP_RECURRENCE)
-        return _struck(state, APP_RECURRENCE, event, device, (strikes, own.app_xid_min_strikes),
+        return _struck(APP_RECURRENCE, device, (strikes, own.app_xid_min_strikes),
                        own.app_xid_window_s, f"{struck}: the GPU, not the code")  # fmt: skip
     if _repeats(strikes, settings):
         watch = settings.tuned(APP_REPEAT)
-        return _struck(state, APP_REPEAT, event, device, (strikes, watch.app_xid_watch_strikes),
+        return _struck(APP_REPEAT, device, (strikes, watch.app_xid_watch_strikes),
                        watch.app_xid_window_s,
                        f"{struck}: watched; more strikes or jobs would blame the GPU")  # fmt: skip
     return None
 
 
 def _struck(
-    state: XidState, check: str, event: XidEvent, device: str, strikes: tuple[int, int],
-    window_s: int, message: str,
-) -> Finding | None:
-    """Open `check` on the GPU for its application-XID strikes ((count, the check's limit))."""
-    return open_episode(
-        state.book, check, event.ts, device=device, message=message,
-        evidence=evidence("strikes", *strikes, None, window_s),
-    )  # fmt: skip
+    check: str, device: str, strikes: tuple[int, int], window_s: int, message: str
+) -> Judgement:
+    """`check` on the GPU for its application-XID strikes ((count, the check's limit))."""
+    return Judgement(check, device, True, said(message, evidence("strikes", *strikes, None,
+                                                                 window_s)))  # fmt: skip
 
 
 def _recurrence(alone: dict[str, list[set[str]]], device: str) -> tuple[set[str], int]:

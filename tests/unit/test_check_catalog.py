@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import msgspec
 import pytest
 from hypothesis import given
@@ -10,6 +14,7 @@ from hypothesis import strategies as st
 from pipeline import cli
 from pipeline.config import DetectSettings, load_settings
 from pipeline.detect import (
+    catalog,
     check_docs,
     device_flap,
     episodes,
@@ -25,9 +30,11 @@ from pipeline.detect import fabric as fabric_checks
 from pipeline.detect import xid as xid_checks
 from pipeline.detect.catalog import CATALOG, CHECKS, spec_of, validate_tunings
 from pipeline.detect.episodes import CLEAR, OPEN, Rule, Run, open_episode, step
-from pipeline.detect.findings import Book
+from pipeline.detect.findings import Book, heartbeat
+from pipeline.detect.skew import skew_finding
 from pipeline.detect.spec import CheckSpec
 from pipeline.errors import ConfigError
+from pipeline.model import Target
 
 DEFAULTS = DetectSettings()
 
@@ -37,7 +44,28 @@ def test_the_docs_table_is_the_catalogs() -> None:
     assert check_docs.render(text) == text, "run: python -m pipeline.detect.check_docs"
 
 
-def test_every_check_the_detectors_name_is_in_the_catalog() -> None:
+# A check name as a detector would spell it: family, dot, parts; or one of the two plain ones.
+CHECK_NAME = re.compile(
+    r"^(gpu|tpu|ici|fabric|job|xid|node)(\.[a-z0-9_<>]+)+$|^(heartbeat|clock_skew)$"
+)
+
+
+def test_no_detector_spells_a_check_name() -> None:
+    """Check names come from the catalog: a name typed in a detector could drift from it."""
+    spelled = []
+    for path in sorted(Path(catalog.__file__).parent.glob("*.py")):
+        if path.name == "catalog.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                continue
+            if CHECK_NAME.match(node.value):
+                spelled.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert not spelled, "use the catalog's names: " + ", ".join(spelled)
+    assert CHECK_NAME.match("gpu.ecc.dbe") and not CHECK_NAME.match("DCGM_FI_DEV_GPU_TEMP")
+
+
+def test_the_names_detectors_take_are_the_catalogs_checks() -> None:
     named = [
         gpu.NODE_STALE, gpu.NODE_DOWN, gpu.GPU_MISSING, gpu_counters.DBE, gpu_counters.SBE,
         gpu_counters.REMAP_FAILURE, gpu_counters.REMAP_PENDING, gpu_counters.PCIE_REPLAY,
@@ -49,14 +77,33 @@ def test_every_check_the_detectors_name_is_in_the_catalog() -> None:
         fabric_checks.PORT_FLAP_PERSISTENT, fabric_checks.PORT_ERRORS,
         fabric_localise.SWITCH_DOWN, *fabric_localise.LINK_CHECKS.values(),
         job_peers.STRAGGLER, job_peers.PERSISTENT, *job_peers.ACTIVITY, job_peers.STEP,
-        job_peers.STEP_PERSISTENT, *xid_checks.APP_CHECKS, "xid.154",
+        job_peers.STEP_PERSISTENT, *xid_checks.APP_CHECKS, catalog.xid_check(154),
         *(c for prefix in device_flap.PREFIXES for c in device_flap.flap_checks(prefix)),
+        catalog.HEARTBEAT, catalog.CLOCK_SKEW,
     ]  # fmt: skip
     assert sorted(named) == sorted(n for n in CHECKS if "<code>" not in n)
     assert spec_of("xid.79").name == "xid.<code>"
-    assert spec_of("xid.74.nonfatal").name == "xid.<code>.nonfatal"
+    assert spec_of(catalog.xid_check(74, nonfatal=True)).name == "xid.<code>.nonfatal"
     with pytest.raises(KeyError, match="unknown check"):
         spec_of("gpu.nope")
+
+
+def test_heartbeat_and_clock_skew_findings_follow_their_specs() -> None:
+    book = Book(cluster="c", kind="slice", name="s1", pool="p", zone="z")
+    beat = heartbeat(book, 60_000, 60)
+    assert beat is not None and beat.check == catalog.HEARTBEAT
+    assert (beat.severity, beat.recommended_action, beat.healthy) == ("info", "none", True)
+    assert beat.entity.kind == "slice" and heartbeat(book, 61_000, 60) is None
+    target = Target(cluster="c", kind="node", name="n1", pool="p", zone="z")
+    off = skew_finding(target, since=5_000, reference=5_000, off_ms=-90_000, is_off=True)
+    back = skew_finding(target, since=5_000, reference=9_000, off_ms=1_000, is_off=False)
+    spec = CHECKS[catalog.CLOCK_SKEW]
+    assert (off.severity, off.recommended_action, off.healthy) == (spec.severity, spec.action,
+                                                                   False)  # fmt: skip
+    assert off.message == "event time of n1 is 90 s behind the partition's clock"
+    assert (back.severity, back.recommended_action, back.healthy) == ("info", "none", True)
+    assert off.finding_id != back.finding_id and off.entity.kind == "node"
+    assert off.evidence is not None and off.evidence.value == -90.0
 
 
 @pytest.mark.parametrize("spec", CATALOG, ids=[s.name for s in CATALOG])
