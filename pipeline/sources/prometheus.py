@@ -47,7 +47,7 @@ from typing import Any
 import msgspec
 
 from pipeline.config import HttpClientSettings, SourcesSettings, selector_matchers
-from pipeline.errors import ConfigError, DecodeError, SourceError
+from pipeline.errors import ConfigError, DecodeError
 from pipeline.model import GpuReading, GpuSample
 from pipeline.redact import load_secret, redact, redact_logs, remember
 from pipeline.sources.base import (
@@ -58,6 +58,7 @@ from pipeline.sources.base import (
     save_checkpoint,
     validated,
 )
+from pipeline.sources.prometheus_read import PromReader
 from pipeline.sources.prometheus_series import (
     Identity,
     gpu_index,
@@ -298,14 +299,6 @@ def _verify(http: HttpClientSettings, url: str) -> bool | str:
     return http.tls_ca_file or True
 
 
-def _reason(exc: BaseException) -> str:
-    """The innermost cause of a connection failure ("[Errno 111] Connection refused"), not
-    urllib3's paragraph around it."""
-    text = str(exc)
-    marker = text.rfind("[Errno")
-    return text[marker:].rstrip("'\")") if marker >= 0 else type(exc).__name__
-
-
 def _userinfo(url: str) -> list[str]:
     import urllib.parse
 
@@ -348,6 +341,7 @@ class PrometheusSource:
                 timeout=30,
             )
         self._client = client
+        self._reader = PromReader(client, settings.prometheus_url)
         saved = load_checkpoint(self._checkpoint, PrometheusPosition)
         self.position = saved.last_ts_ms if saved else None
 
@@ -357,24 +351,45 @@ class PrometheusSource:
         start_ms = max(self.position if self.position is not None else oldest, oldest)
         if end_ms <= start_ms:
             return Batch([], [], PrometheusPosition(start_ms))
-        results = self._query(self._series, start_ms, end_ms)
+        parsed = Parsed()
+        for selector in self._selectors(start_ms, end_ms):
+            parsed.extend(self._poll_nodes(selector, start_ms, end_ms))
+        return Batch(parsed.events, parsed.bad, PrometheusPosition(end_ms))
+
+    def _selectors(self, start_ms: int, end_ms: int) -> list[str]:
+        """The selector of each query of this poll: the configured one, with this adapter's
+        nodes in groups (sources.prometheus_shard, prometheus_nodes_per_query) when set."""
+        config = self._settings
+        base = selector_matchers(config.prometheus_selector)
+        if not config.prometheus_shard and not config.prometheus_nodes_per_query:
+            return [base]
+        from pipeline.sources import prometheus_shard as shard
+
+        label = config.prometheus_node_label
+        names = self._reader.node_names(label, self._series, start_ms, end_ms)
+        mine = shard.my_nodes(names, config.prometheus_shard)
+        unlabelled = shard.takes_unlabelled(config.prometheus_shard)
+        matchers = shard.node_matchers(label, mine, config.prometheus_nodes_per_query, unlabelled)
+        return [f"{base},{m}" if base else m for m in matchers]
+
+    def _poll_nodes(self, selector: str, start_ms: int, end_ms: int) -> Parsed:
+        """One query's nodes: their DCGM series, step times and ports."""
+        results = self._reader.matrix(series_selector(selector), start_ms, end_ms)
         parsed = parse_series(results, self._identity, after_ms=start_ms)
+        del results  # a shard's worth of decoded JSON: gone before the next query
         if self._settings.prometheus_step_metric and parsed.events:
             # the jobs' own per-rank step compute time (prometheus_step.py), a little further
             # back: their scrapes are not the DCGM scrapes
             from pipeline.sources.prometheus_step import STEP_MAX_AGE_MS, joined, step_selector
 
-            metric = self._settings.prometheus_step_metric
-            series = step_selector(metric, self._settings.prometheus_selector)
-            steps = self._query(series, start_ms - STEP_MAX_AGE_MS, end_ms)
+            series = step_selector(self._settings.prometheus_step_metric, selector)
+            steps = self._reader.matrix(series, start_ms - STEP_MAX_AGE_MS, end_ms)
             parsed = joined(parsed, steps, self._identity)
         if self._settings.prometheus_fabric:
             # node_exporter's ports of the same nodes, same window (prometheus_fabric.py)
             from pipeline.sources.prometheus_fabric import fabric_selector, parse_fabric_series
 
-            fabric = self._query(
-                fabric_selector(self._settings.prometheus_selector), start_ms, end_ms
-            )
+            fabric = self._reader.matrix(fabric_selector(selector), start_ms, end_ms)
             parsed.extend(
                 parse_fabric_series(
                     fabric,
@@ -383,26 +398,7 @@ class PrometheusSource:
                     link_layers=self._settings.prometheus_fabric_link_layers,
                 )
             )
-        return Batch(parsed.events, parsed.bad, PrometheusPosition(end_ms))
-
-    def _query(self, series: str, start_ms: int, end_ms: int) -> list[dict[str, Any]]:
-        import requests
-        from prometheus_api_client.exceptions import PrometheusApiClientException
-
-        query = f"{series}[{end_ms - start_ms}ms]"
-        try:
-            result = self._client.custom_query(query, params={"time": f"{end_ms / 1000:.3f}"})
-        except requests.ConnectionError as exc:
-            url = redact(self._settings.prometheus_url)
-            raise SourceError(
-                f"cannot reach Prometheus at {url} (sources.prometheus_url, "
-                f"FLEETPULSE_SOURCES__PROMETHEUS_URL): {_reason(exc)}"
-            ) from exc
-        except (PrometheusApiClientException, OSError, ValueError) as exc:
-            raise SourceError(f"prometheus query {query!r} failed: {exc}") from exc
-        if not isinstance(result, list):
-            raise SourceError(f"prometheus query {query!r}: expected a result list, got {result!r}")
-        return result
+        return parsed
 
     def commit(self, position: msgspec.Struct | None) -> None:
         if isinstance(position, PrometheusPosition):
