@@ -80,6 +80,11 @@ ROLES: tuple[Role, ...] = (
          ("events.node", DLQ), ("actions",), group="fleetpulse-actuator-"),
     # node-state: the tombstone of a deleted node, so the compacted topic forgets it
     Role("watcher", "`watch kubernetes`", ("events.node", "inventory", "node-state")),
+    # Slurm's pair: the Kubernetes pair's rights under principals of their own, so a Slurm
+    # controller's credentials are not a Kubernetes cluster's (and can be revoked alone)
+    Role("slurm-actuator", "`actuate slurm`", ("events.node", DLQ), ("actions",),
+         group="fleetpulse-actuator-"),
+    Role("slurm-watcher", "`watch slurm`", ("events.node", "inventory", "node-state")),
     Role("inventory", "`inventory load` (a person or a CMDB export)", ("inventory",),
          checks=("inventory",)),
     Role("operator", "`policy release` (a person)", ("events.policy",),

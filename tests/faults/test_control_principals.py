@@ -42,23 +42,23 @@ pytestmark = pytest.mark.kafka
 PREFIX = "fleet"
 # Who may write each topic (suffix; "worker-" for the worker group's own topics), by role.
 _TELEMETRY_ADAPTERS = {"ingest-prometheus", "ingest-cloudmon", "ingest-tpu-runtime"}
-_DEAD_LETTERING = {"worker", "lake", "alerts", "actuator", "ingest-xid", "ingest-capacity",
-                   *_TELEMETRY_ADAPTERS}  # fmt: skip
+_DEAD_LETTERING = {"worker", "lake", "alerts", "actuator", "slurm-actuator", "ingest-xid",
+                   "ingest-capacity", *_TELEMETRY_ADAPTERS}  # fmt: skip
 WRITERS: dict[str, set[str]] = {
     "telemetry.gpu": {"ingest-prometheus"},
     "telemetry.fabric": {"ingest-prometheus"},  # node_exporter's ports, from Prometheus
     "telemetry.tpu": {"ingest-cloudmon", "ingest-tpu-runtime"},
     "telemetry.ici": {"ingest-tpu-runtime"},
     "events.xid": {"ingest-xid"},
-    "events.node": {"watcher", "actuator"},
+    "events.node": {"watcher", "actuator", "slurm-watcher", "slurm-actuator"},
     # cloudmon's interruption counts are capacity events (pipeline/sources/cloudmon.py)
     "events.capacity": {"ingest-capacity", "ingest-cloudmon"},
-    "inventory": {"inventory", "watcher", "ingest-capacity"},
+    "inventory": {"inventory", "watcher", "slurm-watcher", "ingest-capacity"},
     "events.policy": {"operator"},
     "findings": {"worker"},
     "proposals": {"worker"},
     "actions": {"worker"},
-    "node-state": {"worker", "watcher"},  # the watcher: a deleted node's tombstone
+    "node-state": {"worker", "watcher", "slurm-watcher"},  # watchers: a deleted node's tombstone
     "alerts": {"worker"},
     "withheld": {"worker"},  # why removals were held back: data, nobody acts on it
     "utilization": {"worker"},
