@@ -352,38 +352,62 @@ class PrometheusSource:
         if end_ms <= start_ms:
             return Batch([], [], PrometheusPosition(start_ms))
         parsed = Parsed()
-        for selector in self._selectors(start_ms, end_ms):
-            parsed.extend(self._poll_nodes(selector, start_ms, end_ms))
+        for group in self._groups(start_ms, end_ms):
+            parsed.extend(self._poll_nodes(group, start_ms, end_ms))
         return Batch(parsed.events, parsed.bad, PrometheusPosition(end_ms))
 
-    def _selectors(self, start_ms: int, end_ms: int) -> list[str]:
-        """The selector of each query of this poll: the configured one, with this adapter's
-        nodes in groups (sources.prometheus_shard, prometheus_nodes_per_query) when set."""
+    def _groups(self, start_ms: int, end_ms: int) -> list[tuple[list[str], bool] | None]:
+        """The nodes of each query of this poll, and whether it also reads the series without
+        the node label; [None]: one query for every series (no shard, no bound)."""
         config = self._settings
-        base = selector_matchers(config.prometheus_selector)
         if not config.prometheus_shard and not config.prometheus_nodes_per_query:
-            return [base]
+            return [None]
         from pipeline.sources import prometheus_shard as shard
 
         label = config.prometheus_node_label
         names = self._reader.node_names(label, self._series, start_ms, end_ms)
         mine = shard.my_nodes(names, config.prometheus_shard)
+        size = config.prometheus_nodes_per_query or max(1, len(mine))
+        groups = [mine[i : i + size] for i in range(0, len(mine), size)] or [[]]
         unlabelled = shard.takes_unlabelled(config.prometheus_shard)
-        matchers = shard.node_matchers(label, mine, config.prometheus_nodes_per_query, unlabelled)
-        return [f"{base},{m}" if base else m for m in matchers]
+        if not mine and not unlabelled:
+            return []  # no node of this shard has series in the window
+        return [(group, unlabelled and i == 0) for i, group in enumerate(groups)]
 
-    def _poll_nodes(self, selector: str, start_ms: int, end_ms: int) -> Parsed:
-        """One query's nodes: their DCGM series, step times and ports."""
-        results = self._reader.matrix(series_selector(selector), start_ms, end_ms)
+    def _selector(self, group: tuple[list[str], bool] | None, also: Iterable[str] = ()) -> str:
+        """The configured selector, with the group's nodes (and `also`) when there is one."""
+        base = selector_matchers(self._settings.prometheus_selector)
+        if group is None:
+            return base
+        from pipeline.sources.prometheus_shard import node_matchers
+
+        names, unlabelled = group
+        label = self._settings.prometheus_node_label
+        (matcher,) = node_matchers(label, sorted({*names, *also}), 0, unlabelled)
+        return f"{base},{matcher}" if base else matcher
+
+    def _poll_nodes(
+        self, group: tuple[list[str], bool] | None, start_ms: int, end_ms: int
+    ) -> Parsed:
+        """One query's nodes: their DCGM series, step times and ports. The step and port
+        series of a node named only by a fallback label (Hostname, instance) carry the node
+        label all the same: they are asked for by the names the DCGM series gave."""
+        series = series_selector(self._selector(group))
+        results = self._reader.matrix(series, start_ms, end_ms)
         parsed = parse_series(results, self._identity, after_ms=start_ms)
-        del results  # a shard's worth of decoded JSON: gone before the next query
+        del results  # a group's worth of decoded JSON: gone before the next query
+        read = {e.node for e in parsed.events if isinstance(e, GpuSample)}
+        selector = self._selector(group, read)
         if self._settings.prometheus_step_metric and parsed.events:
             # the jobs' own per-rank step compute time (prometheus_step.py), a little further
             # back: their scrapes are not the DCGM scrapes
             from pipeline.sources.prometheus_step import STEP_MAX_AGE_MS, joined, step_selector
 
-            series = step_selector(self._settings.prometheus_step_metric, selector)
-            steps = self._reader.matrix(series, start_ms - STEP_MAX_AGE_MS, end_ms)
+            steps = self._reader.matrix(
+                step_selector(self._settings.prometheus_step_metric, selector),
+                start_ms - STEP_MAX_AGE_MS,
+                end_ms,
+            )
             parsed = joined(parsed, steps, self._identity)
         if self._settings.prometheus_fabric:
             # node_exporter's ports of the same nodes, same window (prometheus_fabric.py)
