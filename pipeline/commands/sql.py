@@ -6,7 +6,10 @@
 
 --since/--until/--pool/--bucket are bound to $since/$until/$pool/$bucket in the query (canned
 or not), never pasted into it; --param NAME=VALUE binds any other $NAME as text
-(`fleetpulse sql --query why_not_removed --param target=node-1`). --since takes a duration
+(`fleetpulse sql --query why_not_removed --param target=node-1`). A question asked per pool,
+zone or accelerator model is one query with --param by (`--query utilization_timeline --param
+by=zone`, `--query mtbf --param by=accelerator`); the names of the per-dimension queries it
+replaced still run, as aliases (utilization_by_pool, mtbf_by_model, ...). --since takes a duration
 before --until (24h, 7d) or a time; --until defaults to the end of the newest data in the
 lake, so a replayed or simulated day reads the same as a live one.
 
@@ -140,9 +143,19 @@ def _query(args: argparse.Namespace) -> CannedQuery:
 
 def _print_list(out: TextIO) -> None:
     for query in canned_queries().values():
-        params = " ".join(f"--{p}" if p in _WINDOW else f"--param {p}=…"
-                          for p in query.params if p != "idle_pct")
+        if query.alias_of is not None:
+            fixed = " ".join(f"--param {k}={v}" for k, v in query.fixed.items())
+            out.write(f"{query.name}  [= --query {query.alias_of} {fixed}]\n")
+            continue
+        params = " ".join(_option(query, p) for p in query.params if p != "idle_pct")
         out.write(f"{query.name}  [{params}]\n    {query.question}\n")
+
+
+def _option(query: CannedQuery, param: str) -> str:
+    if param in _WINDOW:
+        return f"--{param}"
+    allowed = query.choices.get(param)
+    return f"--param {param}={'|'.join(allowed)}" if allowed else f"--param {param}=…"
 
 
 def write_result(result: Result, fmt: str, out: TextIO) -> None:

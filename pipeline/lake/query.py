@@ -1,5 +1,5 @@
 """DuckDB over the Parquet lake: one view per table (sql/*.sql) and canned analyses
-(sql/analyses/*.sql, one query per file).
+(sql/analyses/*.sql, one question per file).
 
 No DuckDB database file is kept: each `Lake` is an in-memory DuckDB that reads the Parquet files
 the sink has renamed into place, so readers never block the writer. The files to read are listed
@@ -22,16 +22,23 @@ check cannot see (data pages behind an intact footer), the files are read in ful
 damaged one, which is then left out too, and the query runs again.
 
 Query parameters are always bound (`$since`, `$until`, `$pool`, `$bucket`, `$idle_pct`).
+
+A question asked of several dimensions is one query with a parameter whose values its header
+lists (`-- param by: pool, zone, accelerator`, the first the default; the query picks the
+column with DuckDB's `COLUMNS(lambda c: c = $by)`, so the column keeps its name), never one file
+per dimension. The names of the files it replaced stay, as aliases with the value set
+(`-- alias utilization_by_pool: by=pool`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -43,9 +50,9 @@ import pyarrow as pa
 from pipeline.catalog import accelerator_prices, xid_catalog
 from pipeline.config import LakeSettings
 from pipeline.errors import FleetPulseError
-from pipeline.lake.writer import partition_dirs, visible_files
 from pipeline.lake.check import QUARANTINE_DIR, check_file, readable_files
 from pipeline.lake.tables import TABLES, TableSpec
+from pipeline.lake.writer import partition_dirs, visible_files
 
 _PARAM = re.compile(r"\$([a-z_]+)\b")
 _SQL_TYPES = {
@@ -77,7 +84,13 @@ class CannedQuery:
     name: str
     question: str
     sql: str
-    params: tuple[str, ...]
+    params: tuple[str, ...]  # the $names the SQL binds
+    # a parameter's allowed values (the first is its default), from `-- param NAME: a, b`
+    choices: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # an alias: the query it names (`alias_of`) and the values it sets, from `-- alias`
+    fixed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    alias_of: str | None = None
+    aliases: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,32 +104,62 @@ class Result:
 
 
 def canned_queries() -> dict[str, CannedQuery]:
-    """Every canned analysis by name (the file name without .sql), in name order."""
+    """Every canned analysis by name (the file name without .sql), in name order, and the
+    aliases of each (the old names of a question asked per dimension)."""
     folder = resources.files("pipeline.sql") / "analyses"
     queries = {}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".sql"):
             query = _parse_canned(entry.name.removesuffix(".sql"), entry.read_text())
             queries[query.name] = query
-    return queries
+            for alias, values in query.aliases.items():
+                queries[alias] = replace(query, name=alias, fixed=values, alias_of=query.name,
+                                         aliases={})
+    return dict(sorted(queries.items()))
 
 
 def _parse_canned(name: str, text: str) -> CannedQuery:
+    where = f"sql/analyses/{name}.sql"
     question = ""
     body: list[str] = []
+    choices: dict[str, tuple[str, ...]] = {}
+    aliases: dict[str, dict[str, str]] = {}
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("-- question:"):
             question = stripped.removeprefix("-- question:").strip()
-        elif stripped.startswith("--") and question and not body:
+        elif stripped.startswith("-- param "):
+            param, values = _header(where, stripped.removeprefix("-- param "))
+            choices[param] = tuple(v.strip() for v in values.split(","))
+        elif stripped.startswith("-- alias "):
+            alias, setting = _header(where, stripped.removeprefix("-- alias "))
+            param, _, value = setting.partition("=")
+            aliases[alias] = {param.strip(): value.strip()}
+        elif stripped.startswith("--") and question and not body and not choices:
             question += " " + stripped.removeprefix("--").strip()
         elif not stripped.startswith("--"):
             body.append(line)
     if not question:
-        raise QueryError(f"sql/analyses/{name}.sql: expected a '-- question:' comment")
+        raise QueryError(f"{where}: expected a '-- question:' comment")
     sql = "\n".join(body).strip().rstrip(";")
     params = tuple(dict.fromkeys(_PARAM.findall(sql)))
-    return CannedQuery(name=name, question=question, sql=sql, params=params)
+    for alias, settings in aliases.items():
+        for param, value in settings.items():
+            allowed = ", ".join(choices.get(param, ())) or "no values"
+            if value not in choices.get(param, ()):
+                raise QueryError(f"{where}: alias {alias}: expected {param} to be one of "
+                                 f"{allowed}, got {value!r}")
+    return CannedQuery(name=name, question=question, sql=sql, params=params, choices=choices,
+                       aliases=aliases)
+
+
+def _header(where: str, text: str) -> tuple[str, str]:
+    """`NAME: rest` of a `-- param` or `-- alias` line."""
+    name, sep, rest = text.partition(":")
+    if not sep or not name.strip().isidentifier():
+        raise QueryError(f"{where}: expected '-- param NAME: a, b' or '-- alias NAME: p=v', "
+                         f"got {text!r}")
+    return name.strip(), rest.strip()
 
 
 def adhoc_query(text: str) -> CannedQuery:
@@ -260,10 +303,15 @@ class Lake:
 
     def bind(self, query: CannedQuery, given: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters `query` uses, from `given` or defaults; unknown ones are errors."""
-        extra = {k for k, v in given.items() if v is not None} - set(query.params)
+        takes = [p for p in query.params if p not in query.fixed]
+        extra = {k for k, v in given.items() if v is not None} - set(takes)
+        if extra & set(query.fixed):
+            fixed = ", ".join(f"{k}={v}" for k, v in query.fixed.items())
+            raise QueryError(f"query {query.name!r} is {query.alias_of!r} with {fixed}; "
+                             f"run {query.alias_of!r} to choose {', '.join(sorted(extra))}")
         if extra:
             raise QueryError(f"query {query.name!r} takes no {', '.join(sorted(extra))}; "
-                             f"it takes {', '.join(query.params) or 'no parameters'}")
+                             f"it takes {', '.join(takes) or 'no parameters'}")
         until = given.get("until") or self.latest() or datetime.now(UTC).replace(tzinfo=None)
         defaults = {
             "until": until,
@@ -273,10 +321,15 @@ class Lake:
             "idle_pct": self.settings.idle_util_pct,
             "target": None,  # why_not_removed: every target's
         }
-        values = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+        defaults |= {param: allowed[0] for param, allowed in query.choices.items()}
+        values = {**defaults, **{k: v for k, v in given.items() if v is not None}, **query.fixed}
         missing = [p for p in query.params if p not in values]
         if missing:
             raise QueryError(f"query {query.name!r} needs {', '.join(missing)}")
+        for param, allowed in query.choices.items():
+            if values.get(param) not in allowed:
+                raise QueryError(f"query {query.name!r}: expected {param} to be one of "
+                                 f"{', '.join(allowed)}, got {values.get(param)!r}")
         return {p: values[p] for p in query.params}
 
     def latest(self) -> datetime | None:

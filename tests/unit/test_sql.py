@@ -295,3 +295,23 @@ def test_why_not_removed_gives_every_rule_that_held_a_target_back_and_what_came_
     assert len(run(lake, "why_not_removed")) == len(fx.WITHHELD)  # no target: every one
     assert run(lake, "why_not_removed", target="g2", until=at(fx.T0 + 2 * fx.HOUR))[-1][
         "reason"] == "common_cause"  # the period ends before the drop
+
+
+def test_a_question_per_dimension_is_one_query_with_its_old_names_as_aliases(lake: Lake) -> None:
+    queries = canned_queries()
+    assert queries["utilization_timeline"].choices == {"by": ("pool", "zone", "accelerator")}
+    assert queries["mtbf_by_model"].alias_of == "mtbf"
+    for alias, by in (("utilization_by_zone", "zone"), ("mtbf_by_pool", "pool")):
+        target = queries[alias].alias_of
+        assert target is not None
+        assert run(lake, alias) == run(lake, target, by=by)
+    per_zone = {r["zone"]: r for r in run(lake, "mtbf", by="zone")}
+    assert set(per_zone) == {z for _, z, *_ in fx.UNITS}
+    assert "accelerators" not in run(lake, "mtbf", by="accelerator")[0]
+
+
+def test_a_dimension_is_one_of_those_its_query_names(lake: Lake) -> None:
+    with pytest.raises(QueryError, match="expected by to be one of pool, zone, accelerator, got 'node'"):
+        run(lake, "utilization_timeline", by="node")
+    with pytest.raises(QueryError, match="is 'utilization_timeline' with by=pool"):
+        run(lake, "utilization_by_pool", by="zone")

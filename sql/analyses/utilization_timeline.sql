@@ -1,7 +1,12 @@
--- question: How busy is each accelerator model over time? Per time bucket: device-hours reported, mean and
--- peak utilization (%), share of device time allocated to a job, and mean memory use (%).
+-- question: How busy is each pool, zone or accelerator model over time? Per time bucket and
+-- --param by (pool, zone or accelerator): device-hours reported, mean and peak utilization (%),
+-- share of device time allocated to a job, and mean memory use (%).
+-- param by: pool, zone, accelerator
+-- alias utilization_by_pool: by=pool
+-- alias utilization_by_zone: by=zone
+-- alias utilization_by_model: by=accelerator
 SELECT time_bucket($bucket, window_start) AS bucket,
-       accelerator,
+       COLUMNS(lambda c: c = $by),  -- the dimension's own column, under its own name
        round(sum(hours), 3) AS device_hours,
        round(sum(util_mean * hours) / sum(hours), 2) AS util_mean_pct,
        round(max(util_max), 2) AS util_peak_pct,
@@ -11,4 +16,4 @@ FROM utilization
 WHERE window_start >= $since AND window_start < $until
   AND ($pool IS NULL OR pool = $pool)
 GROUP BY ALL
-ORDER BY bucket, accelerator;
+ORDER BY 1, 2;
