@@ -722,16 +722,19 @@ class CapacitySettings(Section, frozen=True):
     Feeds: `quota` (Cloud Monitoring quota usage/limit/exceeded on consumer_quota), `tpu`
     (TPU API nodes' upcoming maintenance and queued resources), `compute` (Compute Engine
     instances' upcoming maintenance), `metadata` (this host's metadata server:
-    maintenance-event and preempted). Empty endpoints mean the real APIs (Application Default
-    Credentials); a stand-in is `host:port` (gRPC, plaintext) or `http://host:port` (REST).
+    maintenance-event and preempted), `reservations` (Compute Engine and Cloud TPU
+    reservations: devices reserved and in use). Empty endpoints mean the real APIs
+    (Application Default Credentials); a stand-in is `host:port` (gRPC, plaintext) or
+    `http://host:port` (REST).
     """
 
     project: str = "fleetpulse-sim"
     zones: tuple[str, ...] = ()  # TPU locations to list; regional quotas fan out to these
-    feeds: tuple[Literal["quota", "tpu", "compute", "metadata"], ...] = (
+    feeds: tuple[Literal["quota", "tpu", "compute", "metadata", "reservations"], ...] = (
         "quota",
         "tpu",
         "compute",
+        "reservations",
     )
     inventory: bool = True  # also publish TPU slices and GPU instances to fleet.inventory
     # a poll: each feed once; the metadata feed's long poll takes up most of it, so a notice

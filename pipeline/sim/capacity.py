@@ -1,5 +1,6 @@
 """Background capacity signals: quota usage drifting towards limits, quota exceeded, stock-outs,
-reservation changes and TPU queued-resource lifecycles (reference/data-shapes.md §6).
+reservations consumed and released, and TPU queued-resource lifecycles
+(reference/data-shapes.md §6).
 
 These are not faults: nothing in the fleet breaks. Quota usage follows the fleet's own
 allocation plus other teams' demand (a random walk that creeps up); the rest are Poisson
@@ -20,7 +21,8 @@ from pipeline.sim.inject import HOUR, MINUTE, Injector
 
 DAY = 24 * HOUR
 STOCKOUTS_PER_ZONE_DAY = 1.0  # [G]
-RESERVATION_CHANGES_PER_ZONE_DAY = 0.5  # [G]
+RESERVATION_CHANGES_PER_ZONE_DAY = 0.5  # [G] (before issue 37; its draws are kept, _keep_stream)
+RESERVATION_USE_CHANGES_PER_DAY = 12.0  # [G] a VM or host of a reservation released or taken
 QUEUED_RESOURCES_PER_ZONE_DAY = 2.0  # [G], zones with TPU slices
 
 
@@ -126,6 +128,7 @@ class CapacitySignals:
 def schedule_background(ctx: Injector) -> None:
     """Stock-outs, reservation changes and queued-resource lifecycles, per zone."""
     rng = np.random.default_rng([ctx.settings.seed, 13])
+    reserving = np.random.default_rng([ctx.settings.seed, 14])
     boost = background_boost(ctx.settings)
     span_h = (ctx.end_ms - ctx.start_ms) / HOUR
     tpu_zones = {s.zone: s for s in ctx.fleet.slices}
@@ -146,26 +149,80 @@ def schedule_background(ctx: Injector) -> None:
                 "resources available to fulfill the request. Try a different zone, or try again "
                 "later.",
             )
-        for ts in _arrivals(
-            rng, RESERVATION_CHANGES_PER_ZONE_DAY * boost / 24, span_h, ctx.start_ms
-        ):
-            old = int(rng.integers(1, 8)) * 8
-            new = max(8, old + int(rng.choice([-16, -8, 8, 16])))
-            ctx.capacity(
-                ts,
-                "RESERVATION_CHANGED",
-                zone,
-                source="gcp.compute.reservation",
-                accelerator_type=str(rng.choice(accelerators)),
-                state=f"count={new}",
-                previous_state=f"count={old}",
-                message=f"Reservation res-{zone} changed from {old} to {new} accelerators",
-            )
+        _keep_stream(rng, accelerators, boost, span_h, ctx.start_ms)
+        for accelerator, (unit, held) in _reservable(ctx.fleet, zone).items():
+            _reservation(ctx, reserving, zone, accelerator, unit, held, span_h)
         if zone in tpu_zones:
             for ts in _arrivals(
                 rng, QUEUED_RESOURCES_PER_ZONE_DAY * boost / 24, span_h, ctx.start_ms
             ):
                 _queued_resource(ctx, rng, ts, tpu_zones[zone].accelerator_type, zone)
+
+
+def _keep_stream(
+    rng: np.random.Generator, accelerators: list[str], boost: float, span_h: float, start: int
+) -> None:
+    """Draw what the reservation events drawn here before issue 37 drew, and drop it: the
+    stock-outs and queued resources after them keep the times and kinds that seeded
+    recordings and tests rely on (reservations draw from a stream of their own)."""
+    for _ in _arrivals(rng, RESERVATION_CHANGES_PER_ZONE_DAY * boost / 24, span_h, start):
+        rng.integers(1, 8)
+        rng.choice([-16, -8, 8, 16])
+        rng.choice(accelerators)
+
+
+def _reservable(fleet: Fleet, zone: str) -> dict[str, tuple[int, int]]:
+    """Per accelerator type in the zone (GPU type, TPU generation): (devices per VM or host,
+    devices the fleet holds there)."""
+    held: dict[str, tuple[int, int]] = {}
+    for node in fleet.gpu_nodes:
+        if node.zone == zone and node.pool_kind != "serve":  # spot VMs use no reservation
+            unit, count = held.get(node.model.gke_accelerator, (GPUS_PER_NODE, 0))
+            held[node.model.gke_accelerator] = (unit, count + GPUS_PER_NODE)
+    for tpu in fleet.slices:
+        if tpu.zone == zone:
+            prefix = tpu.shape.generation.type_prefix
+            per_host = tpu.shape.generation.chips_per_host
+            unit, count = held.get(prefix, (per_host, 0))
+            held[prefix] = (unit, count + tpu.shape.chips)
+    return held
+
+
+def _reservation(
+    ctx: Injector,
+    rng: np.random.Generator,
+    zone: str,
+    accelerator: str,
+    unit: int,
+    held: int,
+    span_h: float,
+) -> None:
+    """One reservation of half the fleet's devices of a type in a zone, fully used at the
+    start; then jobs release and consume it a VM (or TPU host) at a time, and now and then it
+    is resized. Each change is a RESERVATION_CHANGED carrying the figures in `quota`."""
+    gpu = accelerator.startswith("nvidia-")
+    name = f"res-{zone}-{accelerator}"
+    path = f"projects/fleetpulse-sim/{'zones' if gpu else 'locations'}/{zone}/reservations/{name}"
+    reserved = max(unit, unit * round(held / 2 / unit))
+    in_use = reserved
+    boost = background_boost(ctx.settings)
+    times = _arrivals(rng, RESERVATION_USE_CHANGES_PER_DAY * boost / 24, span_h, ctx.start_ms)
+    for index, ts in enumerate([ctx.start_ms, *times]):
+        if index and rng.random() < 0.1:
+            reserved = max(unit, reserved + unit * int(rng.choice([-1, 1])))
+        elif index:
+            in_use += unit * int(rng.choice([-1, 1]))
+        in_use = max(0, min(in_use, reserved))
+        ctx.capacity(
+            ts,
+            "RESERVATION_CHANGED",
+            zone,
+            source="gcp.compute.reservation" if gpu else "gcp.tpu.reservation",
+            accelerator_type=accelerator,
+            quota=QuotaInfo(metric=path, limit=reserved, usage=in_use, unit="devices"),
+            state="READY" if gpu else "ACTIVE",
+            message=f"reservation {name}: {in_use} of {reserved} {accelerator} in use",
+        )
 
 
 def _arrivals(rng: np.random.Generator, per_h: float, span_h: float, start_ms: int) -> list[int]:

@@ -10,6 +10,9 @@ Feeds (capacity.feeds), each through the real client library:
 - `compute`  Compute Engine API (`google-cloud-compute`, REST): GPU instances' upcoming
              maintenance (sources/compute_api.py)
 - `metadata` this host's metadata server: maintenance-event, preempted (sources/metadata.py)
+- `reservations`  Compute Engine reservations (specific and aggregate, `google-cloud-compute`
+             REST) and Cloud TPU reservations (`google-cloud-tpu` v2alpha1): devices reserved
+             and in use, on each change (sources/reservations.py)
 
 With capacity.inventory, the `tpu` and `compute` feeds also publish every labelled TPU slice
 and GPU instance as an inventory/1 record (source `gcp.tpu` / `gcp.compute`), when it is new or
@@ -34,7 +37,7 @@ import msgspec
 from pipeline.config import CapacitySettings, SourcesSettings
 from pipeline.errors import DecodeError
 from pipeline.model import Inventory
-from pipeline.sources import compute_api, metadata, quota, tpu_api
+from pipeline.sources import compute_api, metadata, quota, reservations, tpu_api
 from pipeline.sources.base import (
     BadRecord,
     Batch,
@@ -57,6 +60,7 @@ class CapacityPosition(msgspec.Struct, kw_only=True):
     queued: dict[str, str] = {}
     metadata: dict[str, str] = {}
     inventory: dict[str, str] = {}
+    reservations: dict[str, str] = {}  # reservation name -> digest of what it said last
 
 
 def _copy(position: CapacityPosition) -> CapacityPosition:
@@ -96,6 +100,9 @@ class CapacitySource:
                 "quota": lambda: gcp_clients.monitoring_client(config.monitoring_endpoint),
                 "tpu": lambda: gcp_clients.tpu_client(config.tpu_endpoint),
                 "compute": lambda: gcp_clients.instances_client(config.compute_endpoint),
+                "reservations": lambda: reservations.reservations_client(
+                    config.compute_endpoint
+                ),
                 "metadata": lambda: metadata.MetadataClient(
                     metadata.metadata_base(config.metadata_url), config.timeout_s
                 ),
@@ -176,6 +183,19 @@ class CapacitySource:
         )
         parsed.extend(self._inventory(position, [m for m, _ in known], now_ms, "gcp.compute"))
         return parsed
+
+    def _poll_reservations(self, position: CapacityPosition) -> Parsed:
+        config = self._settings
+        held = reservations.list_compute(
+            self._client("reservations"), config.project, config.zones, config.page_size,
+            config.timeout_s,
+        )
+        held += reservations.list_tpu(
+            self._client("tpu"), tpu_api.parents(config.project, config.zones),
+            config.page_size, config.timeout_s,
+        )
+        now_ms = int(self._clock() * 1000)
+        return reservations.reservation_events(position.reservations, held, now_ms)
 
     def _poll_metadata(self, position: CapacityPosition) -> Parsed:
         client: metadata.MetadataClient = self._client("metadata")

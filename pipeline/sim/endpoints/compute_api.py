@@ -16,6 +16,13 @@ sets `resourceStatus.upcomingMaintenance` (SCHEDULED, PENDING on MAINTENANCE_SCH
 on MAINTENANCE_STARTED, gone on MAINTENANCE_DONE). Serving pools' nodes are spot VMs
 (`scheduling.provisioningModel` SPOT); a PREEMPTION makes one TERMINATED until the node is
 created again.
+
+Reservations (`reservations.aggregatedList`, `GET .../aggregated/reservations`, paged the same
+way) mirror the simulator's RESERVATION_CHANGED events of GPU types: `quota.metric` names the
+reservation, `quota.limit` its GPUs, `quota.usage` those in use. A name starting `agg-` is an
+aggregate reservation (`aggregateReservation.reservedResources` / `inUseResources` by
+accelerator count), any other a specific one (`specificReservation.count` VMs of
+a3-highgpu-8g, `inUseCount` of them); state DELETED removes it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from pipeline.ids import stable_id
 from pipeline.model import CapacityEvent
 from pipeline.sim.endpoints.stand_in import HttpStandIn, page_offset, page_token
 from pipeline.sim.fleet import GPUS_PER_NODE, Fleet
@@ -35,6 +43,7 @@ from pipeline.sim.fleet import GPUS_PER_NODE, Fleet
 MAX_RESULTS = 500
 _AGGREGATED = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$")
 _ZONAL = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances$")
+_RESERVATIONS = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/reservations$")
 
 
 def rfc3339(ms: int) -> str:
@@ -90,6 +99,7 @@ class ComputeStandIn(HttpStandIn):
             }
             for index, node in enumerate(fleet.gpu_nodes)
         }
+        self._reservations: dict[str, dict[str, Any]] = {}
 
     @property
     def address(self) -> str:
@@ -98,6 +108,9 @@ class ComputeStandIn(HttpStandIn):
     # -- state from the simulator -------------------------------------------------------------
 
     def record_capacity(self, event: CapacityEvent) -> None:
+        if event.kind == "RESERVATION_CHANGED":
+            self._reservation(event)
+            return
         if event.target_kind != "node" or event.target not in self._instances:
             return
         with self._lock:
@@ -121,6 +134,54 @@ class ComputeStandIn(HttpStandIn):
             elif event.kind == "PREEMPTION":
                 instance["status"] = "TERMINATED"
 
+    def _reservation(self, event: CapacityEvent) -> None:
+        kind = event.accelerator_type or ""
+        if event.quota is None or not kind.startswith("nvidia-"):
+            return  # TPU reservations are the TPU API's
+        name = event.quota.metric.rsplit("/", 1)[-1]
+        with self._lock:
+            if event.state == "DELETED":
+                self._reservations.pop(name, None)
+                return
+            self._reservations[name] = self._reservation_body(
+                name, event.zone, kind, int(event.quota.limit), int(event.quota.usage)
+            )
+
+    def _reservation_body(
+        self, name: str, zone: str, kind: str, gpus: int, in_use: int
+    ) -> dict[str, Any]:
+        base = f"{self.address}/compute/v1/projects/{self.project}/zones/{zone}"
+        body: dict[str, Any] = {
+            "kind": "compute#reservation",
+            "id": str(int(stable_id("r", zone, name)[2:], 16) % 10**15),
+            "name": name,
+            "zone": base,
+            "selfLink": f"{base}/reservations/{name}",
+            "status": "READY",
+        }
+        accelerator = f"{base}/acceleratorTypes/{kind}"
+        if name.startswith("agg-"):
+            body["aggregateReservation"] = {
+                "reservedResources": [
+                    {"accelerator": {"acceleratorCount": gpus, "acceleratorType": accelerator}}
+                ],
+                "inUseResources": [
+                    {"accelerator": {"acceleratorCount": in_use, "acceleratorType": accelerator}}
+                ],
+            }
+        else:
+            body["specificReservation"] = {
+                "count": str(gpus // GPUS_PER_NODE),
+                "inUseCount": str(in_use // GPUS_PER_NODE),
+                "instanceProperties": {
+                    "machineType": "a3-highgpu-8g",
+                    "guestAccelerators": [
+                        {"acceleratorType": kind, "acceleratorCount": GPUS_PER_NODE}
+                    ],
+                },
+            }
+        return body
+
     def recreated(self, node: str) -> None:
         with self._lock:
             if node in self._instances:
@@ -131,7 +192,8 @@ class ComputeStandIn(HttpStandIn):
     def answer(self, path: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         self.requests.append(path)
         aggregated, zonal = _AGGREGATED.match(path), _ZONAL.match(path)
-        match = aggregated or zonal
+        reservations = _RESERVATIONS.match(path)
+        match = aggregated or zonal or reservations
         if match is None:
             return _error(404, "notFound", f"The requested URL {path} was not found.")
         if match["project"] != self.project:
@@ -144,6 +206,8 @@ class ComputeStandIn(HttpStandIn):
             return _error(400, "invalid", str(exc))
         if not 0 <= size <= MAX_RESULTS:
             return _error(400, "invalid", f"Invalid value for field 'maxResults': {size}")
+        if reservations is not None:
+            return 200, self._reservations_page(path, offset, size)
         with self._lock:
             chosen = sorted(
                 (json.loads(json.dumps(i)) for i in self._instances.values()),
@@ -164,6 +228,26 @@ class ComputeStandIn(HttpStandIn):
         if offset + len(page) < len(chosen):
             body["nextPageToken"] = page_token(offset + len(page), path)
         return 200, body
+
+    def _reservations_page(self, path: str, offset: int, size: int) -> dict[str, Any]:
+        with self._lock:
+            chosen = sorted(
+                (json.loads(json.dumps(r)) for r in self._reservations.values()),
+                key=lambda r: (r["zone"], r["name"]),
+            )
+        page = chosen[offset : offset + (size or MAX_RESULTS)]
+        items: dict[str, Any] = {}
+        for reservation in page:
+            scope = "zones/" + reservation["zone"].rsplit("/", 1)[-1]
+            items.setdefault(scope, {"reservations": []})["reservations"].append(reservation)
+        body: dict[str, Any] = {
+            "kind": "compute#reservationAggregatedList",
+            "id": f"projects/{self.project}/aggregated/reservations",
+            "items": items,
+        }
+        if offset + len(page) < len(chosen):
+            body["nextPageToken"] = page_token(offset + len(page), path)
+        return body
 
 
 

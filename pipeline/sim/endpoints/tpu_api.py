@@ -12,6 +12,9 @@ Each simulated TPU slice is a READY node (`labels` cluster/pool, `accelerator_ty
 cleared on MAINTENANCE_DONE) and a PREEMPTION of a slice makes it PREEMPTED. The simulator's
 queued-resource lifecycles (QUEUED_RESOURCE_STATE) are queued resources in their latest state;
 a FAILED one carries `failed_data.error` RESOURCE_EXHAUSTED (no capacity before valid_until).
+`ListReservations` mirrors the simulator's RESERVATION_CHANGED events of TPU types: a
+Reservation named `quota.metric` in the event's zone, `standard.size` = `quota.limit` CHIPS,
+`usage.total` = `quota.usage`, state ACTIVE (DELETED removes it).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ _ListNodesRequest = tpu_v2alpha1.ListNodesRequest.pb()
 _ListNodesResponse = tpu_v2alpha1.ListNodesResponse.pb()
 _ListQueuedRequest = tpu_v2alpha1.ListQueuedResourcesRequest.pb()
 _ListQueuedResponse = tpu_v2alpha1.ListQueuedResourcesResponse.pb()
+_Reservation = tpu_v2alpha1.Reservation.pb()
+_ListReservationsRequest = tpu_v2alpha1.ListReservationsRequest.pb()
+_ListReservationsResponse = tpu_v2alpha1.ListReservationsResponse.pb()
 _State = tpu_v2alpha1.QueuedResourceState.State
 _Status = tpu_v2alpha1.UpcomingMaintenance.MaintenanceStatus
 _Type = tpu_v2alpha1.UpcomingMaintenance.MaintenanceType
@@ -55,6 +61,7 @@ class TpuApiStandIn:
         self._lock = threading.Lock()
         self._nodes: dict[str, Any] = {}
         self._queued: dict[str, Any] = {}
+        self._reservations: dict[str, Any] = {}
         self.requests: list[Any] = []
         for tpu in fleet.slices:
             node = _Node(
@@ -81,6 +88,11 @@ class TpuApiStandIn:
                     request_deserializer=_ListQueuedRequest.FromString,
                     response_serializer=_ListQueuedResponse.SerializeToString,
                 ),
+                "ListReservations": grpc.unary_unary_rpc_method_handler(
+                    self._list_reservations,
+                    request_deserializer=_ListReservationsRequest.FromString,
+                    response_serializer=_ListReservationsResponse.SerializeToString,
+                ),
             },
         )
         self._server.add_generic_rpc_handlers((handler,))
@@ -93,6 +105,8 @@ class TpuApiStandIn:
         with self._lock:
             if event.kind == "QUEUED_RESOURCE_STATE" and event.target and event.state:
                 self._queued_state(event)
+            elif event.kind == "RESERVATION_CHANGED" and event.quota is not None:
+                self._reservation(event)
             elif event.target_kind == "slice" and event.target in self._nodes:
                 self._node_event(self._nodes[event.target], event)
 
@@ -111,6 +125,23 @@ class TpuApiStandIn:
             node.ClearField("upcoming_maintenance")
         elif event.kind == "PREEMPTION":
             node.state = tpu_v2alpha1.Node.State.PREEMPTED
+
+    def _reservation(self, event: CapacityEvent) -> None:
+        assert event.quota is not None
+        kind = event.accelerator_type or ""
+        if kind.startswith("nvidia-"):
+            return  # GPU reservations are Compute Engine's
+        short = event.quota.metric.rsplit("/", 1)[-1]
+        name = f"projects/{self.project}/locations/{event.zone}/reservations/{short}"
+        if event.state == "DELETED":
+            self._reservations.pop(name, None)
+            return
+        reservation = _Reservation(name=name, state=tpu_v2alpha1.Reservation.State.ACTIVE)
+        reservation.standard.size = int(event.quota.limit)
+        reservation.standard.capacity_units = tpu_v2alpha1.Reservation.Standard.CapacityUnits.CHIPS
+        reservation.standard.resource_type = kind
+        reservation.standard.usage.total = int(event.quota.usage)
+        self._reservations[name] = reservation
 
     def _queued_state(self, event: CapacityEvent) -> None:
         name = f"projects/{self.project}/locations/{event.zone}/queuedResources/{event.target}"
@@ -143,6 +174,11 @@ class TpuApiStandIn:
         with self._lock:
             items = [self._copy(_Queued, q) for q in self._queued.values()]
         return self._page(request, context, items, _ListQueuedResponse, "queued_resources")
+
+    def _list_reservations(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self._lock:
+            items = [self._copy(_Reservation, r) for r in self._reservations.values()]
+        return self._page(request, context, items, _ListReservationsResponse, "reservations")
 
     @staticmethod
     def _copy(kind: Any, message: Any) -> Any:
