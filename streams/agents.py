@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pipeline.errors import DecodeError
 from pipeline.model import Action, Alert, Event, Finding
@@ -46,13 +46,15 @@ ALIGN_MAX_HELD = 20_000  # records held for ordering, at most, per agent
 
 
 class KafkaPart:
-    """stages.base.Part over one partition of a stage's table (Context.load/store)."""
+    """stages.base.Part over one partition of a stage's table (Context.load/store); `batch`:
+    it runs a batch of values (run_batch)."""
 
-    def __init__(self, ctx: Context, table: str, partition: int) -> None:
+    def __init__(self, ctx: Context, table: str, partition: int, batch: bool = False) -> None:
         self.ctx = ctx
         self.table = table
         self.partition = partition
         self.wall_ms = int(time.time() * 1000)
+        self.batch = batch
 
     @property
     def settings(self) -> Any:
@@ -93,6 +95,8 @@ class KafkaPart:
             self.ctx.metrics.impossible_values.inc()
 
     def failed(self, key: str, now_ms: int, exc: Exception) -> None:
+        if self.batch:  # its key's roll-back point is before the batch: the values one by one
+            raise _AloneError(key) from exc
         log.error("staleness check of %r at %d failed", key, now_ms, exc_info=exc)
         self.ctx.metrics.errors.labels(f"{self.table}-tick").inc()
         self.ctx.roll_back(self.table, key.encode())  # back to the key's last good state
@@ -137,33 +141,161 @@ def tick(ctx: Context, family: Family, partition: int, boundaries: list[int]) ->
     return send_all(ctx, outs, None)
 
 
-def handle(
-    ctx: Context, stage: Stage, record: Record, event: Event | None, own_key: bool = False
-) -> Futures:
-    """`own_key`: a value of a producer's batch (pipeline/wire/batches.py), keyed by its own
-    target."""
-    key = stage.key(event, _own_key(ctx, record, event) if own_key else key_text(record))
-    part = KafkaPart(ctx, stage.table, record.partition)
-    outs = stage.on_item(part, event, key)
-    ctx.handled(stage.table, functools.partial(stage.on_item, part, event, key))
+class Entry(NamedTuple):
+    """One value to run through a stage: of a record, or of a batch record (`where` names it
+    in a dead letter)."""
+
+    record: Record
+    event: Event | None
+    key: str
+    where: str = ""
+
+
+def entries_of(ctx: Context, stage: Stage, record: Record) -> tuple[list[Entry], Futures]:
+    """A record's values, decoded and keyed (`stage.key`). One that cannot be (undecodable,
+    wrongly keyed: no state touched) is a dead letter of the record, naming the value in a
+    batch record (pipeline/wire/batches.py), and the others go on."""
+    if not is_batch(record):
+        ctx.metrics.values_in.labels(record.topic).inc()
+        try:
+            event = _value(ctx, record)
+            return [Entry(record, event, stage.key(event, key_text(record)))], []
+        except DecodeError as exc:
+            return [], [ctx.send_dead_letter(record, str(exc), exc.reason)]
+    held = ctx.unpacked.pop((record.topic, record.partition, record.offset), None)
+    try:
+        pairs, first = held if held is not None else (unpack(record.value), None)
+    except DecodeError as exc:
+        return [], [ctx.send_dead_letter(record, str(exc), exc.reason)]
+    ctx.metrics.values_in.labels(record.topic).inc(len(pairs))
+    own = record.topic in ctx.producer_batched  # each value keyed by its own target
+    limit = ctx.settings.kafka.max_value_bytes
+    entries: list[Entry] = []
+    futures: Futures = []
+    for index, (content_type, raw) in enumerate(pairs):
+        where = f"value {index}: "
+        try:
+            value = first if index == 0 and first is not None else None  # (Agent.ready's)
+            if value is None:
+                value = decode(raw, ctx.value_types[record.topic], limit, content_type)
+            key = stage.key(value, _own_key(ctx, record, value) if own else key_text(record))
+        except DecodeError as exc:
+            futures.append(ctx.send_dead_letter(record, f"{where}{exc}", exc.reason))
+            continue
+        entries.append(Entry(record, value, key, where))
+    return entries, futures
+
+
+class _AloneError(Exception):
+    """A staleness check raised inside a batch: the batch is run again one value at a time,
+    where the check rolls back its own key only (KafkaPart.failed)."""
+
+
+def run_batch(ctx: Context, stage: Stage, entries: list[Entry]) -> list[Futures]:
+    """Values of one partition through the stage at once (`Stage.items`), with one roll-back
+    point for the batch: one snapshot of each state it changed (telemetry), or one journal
+    entry to replay (the others). If the stage raises, its states (and, for the telemetry
+    stage, the partition's clocks) go back to before the batch, and its values run again one
+    at a time, so the one to blame is a dead letter and every other is applied once.
+    Returns each value's futures."""
+    if len(entries) == 1:
+        return [run_one(ctx, stage, entries[0])]
+    partition = entries[0].record.partition
+    part = KafkaPart(ctx, stage.table, partition, batch=True)
+    clocks = None if stage.replayable else ctx.clocks.checkpoint(partition)
+    items = [(entry.event, entry.key) for entry in entries]
+    try:
+        results = stage.items(part, items)
+    except Exception:
+        ctx.roll_back(stage.table, counted=False)  # back to before the batch
+        if clocks is not None:
+            ctx.clocks.restore(partition, clocks)
+        return [run_one(ctx, stage, entry) for entry in entries]
+    part.batch = False  # a replay after a later roll-back runs it as it ran now
+    ctx.handled(stage.table, functools.partial(stage.items, part, items))
+    return [
+        send_all(ctx, outs, entry.record) for outs, entry in zip(results, entries, strict=True)
+    ]
+
+
+def run_one(ctx: Context, stage: Stage, entry: Entry) -> Futures:
+    """One value through the stage, with a roll-back point of its own; a value that makes the
+    stage raise is a dead letter and the stage's states go back to before it."""
+    part = KafkaPart(ctx, stage.table, entry.record.partition)
+    record = entry.record
+    try:
+        outs = stage.on_item(part, entry.event, entry.key)
+    except DecodeError as exc:  # raised before any state was touched
+        return [ctx.send_dead_letter(record, f"{entry.where}{exc}", exc.reason)]
+    except Exception as exc:
+        log.exception(
+            "%s: record %s[%d]@%d %s", stage.name, record.topic, record.partition, record.offset,
+            entry.where,
+        )  # fmt: skip
+        ctx.metrics.errors.labels(stage.name).inc()
+        ctx.roll_back(stage.table)
+        error = entry.where + unexpected_error(stage.name, exc)
+        return [ctx.send_dead_letter(record, error, "error")]
+    ctx.handled(stage.table, functools.partial(stage.on_item, part, entry.event, entry.key))
     return send_all(ctx, outs, record)
 
 
 # --- the loop -----------------------------------------------------------------------------
 
+BATCH_MAX = 500  # values run through a stage at once, at most (one roll-back point each)
+
+
+def handle_records(ctx: Context, stage: Stage, records: list[Held]) -> None:
+    """Records as they came (one, a batch faust gave, what an Aligner released): their values
+    run through the stage in batches of one partition, and each record's outputs go to the
+    Settler with its ack. A record it cannot handle becomes a dead letter, never a crash."""
+    started = time.perf_counter()
+    plan: list[Futures] = []
+    pending: list[Entry] = []
+    owners: list[int] = []  # which record (index in `plan`) each pending entry is of
+
+    def drain() -> None:
+        for owner, futures in zip(owners, run_batch(ctx, stage, pending), strict=True):
+            plan[owner].extend(futures)
+        pending.clear()
+        owners.clear()
+
+    for record, _ack in records:
+        entries, futures = _entries_guarded(ctx, stage, record)
+        plan.append(futures)
+        if pending and (
+            pending[0].record.partition != record.partition or len(pending) >= BATCH_MAX
+        ):
+            drain()
+        pending.extend(entries)
+        owners.extend([len(plan) - 1] * len(entries))
+        ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
+    if pending:
+        drain()
+    each = (time.perf_counter() - started) / len(records) if records else 0.0
+    latency = ctx.metrics.latency.labels(stage.name)
+    for (_record, ack), futures in zip(records, plan, strict=True):
+        latency.observe(each)
+        ctx.settler.add(ack, futures)
+
 
 def handle_record(ctx: Context, stage: Stage, record: Record) -> Futures:
-    """Decode and run the stage; a record it cannot handle becomes a dead letter, never a
-    crash. (For an agent with an Aligner, decoding happened before: see `Agent.receive`.)"""
-    started = time.perf_counter()
+    """One record through the stage (tests; the agents call handle_records): its futures."""
+    entries, futures = _entries_guarded(ctx, stage, record)
+    ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
+    for done in run_batch(ctx, stage, entries) if entries else []:
+        futures.extend(done)
+    return futures
+
+
+def _entries_guarded(ctx: Context, stage: Stage, record: Record) -> tuple[list[Entry], Futures]:
     try:
-        if is_batch(record):
-            return _guarded(ctx, stage, record, lambda: handle_batch(ctx, stage, record))
-        ctx.metrics.values_in.labels(record.topic).inc()
-        return _guarded(ctx, stage, record, lambda: handle(ctx, stage, record, _value(ctx, record)))
-    finally:
-        ctx.next_offset[(record.topic, record.partition)] = record.offset + 1
-        ctx.metrics.latency.labels(stage.name).observe(time.perf_counter() - started)
+        return entries_of(ctx, stage, record)
+    except Exception as exc:  # a bug in decoding: the record is a dead letter, not a crash
+        log.exception("%s: record %s[%d]@%d", stage.name, record.topic, record.partition,
+                      record.offset)  # fmt: skip
+        ctx.metrics.errors.labels(stage.name).inc()
+        return [], [ctx.send_dead_letter(record, unexpected_error(stage.name, exc), "error")]
 
 
 def _value(ctx: Context, record: Record) -> Event | None:
@@ -178,31 +310,6 @@ def _value(ctx: Context, record: Record) -> Event | None:
     return value
 
 
-def handle_batch(ctx: Context, stage: Stage, record: Record) -> Futures:
-    """Each value of a batch record in turn (pipeline/wire/batches.py), as if each were a
-    record; one that cannot be handled is a dead letter (of the whole record, naming the
-    value), and the others go on."""
-    held = ctx.unpacked.pop((record.topic, record.partition, record.offset), None)
-    pairs, first = held if held is not None else (unpack(record.value), None)
-    ctx.metrics.values_in.labels(record.topic).inc(len(pairs))
-    futures: Futures = []
-    for index, (content_type, raw) in enumerate(pairs):
-        value = first if index == 0 else None  # decoded already by Agent.receive
-        run = functools.partial(_handle_packed, ctx, stage, record, content_type, raw, value)
-        futures += _guarded(ctx, stage, record, run, f"value {index}: ")
-    return futures
-
-
-def _handle_packed(
-    ctx: Context, stage: Stage, record: Record, content_type: str, raw: bytes,
-    value: Event | None,
-) -> Futures:
-    if value is None:
-        limit = ctx.settings.kafka.max_value_bytes
-        value = decode(raw, ctx.value_types[record.topic], limit, content_type)
-    return handle(ctx, stage, record, value, own_key=record.topic in ctx.producer_batched)
-
-
 def _own_key(ctx: Context, record: Record, event: Event | None) -> str:
     """The value's own key, if it belongs to the record's partition: a target's state lives in
     the partition its key picks, whoever batched its values."""
@@ -215,26 +322,6 @@ def _own_key(ctx: Context, record: Record, event: Event | None) -> str:
             got=f"{key!r}, of partition {home} (keys decide partitions)",
         )
     return key
-
-
-def _guarded(
-    ctx: Context, stage: Stage, record: Record, run: Callable[[], Futures],
-    where: str = "",
-) -> Futures:
-    """`run()`'s outputs, or the dead letter of `record` if it cannot be handled (`where`: which
-    value of a batch)."""
-    try:
-        return run()
-    except DecodeError as exc:  # raised by decoding or the key check: no state was touched
-        return [ctx.send_dead_letter(record, f"{where}{exc}", exc.reason)]
-    except Exception as exc:
-        log.exception(
-            "%s: record %s[%d]@%d %s", stage.name, record.topic, record.partition, record.offset,
-            where,
-        )  # fmt: skip
-        ctx.metrics.errors.labels(stage.name).inc()
-        ctx.roll_back(stage.table)
-        return [ctx.send_dead_letter(record, where + unexpected_error(stage.name, exc), "error")]
 
 
 Held = tuple[Record, Ack]
@@ -253,11 +340,15 @@ class Agent:
         return self.stage.name
 
     def receive(self, record: Record, ack: Ack) -> None:
+        self.process(self.ready(record, ack))
+
+    def ready(self, record: Record, ack: Ack) -> list[Held]:
+        """What may be processed now that `record` came: itself, or what the Aligner
+        releases (it holds records of its inputs while a partition catches up)."""
         ctx = self.ctx
         ctx.metrics.records_in.labels(record.topic).inc()
         if self.aligner is None or record.topic not in self.aligner.rank:
-            self.process([(record, ack)])
-            return
+            return [(record, ack)]
         try:
             limit = ctx.settings.kafka.max_value_bytes
             if is_batch(record):  # held at its first value's time (a producer's, in order)
@@ -268,26 +359,28 @@ class Agent:
             else:
                 value = decode_value(record, ctx.value_types[record.topic], limit)
                 ctx.decoded[(record.topic, record.partition, record.offset)] = value
-        except Exception:  # handle_record makes it a dead letter with the reason
-            self.process([(record, ack)])  # order is moot: it goes to the dead letters
-            return
+        except Exception:  # entries_of makes it a dead letter with the reason
+            return [(record, ack)]  # order is moot: it goes to the dead letters
         ts = getattr(value, "ts", 0)
         self.aligner.hold(record.topic, record.partition, ts, (record, ack), time.monotonic())
-        self.release()
+        return self.aligner.release(time.monotonic()) if self.aligner.held else []
 
     def release(self) -> None:
         if self.aligner is not None and self.aligner.held:
             self.process(self.aligner.release(time.monotonic()))
 
     def process(self, records: list[Held]) -> None:
-        for record, ack in records:
-            self.ctx.settler.add(ack, handle_record(self.ctx, self.stage, record))
+        if records:
+            handle_records(self.ctx, self.stage, records)
 
     async def _take(self, stream: Any, take: int, within_s: float) -> None:
-        """Batches of events from faust (acked by the Settler once their outputs are)."""
+        """Batches of events from faust (acked by the Settler once their outputs are), each
+        run through the stage at once."""
         async for events in stream.noack_take(take, within_s):
+            ready: list[Held] = []
             for event in events:
-                self.receive(event.message, functools.partial(stream.ack, event))
+                ready += self.ready(event.message, functools.partial(stream.ack, event))
+            self.process(ready)
             if self.ctx.settler.full():
                 await self.ctx.settler.settle()
 

@@ -21,6 +21,8 @@ partitions, which must never make a reporting node look silent.
 
 from __future__ import annotations
 
+import copy
+
 from pipeline.config import ClockSettings
 from pipeline.stages.clock import CLOCKS, FAMILIES, MAX_TICKS, ClockName, Family, RobustClock
 
@@ -74,6 +76,22 @@ class PartitionClocks:
         ]
         return mine.follow(max(newest) - CATCH_UP_GRACE_MS)
 
+    def checkpoint(self, partition: int) -> dict[ClockName, RobustClock]:
+        """The partition's clocks as they are (copies), to go back to if a batch fails: the
+        records of a failed batch are processed again one by one, and must find the clocks
+        (and the tick boundaries they cross) as the batch found them."""
+        return {
+            name: _copy(clock)
+            for (name, p), clock in self.clocks.items()
+            if p == partition
+        }
+
+    def restore(self, partition: int, checkpoint: dict[ClockName, RobustClock]) -> None:
+        for name in CLOCKS:
+            self.clocks.pop((name, partition), None)
+        for name, clock in checkpoint.items():
+            self.clocks[(name, partition)] = clock
+
     def forget(self, partitions: set[int]) -> None:
         """Partitions revoked: another worker owns their keys and their clocks now."""
         for partition in partitions:
@@ -82,3 +100,9 @@ class PartitionClocks:
                 self.clocks.pop((name, partition), None)
                 self.last_seen.pop((name, partition), None)
 
+
+
+def _copy(clock: RobustClock) -> RobustClock:
+    copied = copy.copy(clock)
+    copied.latest, copied.claims = dict(clock.latest), dict(clock.claims)
+    return copied

@@ -14,15 +14,17 @@ only after the states it changed are in the changelog. This also works outside a
 iteration (the staleness timer), which faust's `table[key] = value` does not.
 
 A record that makes a stage raise must not leave a half-changed state behind; `roll_back` puts
-the stage's table back as it was after the last good record, in one of two ways:
-- telemetry (`Stage.replayable` false: it reads clocks that have moved on since): once a record
-  went through, the states it changed are snapshot as msgpack (`commit`), and a roll-back
-  decodes them again;
+the stage's table back as it was after the last good record or batch of values (the agents
+run the values they have of a partition through a stage at once, `Stage.items`:
+agents.run_batch), in one of two ways:
+- telemetry (`Stage.replayable` false: it reads clocks that have moved on since): once a batch
+  went through, the states it changed are snapshot as msgpack (`commit`), once each however
+  many of its values changed them, and a roll-back decodes them again;
 - every other stage: the snapshot is what the last `flush` wrote, and the stage's records since
-  then are kept (`journal`) and replayed, outputs discarded. These states are large (a
-  cluster's fleet state is ~400 kB at 1,250 nodes) and their records many; encoding one per
-  record was half of the worker's CPU under the 10k-GPU load, and replays happen only when a
-  stage has a bug.
+  then are kept (`journal`, one entry per batch) and replayed, outputs discarded. These states
+  are large (a cluster's fleet state is ~400 kB at 1,250 nodes) and their records many;
+  encoding one per record was half of the worker's CPU under the 10k-GPU load, and replays
+  happen only when a stage has a bug.
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ class Context:
         return []
 
     def commit(self) -> None:
-        """A record or a staleness check went through: snapshot the states it changed."""
+        """A record, a batch or a staleness check went through: snapshot the states it
+        changed."""
         for table_key, partition in self.touched.items():
             self.dirty[table_key] = (partition, encode_state(self.cache[table_key]))
         self.touched.clear()
@@ -156,17 +159,20 @@ class Context:
         self.journal.setdefault(table, [])
 
     def handled(self, table: str, replay: Replay) -> None:
-        """A record of `table`'s stage went through: kept to replay (`replay` redoes it,
-        outputs dropped) if the stage is replayable, else the states it changed snapshot."""
+        """A record or batch of `table`'s stage went through: kept to replay (`replay` redoes
+        it, outputs dropped) if the stage is replayable, else the states it changed snapshot."""
         if table in self.journal:
             self.journal[table].append(replay)
         else:
             self.commit()
 
-    def roll_back(self, table: str, key: bytes | None = None) -> None:
-        """A stage raised half-way: back to `table`'s states after the last good record (for
-        a staleness check, which changes each key on its own: `key`'s state only)."""
-        self.metrics.roll_backs.labels(table).inc()
+    def roll_back(self, table: str, key: bytes | None = None, counted: bool = True) -> None:
+        """A stage raised half-way: back to `table`'s states after the last good record or
+        batch (for a staleness check, which changes each key on its own: `key`'s state only).
+        `counted`: false for a batch about to be run again one value at a time (the value to
+        blame is counted then)."""
+        if counted:
+            self.metrics.roll_backs.labels(table).inc()
         if table not in self.journal:  # decoded again from their last snapshots
             for table_key in [k for k in self.touched if k[0] == table and key in (None, k[1])]:
                 del self.touched[table_key]
