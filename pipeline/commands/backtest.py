@@ -2,8 +2,9 @@
 
 A `.csv` file (`timestamp,value`, NAB format) runs through the single-series detector; a
 `.jsonl` recording of topic values (one encoded event per line, as the simulator records
-them) replays through the GPU, XID, TPU and ICI detectors. With labelled windows it scores
-them: window recall, false alarms per series-week and detection delay from window start.
+them) replays through the telemetry stage (the GPU, XID, fabric, TPU and ICI detectors, as the
+stream runs them). With labelled windows it scores them: window recall, false alarms per
+series-week and detection delay from window start.
 `--compare` sweeps the series detector and two plain baselines (rolling z-score, EWMA) over
 their thresholds and compares their recall at matched false-alarm rates.
 """
