@@ -62,6 +62,7 @@ class Container:
     working_dir: str
     mounts: list[Mount] = field(default_factory=list)
     read_only_root: bool = False
+    grace_s: float = 30.0  # the pod's terminationGracePeriodSeconds: SIGTERM, then SIGKILL
 
     def popen(self, log: Path, scratch: Path) -> subprocess.Popen[bytes]:
         """Start it in a mount namespace of its own; output to `log`."""
@@ -142,7 +143,8 @@ class Kubelet:
             out.append(Container(
                 key, c["name"], [*c.get("command", image().entrypoint), *c.get("args", [])],
                 {**base, **_env(c)}, c.get("workingDir", "/"), mounts,
-                bool(c.get("securityContext", {}).get("readOnlyRootFilesystem"))))  # fmt: skip
+                bool(c.get("securityContext", {}).get("readOnlyRootFilesystem")),
+                float(spec.get("terminationGracePeriodSeconds", 30))))  # fmt: skip
         return out
 
     def _volume(self, key: str, volume: dict[str, Any]) -> Path:

@@ -91,16 +91,23 @@ class Release:
         return "\n".join(f"--- {k}\n{self.log(k).read_text(errors='replace')[-2500:]}"
                          for k in self.procs)  # fmt: skip
 
-    def stop(self) -> None:
+    def stop(self) -> dict[str, tuple[int, float]]:
+        """SIGTERM to every process, SIGKILL past its pod's grace period, as a kubelet stops
+        pods: each one's exit status (-9: killed) and seconds to exit."""
+        began = time.monotonic()
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.procs.values():
+        stopped = {}
+        for key, proc in self.procs.items():
+            grace = self.containers[key].grace_s
             try:
-                proc.wait(60)
+                proc.wait(max(0.0, began + grace - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            stopped[key] = (proc.returncode, round(time.monotonic() - began, 1))
+        return stopped
 
 
 def _api_port(k8s: Kube) -> int:
@@ -399,7 +406,11 @@ def test_the_charts_processes_close_the_loop_on_a_real_api_server(release: Relea
         figures = _the_loop(world, repaired, persons, evicted, kept)
     finally:
         world.producer.close()
-    figures = {"ready s": round(ready_s, 1), **figures}
+    stopped = release.stop()
+    assert all(code == 0 for code, _ in stopped.values()), \
+        f"not every process exited 0 on SIGTERM within its grace period: {stopped}\n{release.tails()}"
+    figures = {"ready s": round(ready_s, 1), **figures,
+               "stopped on SIGTERM s": max(s for _, s in stopped.values())}  # fmt: skip
     print(f"the chart's processes: {figures}")
     record("control", "the chart's processes: lost GPU cordoned, drained past a budget, "
            "repaired, released; a person's uncordon mid-drain wins", figures)  # fmt: skip
