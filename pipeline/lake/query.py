@@ -48,6 +48,7 @@ import duckdb
 import pyarrow as pa
 
 from pipeline.catalog import accelerator_prices, xid_catalog
+from pipeline.catalog.accelerators import accelerator_types
 from pipeline.config import LakeSettings
 from pipeline.errors import FleetPulseError
 from pipeline.lake.check import QUARANTINE_DIR, check_file, readable_files
@@ -416,7 +417,9 @@ class Lake:
     def _register_reference_tables(self) -> None:
         self.con.from_arrow(self._prices()).create_view("raw_prices", replace=True)
         self.con.from_arrow(_xid_arrow()).create_view("raw_xid_catalog", replace=True)
-        for name in ("prices", "xid_catalog"):
+        accelerators = _accelerators_arrow()
+        self.con.from_arrow(accelerators).create_view("raw_accelerator_types", replace=True)
+        for name in ("prices", "xid_catalog", "accelerator_types"):
             self.con.execute(_view_sql(name))
 
     def _prices(self) -> pa.Table:
@@ -461,6 +464,20 @@ def _once_sql(spec: TableSpec) -> str:
 
 def _view_sql(name: str) -> str:
     return (resources.files("pipeline.sql") / f"{name}.sql").read_text()
+
+
+def _accelerators_arrow() -> pa.Table:
+    """catalog/accelerators.csv: canonical types, families, peak dense bf16 TFLOPS (issue 37)."""
+    rows = accelerator_types()
+    return pa.table({
+        "type": [r.type for r in rows],
+        "kind": [r.kind for r in rows],
+        "match": [r.match for r in rows],
+        "family": [r.family for r in rows],
+        "bf16_tflops": [r.bf16_tflops for r in rows],
+        "source": [r.source for r in rows],
+        "priority": pa.array(range(len(rows)), pa.int32()),
+    })
 
 
 def _xid_arrow() -> pa.Table:

@@ -1,0 +1,85 @@
+"""The capacity analyses over the fixture lake, whose answers are known by construction."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import LakeSettings
+from pipeline.lake.query import Lake
+from pipeline.lake.writer import LakeWriter
+from pipeline.model import CapacityEvent, QuotaInfo
+from tests import lake_fixture as fx
+
+START = datetime.fromtimestamp(fx.T0 / 1000, UTC).replace(tzinfo=None)
+END = datetime.fromtimestamp(fx.END / 1000, UTC).replace(tzinfo=None)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = fx.build_lake(tmp_path_factory.mktemp("capacity") / "lake")
+    writer = LakeWriter(root, LakeSettings())
+    for offset, (minute, in_use, state) in enumerate(
+        [(10, 16, "READY"), (70, 8, "READY"), (130, 12, "READY")]
+    ):
+        writer.add("capacity", reservation("res-a", minute, 16, in_use, state), ("t.res", 0, offset))
+    writer.add("capacity", reservation("res-gone", 20, 8, 0, "READY"), ("t.res", 0, 3))
+    writer.add("capacity", reservation("res-gone", 90, 0, 0, "DELETED"), ("t.res", 0, 4))
+    writer.checkpoint()
+    return root
+
+
+def reservation(name: str, minute: int, limit: int, usage: int, state: str) -> CapacityEvent:
+    return CapacityEvent(
+        event_id=f"cap-res-{name}-{minute}", ts=fx.T0 + minute * fx.MINUTE, provider="gcp",
+        source="gcp.compute.reservation", kind="RESERVATION_CHANGED", severity="info",
+        region="z", zone="z-a", accelerator_type="nvidia-h100-80gb", state=state,
+        quota=QuotaInfo(metric=f"projects/p/zones/z-a/reservations/{name}", limit=limit,
+                        usage=usage, unit="devices"),
+    )  # fmt: skip
+
+
+def run(lake: Path, name: str) -> list[dict[str, object]]:
+    with Lake(lake) as opened:
+        return opened.run(name, since=START, until=END).records()
+
+
+def test_accelerator_roi_compares_types_per_useful_pflop_hour(lake: Path) -> None:
+    rows = {r["accelerator_type"]: r for r in run(lake, "accelerator_roi")}
+    tpu = rows["tpu-v5e"]
+    assert (tpu["device_hours"], tpu["useful_hours"], tpu["bf16_tflops"]) == (16.0, 8.0, 197.0)
+    price = float(str(tpu["usd_per_hour"]))
+    assert tpu["usd_per_useful_pflop_hour"] == round(1000 * 16 * price / (8 * 197), 3)
+    assert rows["nvidia-h100-80gb"]["family"] == "nvidia-hopper"
+    assert rows["nvidia-a100-80gb"]["usd_per_useful_hour"] is None  # idle all along
+    assert next(iter(rows)) == "tpu-v5e"  # cheapest useful compute first
+
+
+def test_time_back_in_service_per_stage_and_end_to_end(lake: Path) -> None:
+    rows = {(r["pool"], r["stage"]): r for r in run(lake, "time_back_in_service")}
+    slice_out = rows[("tpu", "out of service (end to end)")]
+    assert (slice_out["done"], slice_out["p50_min"]) == (1, 30.0)  # s1: T0+1h to T0+1h30
+    assert rows[("tpu", "cordoned")]["p95_min"] == 30.0
+
+
+def test_reservations_latest_figures_and_the_deleted_left_out(lake: Path) -> None:
+    rows = run(lake, "reservations")
+    assert [(r["reservation"], r["reserved"], r["in_use"], r["unused"], r["changes"])
+            for r in rows] == [("res-a", 16.0, 12.0, 4.0, 3)]  # fmt: skip
+
+
+def test_quota_outlook_needs_enough_points_for_a_forecast(lake: Path) -> None:
+    (row,) = run(lake, "quota_outlook")
+    assert (row["usage"], row["headroom"], row["points"]) == (50.0, 14.0, 2)
+    assert row["hours_left"] is None  # two points are no trend to bet on
+    assert row["trend_per_h"] == round(10 / (110 / 60), 3)
+
+
+def test_capacity_timeline_splits_devices_by_status(lake: Path) -> None:
+    first = [r for r in run(lake, "capacity_timeline") if r["bucket"] == START]
+    by_zone = {(r["zone"], r["accelerator"]): (r["out_of_service"], r["allocated"], r["free"])
+               for r in first}  # fmt: skip
+    assert by_zone[("z-a", fx.H100)] == (0, 4, 0)
+    assert by_zone[("z-b", fx.A100)] == (0, 0, 2)
