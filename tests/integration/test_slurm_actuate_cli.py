@@ -15,6 +15,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from pipeline.config import KafkaSettings
 from pipeline.model import Action, DeadLetter, Inventory, NodeEvent
 from pipeline.wire import codec
+from pipeline.wire.admin import create_topics
 from pipeline.wire.topics import topic_name
 from tests.integration.test_slurm_actuator import action
 from tests.slurm_fixture import CLUSTER, NODES, ZONE, SlurmLab, slurm, slurm_conf  # noqa: F401
@@ -50,10 +51,9 @@ def _records(kafka: KafkaSettings, suffix: str) -> list[tuple[bytes, bytes | Non
 def test_actions_are_carried_out_and_every_outcome_is_echoed(
     kafka_settings: KafkaSettings, slurm: SlurmLab  # noqa: F811
 ) -> None:
-    created = _fleetpulse(kafka_settings, slurm, "topics", "create")
-    assert created.returncode == 0, created.stderr
+    create_topics(kafka_settings)  # (`fleetpulse topics create`'s own test is elsewhere)
     mine, theirs = slurm.node(), slurm.node()
-    slurm.job(mine, 2)
+    slurm.job(mine, 1)
     slurm.drain_by_person(theirs, "bad DIMM")
     actions = [action(mine, "cordon"), action(mine, "drain"), action(theirs, "uncordon"),
                action(mine, "reboot", dry_run=True)]  # fmt: skip
@@ -67,7 +67,7 @@ def test_actions_are_carried_out_and_every_outcome_is_echoed(
                   % str(current).encode()).get(30)  # fmt: skip
     producer.close()
 
-    run = _fleetpulse(kafka_settings, slurm, "actuate", "slurm", "--idle-exit", "3")
+    run = _fleetpulse(kafka_settings, slurm, "actuate", "slurm", "--idle-exit", "2")
     assert run.returncode == 0, run.stderr
     echoes = [codec.decode(v, NodeEvent) for _, v in _records(kafka_settings, "events.node")
               if v is not None]  # fmt: skip
@@ -80,7 +80,7 @@ def test_actions_are_carried_out_and_every_outcome_is_echoed(
     (letter,) = [codec.decode(v, DeadLetter) for _, v in _records(kafka_settings, "dlq")
                  if v is not None]  # fmt: skip
     assert "kind" in letter.error or "action_id" in letter.error
-    again = _fleetpulse(kafka_settings, slurm, "actuate", "slurm", "--idle-exit", "2")
+    again = _fleetpulse(kafka_settings, slurm, "actuate", "slurm", "--idle-exit", "1")
     assert again.returncode == 0, again.stderr
     assert "0 records" in again.stdout  # committed: nothing came again
 
@@ -88,33 +88,38 @@ def test_actions_are_carried_out_and_every_outcome_is_echoed(
 def test_the_watcher_command_sends_inventory_and_a_persons_drain(
     kafka_settings: KafkaSettings, slurm: SlurmLab  # noqa: F811
 ) -> None:
-    created = _fleetpulse(kafka_settings, slurm, "topics", "create")
-    assert created.returncode == 0, created.stderr
+    create_topics(kafka_settings)  # (`fleetpulse topics create`'s own test is elsewhere)
     node = slurm.node()
     watcher = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "watch", "slurm"],
                                env=_env(kafka_settings, slurm), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+    seen: dict[str, list[tuple[bytes, bytes | None]]] = {"inventory": [], "events.node": []}
+    consumer = KafkaConsumer(*(topic_name(kafka_settings, t) for t in seen),
+                             bootstrap_servers=kafka_settings.bootstrap,
+                             auto_offset_reset="earliest", enable_auto_commit=False)  # fmt: skip
+
+    def read(suffix: str, count: int) -> bool:
+        """Whether `count` records are on the topic now (after reading what arrived)."""
+        assert watcher.poll() is None, watcher.communicate()
+        for part, records in consumer.poll(timeout_ms=300).items():
+            topic = part.topic.removeprefix(f"{kafka_settings.topic_prefix}.")
+            seen[topic] += [(r.key, r.value) for r in records]
+        return len(seen[suffix]) >= count
+
+    key = f"{CLUSTER}/{node}".encode()
     try:
-        def listed() -> bool:
-            assert watcher.poll() is None, watcher.communicate()
-            return len(_records(kafka_settings, "inventory")) >= len(NODES)
-
-        slurm.until(listed, 60, "every node in the inventory")
+        slurm.until(lambda: read("inventory", len(NODES)), 60, "every node in the inventory")
         slurm.drain_by_person(node, "fan failure")
-        key = f"{CLUSTER}/{node}".encode()
-
-        def echoed() -> list[NodeEvent]:
-            return [codec.decode(v, NodeEvent) for k, v in _records(kafka_settings, "events.node")
-                    if k == key and v is not None]  # fmt: skip
-
-        slurm.until(lambda: bool(echoed()), 30, "the person's drain on fleet.events.node")
-        (drained,) = echoed()
+        slurm.until(lambda: read("events.node", 1), 30, "the person's drain on fleet.events.node")
+        (drained,) = [codec.decode(v, NodeEvent) for k, v in seen["events.node"]
+                      if k == key and v is not None]  # fmt: skip
         assert drained.kind == "cordoned" and "fan failure" in drained.reason
-        records = [codec.decode(v, Inventory) for k, v in _records(kafka_settings, "inventory")
+        records = [codec.decode(v, Inventory) for k, v in seen["inventory"]
                    if k == key and v is not None]  # fmt: skip
         assert records[0].accelerator == "h100" and records[0].capacity == 8
     finally:
         watcher.terminate()
         out, err = watcher.communicate(timeout=60)
+        consumer.close()
     assert watcher.returncode == 0, err
     assert "watcher:" in out and "failed" in out
