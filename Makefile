@@ -9,7 +9,7 @@ export KAFKA_PORT
 # the one version (pipeline/__init__.py): the package's, the image tag, the chart's appVersion
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' pipeline/__init__.py)
 
-.PHONY: help demo test faults fuzz check bench image kafka-up kafka-down kube-build kube-up kube-down services-up services-down clean
+.PHONY: help demo test faults fuzz check bench image kafka-up kafka-down kube-build kube-up kube-down kube-demo services-up services-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -68,6 +68,9 @@ kube-up:  ## start the development Kubernetes API server + etcd (127.0.0.1:$KUBE
 
 kube-down:  ## stop it
 	@bash deploy/kubernetes/kube.sh stop
+
+kube-demo: $(STAMP) system-deps  ## a lost GPU on a local API server: watcher, worker, actuator live; cordon, drain, repair, release printed
+	@bash deploy/kubernetes/kube-demo.sh
 
 clean:  ## remove the venv, caches and local outputs (keeps the Kafka jar cache)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache fleetpulse.egg-info out build dist
