@@ -18,9 +18,14 @@
   seen unchanged); `readOnlyRootFilesystem` makes every other path read-only;
 - the working directory is the container's `workingDir`.
 
+- the user: `runAsUser`/`runAsGroup` with `fsGroup` as a supplementary group and no new
+  privileges (setpriv; when the test runs as root, as on these machines); emptyDirs are
+  world-writable and Secret files group-owned by the fsGroup, as the kubelet makes them. The
+  development venv's interpreter lies under /root, which others cannot enter: in the
+  namespace an empty /root holds only the way to it.
+
 Not as in a pod: the processes share the machine's network (the chart's metricsPort 0 lets
-each pick a port), and they run as the test's user, not `runAsUser` (the development venv's
-interpreter lives under /root, which other users cannot enter).
+each pick a port).
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class Container:
     mounts: list[Mount] = field(default_factory=list)
     read_only_root: bool = False
     grace_s: float = 30.0  # the pod's terminationGracePeriodSeconds: SIGTERM, then SIGKILL
+    run_as: tuple[int, int, int] | None = None  # runAsUser, runAsGroup, fsGroup
 
     def popen(self, log: Path, scratch: Path) -> subprocess.Popen[bytes]:
         """Start it in a mount namespace of its own; output to `log`."""
@@ -129,13 +135,16 @@ class Kubelet:
 
     def containers(self, key: str, doc: dict[str, Any]) -> list[Container]:
         spec = pod_spec(doc)
-        volumes = {v["name"]: self._volume(key, v) for v in spec.get("volumes", [])}
+        fs_group = spec.get("securityContext", {}).get("fsGroup")
+        volumes = {v["name"]: self._volume(key, v, fs_group) for v in spec.get("volumes", [])}
         sa_mount = self._service_account(key, spec)
         base = {**image().env, "HOSTNAME": f"{doc['metadata']['name']}-{uuid.uuid4().hex[:5]}",
                 "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                 "KUBERNETES_SERVICE_PORT": str(self.api_port)}  # fmt: skip
+        pod_security = spec.get("securityContext", {})
         out = []
         for c in spec["containers"]:
+            security = {**pod_security, **c.get("securityContext", {})}
             mounts = [Mount(m["mountPath"], volumes[m["name"]], bool(m.get("readOnly")))
                       for m in c.get("volumeMounts", [])]  # fmt: skip
             if sa_mount is not None:
@@ -143,23 +152,25 @@ class Kubelet:
             out.append(Container(
                 key, c["name"], [*c.get("command", image().entrypoint), *c.get("args", [])],
                 {**base, **_env(c)}, c.get("workingDir", "/"), mounts,
-                bool(c.get("securityContext", {}).get("readOnlyRootFilesystem")),
-                float(spec.get("terminationGracePeriodSeconds", 30))))  # fmt: skip
+                bool(security.get("readOnlyRootFilesystem")),
+                float(spec.get("terminationGracePeriodSeconds", 30)), _run_as(security)))  # fmt: skip
         return out
 
-    def _volume(self, key: str, volume: dict[str, Any]) -> Path:
+    def _volume(self, key: str, volume: dict[str, Any], fs_group: int | None) -> Path:
         folder = self.scratch / "volumes" / key.replace("/", "-") / volume["name"]
         folder.mkdir(parents=True)
         if "emptyDir" in volume:
+            folder.chmod(0o777)  # as the kubelet makes an emptyDir: any user of the pod writes
             return folder
         for kind in ("secret", "configMap"):
             if kind in volume:
-                self._write_items(folder, kind, volume[kind])
+                self._write_items(folder, kind, volume[kind], fs_group)
                 return folder
         raise AssertionError(f"{key}: volume {volume['name']}: expected emptyDir, secret or "
                              f"configMap, got {sorted(volume)}")  # fmt: skip
 
-    def _write_items(self, folder: Path, kind: str, source: dict[str, Any]) -> None:
+    def _write_items(self, folder: Path, kind: str, source: dict[str, Any],
+                     fs_group: int | None) -> None:  # fmt: skip
         if kind == "secret":
             obj = self.kube.core.read_namespaced_secret(source["secretName"], self.namespace)
             data = {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
@@ -171,6 +182,8 @@ class Kubelet:
             path = folder / item["path"]
             path.write_bytes(data[item["key"]])
             path.chmod(item.get("mode", source.get("defaultMode", 0o644)))
+            if fs_group is not None and os.geteuid() == 0:
+                os.chown(path, 0, fs_group)  # the pod's fsGroup owns its volumes' files
 
     def _service_account(self, key: str, spec: dict[str, Any]) -> Mount | None:
         """The token volume the ServiceAccount admission plugin adds (unless opted out)."""
@@ -191,6 +204,14 @@ class Kubelet:
         return Mount(SA_DIR, folder, True)
 
 
+def _run_as(security: dict[str, Any]) -> tuple[int, int, int] | None:
+    if "runAsUser" not in security:
+        return None
+    user = int(security["runAsUser"])
+    group = int(security.get("runAsGroup", user))
+    return user, group, int(security.get("fsGroup", group))
+
+
 def _env(container: dict[str, Any]) -> dict[str, str]:
     env = {}
     for entry in container.get("env", []):
@@ -202,6 +223,8 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 def _namespace_script(container: Container, scratch: Path) -> str:
     """Shell run inside the new mount namespace: the pod's mounts, a read-only root, then exec."""
     lines = ["set -e"]
+    if container.run_as is not None and os.geteuid() == 0:
+        lines += _reachable(os.path.realpath(VENV_BIN / "python3"), scratch)
     overlays: list[str] = []
     paths = [m.path.rstrip("/") + "/" for m in container.mounts]
     nested = [(a, b) for a in paths for b in paths if a != b and b.startswith(a)]
@@ -222,8 +245,34 @@ def _namespace_script(container: Container, scratch: Path) -> str:
         lines += [f"mount -o remount,bind,ro {shlex.quote(p)}" for p in overlays]
         lines.append("mount -o remount,bind,ro /")
     lines.append(f"cd {shlex.quote(container.working_dir)}")
-    lines.append("exec " + shlex.join(container.argv))
+    lines.append("exec " + shlex.join(_as_user(container) + container.argv))
     return "\n".join(lines)
+
+
+def _as_user(container: Container) -> list[str]:
+    """setpriv to the pod's user, group and fsGroup, no new privileges (only root can)."""
+    if container.run_as is None or os.geteuid() != 0:
+        return []
+    user, group, fs_group = container.run_as
+    return ["setpriv", f"--reuid={user}", f"--regid={group}", f"--groups={fs_group}",
+            "--no-new-privs", "--"]  # fmt: skip
+
+
+def _reachable(path: str, scratch: Path) -> list[str]:
+    """Shell lines letting any user reach `path` (the venv's interpreter): a folder on the way
+    others cannot enter (/root) is covered by an empty tmpfs they can, with only the way to
+    `path` bound back into it; the rest of that folder stays hidden, as in an image."""
+    parts = Path(path).parts
+    for depth in range(2, len(parts)):
+        folder = Path(*parts[:depth])
+        if not os.stat(folder).st_mode & 0o001:
+            child = shlex.quote(str(Path(*parts[: depth + 1])))
+            stage = scratch / "reach" / uuid.uuid4().hex[:8]
+            stage.mkdir(parents=True)
+            return [f"mount --bind {child} {stage}",
+                    f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(str(folder))}",
+                    f"mkdir -p {child}", f"mount --move {stage} {child}"]  # fmt: skip
+    return []
 
 
 def _existing_parent(path: str) -> str:

@@ -391,6 +391,9 @@ def test_the_charts_processes_close_the_loop_on_a_real_api_server(release: Relea
         port = release.ports[key] = _announced_port(release.log(key), proc)
         world.until(f"{key} ready", lambda p=port: _ready(p), 90)
         print(f"{key} ready {time.monotonic() - began:.1f} s from the start")
+        run_as = release.containers[key].run_as
+        if run_as is not None and os.geteuid() == 0:  # as the pod's user (chart_pods.py)
+            assert _uid(proc.pid) == run_as[0], f"{key} runs as uid {_uid(proc.pid)}"
     inventory = {f"{CLUSTER}/{n}" for n in names.values()}
     world.until("the inventory published", lambda: inventory <= _inventory_keys(release.kafka), 60)
     ready_s = time.monotonic() - began
@@ -472,6 +475,11 @@ def _announced_port(log: Path, proc: subprocess.Popen[bytes], timeout: float = 6
         assert time.monotonic() < deadline, f"no port announced:\n{log.read_text()[-3000:]}"
         time.sleep(0.2)
     return int(found[1])
+
+
+def _uid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^Uid:\s+(\d+)", status, re.M)[1])  # type: ignore[index]
 
 
 def _ready(port: int) -> bool:
