@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.commands.sink",
     "pipeline.commands.lake",
     "pipeline.commands.sql",
+    "pipeline.commands.capacity",
     "pipeline.commands.report",
     "pipeline.commands.ingest",
     "pipeline.commands.alerts",

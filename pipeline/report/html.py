@@ -3,7 +3,10 @@
 Charts (inline SVG, pipeline/report/charts.py): fleet utilization over time per pool, health
 changes and actions over time, XIDs by node × time, capacity headroom, cost of idle. Tables: top
 offenders, open actions, TPU slice availability, degraded ICI links, cost per useful
-accelerator-hour, MTBF per pool, quota headroom, the prices used. The tables come from the canned
+accelerator-hour, MTBF per pool, quota headroom, the prices used; then Capacity
+(pipeline/report/capacity.py: the snapshot per zone and type, any crunch, targets out of service
+too long) with the accelerator types compared, reservations, the quota outlook and time back in
+service. The tables come from the canned
 analyses in sql/analyses, so the report and `fleetpulse sql --query …` never disagree. A row that
 names a node or slice links to that target's section at the end (its findings, actions, why
 proposals were not acted on, utilization and XIDs over the window, from _TARGET_SQL); a target's
@@ -31,6 +34,7 @@ from typing import Any
 
 from pipeline.config import LakeSettings
 from pipeline.lake.query import Lake, Result
+from pipeline.report.capacity import capacity_section
 from pipeline.report.charts import (
     PALETTE,
     Marker,
@@ -107,6 +111,12 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
                run("cost_per_useful_hour")),
         _table("MTBF per pool (node- or slice-hours per failure)", run("mtbf_by_pool")),
         _table("Quota headroom", run("quota_headroom")),
+        capacity_section(lake, until),
+        _table("Accelerator types compared (cost per useful device-hour and bf16 PFLOP-hour)",
+               run("accelerator_roi")),
+        _table("Reservations", run("reservations")),
+        _table("Quota outlook (usage trend over the window)", run("quota_outlook")),
+        _table("Time back in service (minutes)", run("time_back_in_service")),
         _table("Prices used (on-demand list prices per accelerator-hour)",
                lake.sql("SELECT accelerator, usd_per_hour, source, as_of FROM prices "
                         "ORDER BY priority")),

@@ -1,0 +1,61 @@
+"""`fleetpulse capacity` over the fixture lake: the table, the JSON records, the crunch lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.model import CapacitySnapshot
+from pipeline.wire import codec
+from tests import lake_fixture as fx
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fx.build_lake(tmp_path_factory.mktemp("capacity-cli") / "lake")
+
+
+def capacity(lake: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "capacity", "--lake", str(lake), *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_json_records_are_capacity_snapshots_with_the_price_they_used(lake: Path) -> None:
+    done = capacity(lake, "--json")
+    assert done.returncode == 0, done.stderr
+    records = [codec.decode(line.encode(), CapacitySnapshot) for line in done.stdout.splitlines()]
+    by_type = {r.accelerator_type: r for r in records}
+    assert set(by_type) == {"nvidia-h100-80gb", "nvidia-a100-80gb", "tpu-v5e"}
+    h100 = by_type["nvidia-h100-80gb"]
+    # g1 and g2, two GPUs each, all allocated; g1 degraded at the end (suspect), g2/1 idles
+    assert (h100.devices, h100.healthy, h100.suspect, h100.allocated, h100.allocated_idle) == (
+        4, 2, 2, 4, 1
+    )  # fmt: skip
+    assert h100.quota is not None
+    assert (h100.quota.limit, h100.quota.usage) == (fx.QUOTA_LIMIT, fx.QUOTA_USAGE)
+    tpu = by_type["tpu-v5e"]
+    assert tpu.useful_pct == fx.TPU_BUSY
+    assert tpu.price is not None and tpu.price.basis == "on-demand"
+    assert tpu.usd_per_useful_hour == round(tpu.price.usd_per_hour * 100 / fx.TPU_BUSY, 4)
+    assert json.loads(done.stdout.splitlines()[0])["schema"] == "capacity_snapshot/1"
+
+
+def test_the_table_and_the_crunch_naming_what_is_short(lake: Path) -> None:
+    done = capacity(lake, "--type", "nvidia-a100-80gb")
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["Zone", "Type", "Bought"]
+    assert row.split()[:5] == ["z-b", "nvidia-a100-80gb", "on-demand", "2", "2"]
+    assert "FleetPulseCapacityCrunch z/nvidia-a100-80gb: 2 healthy free devices" in done.stdout
+
+
+def test_a_folder_without_a_lake_is_a_clear_error(tmp_path: Path) -> None:
+    done = capacity(tmp_path)
+    assert done.returncode == 2
+    assert "holds no lake" in done.stderr
