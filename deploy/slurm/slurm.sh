@@ -109,19 +109,35 @@ start_munge() {
   cp "$m/munged.pid" "$RUN_DIR/run/munged.pid"
 }
 
-cmd_stop() {
-  local name pid i
-  for name in $(node_names | sed 's/^/slurmd-/') slurmctld munged; do
-    pid="$(running_pid "$name")" || { rm -f "$RUN_DIR/run/$name.pid"; continue; }
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+stop_all() { # TERM every named daemon, wait up to 5 s for all, then KILL what is left
+  local name pid pids=() i alive
+  for name in "$@"; do
+    pid="$(running_pid "$name")" && { kill -TERM "$pid" 2>/dev/null || true; pids+=("$pid"); }
     rm -f "$RUN_DIR/run/$name.pid"
   done
-  # the jobs' sleeps (slurmstepd children) outlive their slurmd: end those of our spool only
-  for pid in $(pgrep -f "slurmstepd.*" 2>/dev/null || true); do
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$RUN_DIR" && kill -KILL "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do
+    alive=0; for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    (( alive )) || return 0
+    sleep 0.1
   done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+cmd_stop() {
+  local i jobs
+  # jobs first, while the controller runs: their steps (slurmstepd) would outlive slurmd
+  if running_pid slurmctld >/dev/null; then
+    jobs="$(SLURM_CONF="$CONF" timeout 5 squeue -h -o %i 2>/dev/null || true)"
+    if [[ -n "$jobs" ]]; then
+      SLURM_CONF="$CONF" timeout 5 scancel $jobs 2>/dev/null || true
+      for ((i = 0; i < 30; i++)); do
+        [[ -z "$(SLURM_CONF="$CONF" timeout 5 squeue -h -o %i 2>/dev/null)" ]] && break; sleep 0.1
+      done
+    fi
+  fi
+  # the Slurm daemons together (each may take seconds to save its state), munged last
+  stop_all $(node_names | sed 's/^/slurmd-/') slurmctld
+  stop_all munged
   log "stopped (run dir $RUN_DIR)"
 }
 
