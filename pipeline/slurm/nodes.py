@@ -289,6 +289,8 @@ def changes(old: SlurmNode | None, new: SlurmNode, prefix: str) -> list[Change]:
         found.append(("ready", "slurm", None, f"{new.state} again"))
     if "MAINTENANCE" in new.flags and "MAINTENANCE" not in old.flags:
         found.append(("held", "slurm", None, "a maintenance reservation holds the node"))
+    elif "MAINTENANCE" in old.flags and "MAINTENANCE" not in new.flags and not new.drain:
+        found.append(("uncordoned", "slurm", None, "the maintenance reservation ended"))
     if old.boot_time and new.boot_time > old.boot_time:
         action_id = action_id_in(old.reason, prefix)
         found.append(("repaired", "slurm", action_id, f"rebooted (boot time "

@@ -187,7 +187,11 @@ def test_changes_report_down_maintenance_reboots_and_new_nodes() -> None:
     down = node(state="down", state_flags=["NOT_RESPONDING"], reason="Not responding")
     assert kinds(idle, down) == [("not_ready", "slurm", None)]
     assert kinds(down, idle) == [("ready", "slurm", None)]
-    assert kinds(idle, node(state_flags=["MAINTENANCE"])) == [("held", "slurm", None)]
+    maintenance = node(state_flags=["MAINTENANCE", "RESERVED"])
+    assert kinds(idle, maintenance) == [("held", "slurm", None)]
+    assert kinds(maintenance, idle) == [("uncordoned", "slurm", None)]
+    drained = node(state_flags=["DRAIN"], reason="bad DIMM")
+    assert kinds(node(state_flags=["DRAIN", "MAINTENANCE"], reason="bad DIMM"), drained) == []
     rebooting = node(state="down", state_flags=["DRAIN", "REBOOT_ISSUED"],
                      reason=f"{P} reboot xid.79 act-9 : reboot issued")  # fmt: skip
     assert kinds(idle, rebooting) == []  # down on purpose, and FleetPulse's reason
