@@ -1,0 +1,177 @@
+"""Capacity benchmarks (issue 37): how early and how well the quota forecast sees exhaustion on
+simulated ramps, how often it cries wolf on flat and stepped quotas, and what the capacity fold
+costs beside the worker's throughput.
+
+    python -m bench.capacity            # writes bench/results/capacity.json
+    python -m bench.capacity --quick    # fewer series, a smaller fleet: a smoke run
+
+Forecast: a quota of 512 devices read every 5 minutes, usage starting at 30 % and rising at
+`rate` of the limit per hour with Gaussian noise `noise` (of the limit); the forecast is
+re-run at each point over the last 6 h (the default quota window). The crunch rule fires when
+the forecast says "out within 6 h" at confidence >= 0.5 (the defaults). Lead time: true
+exhaustion - first firing; error: the forecast exhaustion at first firing - true exhaustion.
+Flat and stepped quotas (usage that never rises after the step) are run for 24 h: any firing
+is a false alarm.
+
+Fold: a fleet of `nodes` 8-GPU nodes, one utilization row per GPU per minute for an hour,
+folded row by row; then one publish (snapshots, crunch, advice) of the whole fleet. The share
+of a worker: utilization rows/s the worker makes at its measured embedded throughput
+(bench/results/throughput.json: GPU samples/s, 4 per row at 15 s scrapes into 60 s windows)
+over the fold's rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import ROOT, write_result
+from pipeline.capacity import view
+from pipeline.capacity.forecast import ForecastRules, QuotaPoint, forecast
+from pipeline.capacity.prices import catalog_book
+from pipeline.capacity.state import CapacityState, fold
+from pipeline.config import CapacitySettings
+from pipeline.model import Inventory, Utilization
+
+LIMIT = 512.0
+STEP_MS = 300_000
+HOUR_MS = 3_600_000
+T0 = 1_767_225_600_000
+SETTINGS = CapacitySettings()
+RULES = ForecastRules(min_points=SETTINGS.forecast_min_points)
+
+
+def _fires(points: list[QuotaPoint]) -> tuple[int, int] | None:
+    """(time, forecast exhaustion) when the crunch rule first fires on a growing series."""
+    window_ms = SETTINGS.quota_window_s * 1000
+    for end in range(1, len(points) + 1):
+        now = points[end - 1].ts
+        seen = [p for p in points[:end] if p.ts >= now - window_ms]
+        result = forecast(seen, RULES)
+        if result.exhausts_at is None or result.confidence < SETTINGS.crunch_confidence:
+            continue
+        if result.exhausts_at - now <= SETTINGS.crunch_quota_within_s * 1000:
+            return now, result.exhausts_at
+    return None
+
+
+def _ramp(rng: np.random.Generator, rate: float, noise: float) -> tuple[list[QuotaPoint], int]:
+    hours = (1 - 0.3) / rate
+    n = int(hours * 12) + 1
+    start = 0.3 * LIMIT
+    usage = start + rate * LIMIT * np.arange(n) / 12 + rng.normal(0, noise * LIMIT, n)
+    points = [QuotaPoint(T0 + i * STEP_MS, float(min(u, LIMIT)), LIMIT) for i, u in enumerate(usage)]
+    return points, T0 + int(hours * HOUR_MS)
+
+
+def ramps(series: int) -> list[dict[str, Any]]:
+    rows = []
+    for rate in (0.02, 0.05, 0.10):
+        for noise in (0.0, 0.01, 0.03):
+            rng = np.random.default_rng([int(rate * 100), int(noise * 100)])
+            leads, errors, missed = [], [], 0
+            for _ in range(series):
+                points, true_end = _ramp(rng, rate, noise)
+                fired = _fires(points)
+                if fired is None or fired[0] >= true_end:
+                    missed += 1
+                    continue
+                leads.append((true_end - fired[0]) / 60_000)
+                errors.append((fired[1] - true_end) / 60_000)
+            rows.append({
+                "rate_per_h": rate, "noise": noise, "series": series, "missed": missed,
+                "lead_min_p50": _p(leads, 50), "lead_min_p10": _p(leads, 10),
+                "error_min_p50": _p(errors, 50), "abs_error_min_p90": _p([abs(e) for e in errors], 90),
+            })  # fmt: skip
+    return rows
+
+
+def false_alarms(series: int) -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    flat_fired = step_fired = 0
+    n = 24 * 12
+    for _ in range(series):
+        level = rng.uniform(0.2, 0.9) * LIMIT
+        flat = level + rng.normal(0, 0.02 * LIMIT, n)
+        step = np.where(np.arange(n) < n // 2, level * 0.6, level) + rng.normal(0, 0.01 * LIMIT, n)
+        for usage, counter in ((flat, "flat"), (step, "step")):
+            points = [QuotaPoint(T0 + i * STEP_MS, float(u), LIMIT) for i, u in enumerate(usage)]
+            if _fires(points) is not None:
+                if counter == "flat":
+                    flat_fired += 1
+                else:
+                    step_fired += 1
+    return {"series": series, "hours": 24, "flat_noise": 0.02, "flat_false_alarms": flat_fired,
+            "step_false_alarms": step_fired}  # fmt: skip
+
+
+def fold_cost(nodes: int) -> dict[str, Any]:
+    state = CapacityState()
+    zones = [f"us-central1-{z}" for z in "abc"] + [f"us-east5-{z}" for z in "abc"]
+    for i in range(nodes):
+        fold(state, Inventory(ts=T0, cluster="c1", kind="node", name=f"n{i:05d}", pool=f"p{i % 8}",
+                              zone=zones[i % len(zones)], accelerator="nvidia-h100-80gb",
+                              capacity=8))  # fmt: skip
+    rows = [
+        Utilization(window_start=T0 + minute * 60_000, window_s=60, cluster="c1", pool=f"p{i % 8}",
+                    zone=zones[i % len(zones)], node=f"n{i:05d}", device=str(gpu),
+                    accelerator="NVIDIA H100 80GB HBM3", allocated=gpu < 6, util_mean=55.0,
+                    util_max=90.0, mem_used_frac=0.5, samples=4)
+        for minute in range(60) for i in range(nodes) for gpu in range(8)
+    ]  # fmt: skip
+    started = time.process_time()
+    for row in rows:
+        fold(state, row)
+    fold_s = time.process_time() - started
+    book = catalog_book()
+    started = time.process_time()
+    _, out = view.publish(state, SETTINGS, book)
+    publish_s = time.process_time() - started
+    rows_per_s = len(rows) / fold_s
+    worker = _worker_samples_per_s()
+    share = None if worker is None else round(worker / 4 / rows_per_s, 4)
+    return {"nodes": nodes, "devices": nodes * 8, "rows": len(rows),
+            "fold_rows_per_cpu_s": round(rows_per_s), "publish_cpu_s": round(publish_s, 4),
+            "snapshots": len(out.snapshots), "worker_gpu_samples_per_s": worker,
+            "fold_share_of_worker_at_full_rate": share}  # fmt: skip
+
+
+def _worker_samples_per_s() -> float | None:
+    path = ROOT / "bench" / "results" / "throughput.json"
+    if not path.exists():
+        return None
+    figures = json.loads(Path(path).read_text())["figures"]
+    return float(figures["pipeline"]["embedded"]["samples_per_s"])
+
+
+def _p(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(float(np.percentile(values, q)), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer series, a smaller fleet")
+    args = parser.parse_args()
+    series, nodes = (5, 100) if args.quick else (40, 1000)
+    scenarios = ramps(series)
+    figures = {"ramps": scenarios, "false_alarms": false_alarms(series),
+               "fold": fold_cost(nodes)}  # fmt: skip
+    path = write_result("capacity", figures, {"quick": args.quick, "series": series,
+                                              "nodes": nodes})  # fmt: skip
+    print(json.dumps(figures, indent=2))
+    print(f"written: {path}")
+    lead = [r["lead_min_p50"] for r in scenarios if r["lead_min_p50"] is not None]
+    if lead:
+        print(f"median lead time over scenarios: {statistics.median(lead):.0f} min")
+
+
+if __name__ == "__main__":
+    main()
