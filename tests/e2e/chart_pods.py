@@ -8,7 +8,7 @@
 - environment: the image's (the Containerfile's ENV, HOME of its user), what a kubelet adds
   (KUBERNETES_SERVICE_HOST/PORT, HOSTNAME) and the container's rendered `env`, nothing of the
   test's own (with-services.sh exports FLEETPULSE_KAFKA__BOOTSTRAP: a process must not see it);
-- files: every volumeMount at its rendered mountPath, in a mount namespace of the process's
+- files: every volumeMount at its rendered mountPath (a StatefulSet's claims fresh folders), in a mount namespace of the process's
   own (`unshare --mount`), so nothing is rewritten and nothing on the machine is touched:
   emptyDir volumes are fresh folders, Secret and ConfigMap volumes hold the objects' keys as
   the API server has them, and a pod that automounts its ServiceAccount token gets a token
@@ -137,6 +137,8 @@ class Kubelet:
         spec = pod_spec(doc)
         fs_group = spec.get("securityContext", {}).get("fsGroup")
         volumes = {v["name"]: self._volume(key, v, fs_group) for v in spec.get("volumes", [])}
+        for claim in doc["spec"].get("volumeClaimTemplates", []):  # a StatefulSet's own volume
+            volumes[claim["metadata"]["name"]] = self._claim(key, claim["metadata"]["name"], fs_group)
         sa_mount = self._service_account(key, spec)
         base = {**image().env, "HOSTNAME": f"{doc['metadata']['name']}-{uuid.uuid4().hex[:5]}",
                 "KUBERNETES_SERVICE_HOST": "127.0.0.1",
@@ -168,6 +170,15 @@ class Kubelet:
                 return folder
         raise AssertionError(f"{key}: volume {volume['name']}: expected emptyDir, secret or "
                              f"configMap, got {sorted(volume)}")  # fmt: skip
+
+    def _claim(self, key: str, name: str, fs_group: int | None) -> Path:
+        """A fresh persistent volume, owned by the pod's fsGroup as the kubelet makes it."""
+        folder = self.scratch / "volumes" / key.replace("/", "-") / name
+        folder.mkdir(parents=True)
+        if fs_group is not None and os.geteuid() == 0:
+            os.chown(folder, 0, fs_group)
+        folder.chmod(0o2775)
+        return folder
 
     def _write_items(self, folder: Path, kind: str, source: dict[str, Any],
                      fs_group: int | None) -> None:  # fmt: skip

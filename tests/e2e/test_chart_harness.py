@@ -5,7 +5,7 @@ go to the real k8s-apiserver, and each FleetPulse container it renders runs as a
 process exactly as rendered (tests/e2e/chart_pods.py: argv, environment, the pod's files at
 their mount paths; the ServiceAccount token is one the API server issued, so the watcher and
 the actuator run with the chart's RBAC): the topics Job first, as Helm's pre-install hook,
-then the worker, the watcher and the actuator against the real broker.
+then the worker, the watcher, the actuator and the lake sink against the real broker.
 
 The cluster has four GPU nodes, the simulator's inventory as Node objects. The watcher
 publishes them as the inventory the worker's budgets count; the simulator's telemetry flows
@@ -18,7 +18,9 @@ budget; the test plays the kubelet (an evicted pod is deleted) and the disruptio
 worker asks for a repair, the test plays the repair controller (it removes the label), the
 watcher reports the node repaired, and after probation the node is back in service. On the
 second, the budget allows nothing and a person uncordons the node while its drain waits: the
-drain stops, FleetPulse's marks are cleared, and the node is not taken again.
+drain stops, FleetPulse's marks are cleared, and the node is not taken again. At the end every
+process is stopped as a kubelet stops pods and must exit 0; the lake sink's volume then holds
+the node's actions.
 """
 
 from __future__ import annotations
@@ -412,6 +414,9 @@ def test_the_charts_processes_close_the_loop_on_a_real_api_server(release: Relea
     stopped = release.stop()
     assert all(code == 0 for code, _ in stopped.values()), \
         f"not every process exited 0 on SIGTERM within its grace period: {stopped}\n{release.tails()}"
+    # the lake sink, stopped (flushed and committed): our actions in its volume's Parquet
+    kinds = {a["kind"] for a in _lake_actions(release) if a["target_name"] == repaired}
+    assert {"cordon", "drain", "reboot", "uncordon"} <= kinds, kinds
     figures = {"ready s": round(ready_s, 1), **figures,
                "stopped on SIGTERM s": max(s for _, s in stopped.values())}  # fmt: skip
     print(f"the chart's processes: {figures}")
@@ -475,6 +480,15 @@ def _announced_port(log: Path, proc: subprocess.Popen[bytes], timeout: float = 6
         assert time.monotonic() < deadline, f"no port announced:\n{log.read_text()[-3000:]}"
         time.sleep(0.2)
     return int(found[1])
+
+
+def _lake_actions(release: Release) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    (lake,) = [m.source for c in release.containers.values() for m in c.mounts
+               if c.workload.startswith("StatefulSet/") and m.path == "/lake"]  # fmt: skip
+    return [row for path in sorted((lake / "actions").rglob("*.parquet"))
+            for row in pq.read_table(path).to_pylist()]  # fmt: skip
 
 
 def _uid(pid: int) -> int:
