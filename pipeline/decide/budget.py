@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from pipeline.config import PolicySettings
-from pipeline.decide.guard import GuardView
+from pipeline.decide.guard_view import GuardView
 from pipeline.decide.pool_state import PolicyState
 from pipeline.decide.verdicts import Hold
 

@@ -23,7 +23,7 @@ from pipeline.decide import alerts
 from pipeline.decide.acting import act
 from pipeline.decide.budget import maintenance_out, pool_size
 from pipeline.decide.caps import maintenance_allowance
-from pipeline.decide.guard import GuardView
+from pipeline.decide.guard_view import GuardView
 from pipeline.decide.pool_state import Maintenance, Out, PolicyState, TargetView
 from pipeline.decide.verdicts import Hold
 from pipeline.decide.withheld import note, note_dropped

@@ -66,7 +66,8 @@ from pipeline.config import PolicySettings
 from pipeline.decide import alerts
 from pipeline.decide.acting import RATE_LIMITED, act, is_dry
 from pipeline.decide.budget import Budget, budget, budget_gate, maintenance_out, out_for_faults
-from pipeline.decide.guard import GuardView, silence_only
+from pipeline.decide.guard_state import silence_only
+from pipeline.decide.guard_view import GuardView
 from pipeline.decide.maintenance import maintenance_notices, on_maintenance, run_maintenance
 from pipeline.decide.pool_alerts import sync_pool_alerts
 from pipeline.decide.pool_state import Out, PolicyState, TargetView, Withheld, stale

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pipeline.config import PolicySettings
 from pipeline.decide import alerts
 from pipeline.decide.budget import budget
-from pipeline.decide.guard import GuardView
+from pipeline.decide.guard_view import GuardView
 from pipeline.decide.pool_state import Out, PolicyState, Withheld
 from pipeline.decide.verdicts import WITHHELD_ALERT
 from pipeline.ids import stable_id

@@ -8,7 +8,8 @@ from pipeline.config import PolicySettings
 from pipeline.decide import alerts
 from pipeline.decide.budget import Budget, budget, maintenance_out
 from pipeline.decide.caps import maintenance_allowance
-from pipeline.decide.guard import FLEET, GuardView, cause_check
+from pipeline.decide.guard_state import FLEET, cause_check
+from pipeline.decide.guard_view import GuardView
 from pipeline.decide.pool_state import Out, PolicyState, stale
 from pipeline.decide.verdicts import Dropped, Hold
 from pipeline.ids import stable_id

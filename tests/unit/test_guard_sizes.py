@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.config import load_settings
-from pipeline.decide import guard
+from pipeline.decide import guard, guard_state
 
 BASE = load_settings(environ={})
 
@@ -31,15 +31,15 @@ def test_kept_counts_equal_a_count_from_scratch(changes: list[tuple[bool, str, s
     state = guard.GuardState()
     for inventory, target, pool, zone in changes:
         where = state.members if inventory else state.seen
-        guard._set_member(state, where, f"c/node/{target}", pool, zone)
+        guard_state.set_member(state, where, f"c/node/{target}", pool, zone)
         for inventory in (False, True):
             assert guard.member_counts(state, inventory) == recount(state, inventory)
 
 
 def test_a_seen_pool_counts_over_the_inventorys_unless_the_inventory_is_enforced() -> None:
     state = guard.GuardState()
-    guard._set_member(state, state.members, "c/node/a", "c/p1", "z1")
-    guard._set_member(state, state.seen, "c/node/a", "c/p2", "z1")
+    guard_state.set_member(state, state.members, "c/node/a", "c/p1", "z1")
+    guard_state.set_member(state, state.seen, "c/node/a", "c/p2", "z1")
     assert guard.member_counts(state, inventory=False)[("pool", "c/p2")] == 1
     assert ("pool", "c/p1") not in guard.member_counts(state, inventory=False)
     assert guard.sizes(state, BASE) == {("pool", "c/p1"): 1, ("zone", "z1"): 1,
