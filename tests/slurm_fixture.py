@@ -35,6 +35,7 @@ class SlurmLab:
     conf: str
     used: list[str] = field(default_factory=list)
     reservations: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
 
     def settings(self, **extra: Any) -> SlurmSettings:
         base: dict[str, Any] = {"conf": self.conf, "zone": ZONE, "cluster": CLUSTER,
@@ -62,10 +63,15 @@ class SlurmLab:
         """A real batch job on the node: sleeps, then (if asked) writes `marker` to prove it ran
         to its end rather than being killed."""
         script = f"sleep {seconds}" + (f"; echo done > {marker}" if marker else "")
-        out = self.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", script)
-        job = out.strip().split(";")[0]
+        job = self.submit(node, script)
         self.until(lambda: self.state(node).busy, 10, f"job {job} running on {node}")
         return job
+
+    def submit(self, node: str, script: str) -> str:
+        """`sbatch -w node --wrap script`: the job id (cancelled at the end, even if pending)."""
+        out = self.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", script)
+        self.jobs.append(out.strip().split(";")[0])
+        return self.jobs[-1]
 
     def drain_by_person(self, node: str, reason: str) -> None:
         self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
@@ -90,6 +96,8 @@ class SlurmLab:
         return time.monotonic() - start
 
     def reset(self) -> None:
+        if self.jobs:  # a job still pending on a drained node would run on the next test's
+            self.run("scancel", *self.jobs, check=False)
         for name in self.reservations:
             self.run("scontrol", "delete", f"ReservationName={name}", check=False)
         for node in self.used:

@@ -47,10 +47,10 @@ def test_a_cordon_lets_the_running_job_finish(slurm: SlurmLab) -> None:  # noqa:
     assert now.drain and now.busy  # DRAINING: the job still runs
     assert now.reason == f"fleetpulse: xid.79 {act.action_id}"
     assert job in slurm.run("squeue", "-h", "-o", "%i")
-    late = slurm.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", "true")
+    late = slurm.submit(node, "true")
     slurm.until(lambda: not slurm.state(node).busy, 15, "the job finished")
     assert slurm.state(node).drain  # DRAINED, not resumed
-    pending = slurm.run("squeue", "-h", "-j", late.strip(), "-o", "%T")
+    pending = slurm.run("squeue", "-h", "-j", late, "-o", "%T")
     assert pending.strip() == "PENDING"  # no new job on a cordoned node
     again = actuator(slurm).handle(act)  # redelivered: nothing changes twice
     assert again is not None and again.kind == "cordoned" and "replay" in again.reason
