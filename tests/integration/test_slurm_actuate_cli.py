@@ -1,7 +1,6 @@
 """`fleetpulse actuate slurm` and `fleetpulse watch slurm` end to end: actions on a real Kafka,
 a real slurmctld with a real job, outcomes echoed on fleet.events.node as node_event/2, a bad
-value dead-lettered, a second run (the same group) finds nothing left to do; the watcher sends
-the inventory and a person's drain."""
+value dead-lettered; the watcher sends the inventory and a person's drain."""
 
 from __future__ import annotations
 
@@ -80,9 +79,9 @@ def test_actions_are_carried_out_and_every_outcome_is_echoed(
     (letter,) = [codec.decode(v, DeadLetter) for _, v in _records(kafka_settings, "dlq")
                  if v is not None]  # fmt: skip
     assert "kind" in letter.error or "action_id" in letter.error
-    again = _fleetpulse(kafka_settings, slurm, "actuate", "slurm", "--idle-exit", "1")
-    assert again.returncode == 0, again.stderr
-    assert "0 records" in again.stdout  # committed: nothing came again
+    # (the commit after the echoes is the shared edge's: test_kubernetes_actuate_cli.py runs
+    # the actuator a second time in the same group and finds nothing left)
+    assert "5 records, 4 actions" in run.stdout, run.stdout
 
 
 def test_the_watcher_command_sends_inventory_and_a_persons_drain(
