@@ -100,15 +100,17 @@ class Release:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
-        stopped = {}
-        for key, proc in self.procs.items():
-            grace = self.containers[key].grace_s
-            try:
-                proc.wait(max(0.0, began + grace - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            stopped[key] = (proc.returncode, round(time.monotonic() - began, 1))
+        stopped: dict[str, tuple[int, float]] = {}
+        while len(stopped) < len(self.procs):
+            for key, proc in self.procs.items():
+                if key in stopped:
+                    continue
+                if proc.poll() is None and time.monotonic() > began + self.containers[key].grace_s:
+                    proc.kill()
+                    proc.wait()
+                if proc.returncode is not None:
+                    stopped[key] = (proc.returncode, round(time.monotonic() - began, 1))
+            time.sleep(0.1)
         return stopped
 
 
@@ -156,6 +158,20 @@ def release(helm: str, kube: Kube, tmp_path: Path) -> Iterator[Release]:  # noqa
             if not resource.namespaced:
                 resource.delete(name=obj)
         k8s.core.delete_namespace(namespace)
+        _delete_topics(kafka)
+
+
+def _delete_topics(kafka: KafkaSettings) -> None:
+    """The release's topics (the topics Job made them): the broker outlives the test."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        mine = [t for t in admin.list_topics() if t.startswith(kafka.topic_prefix)]
+        if mine:
+            admin.delete_topics(mine, timeout_ms=30_000)
+    finally:
+        admin.close()
 
 
 # --- the cluster: Node objects from the simulator's inventory, pods, budgets ---------------
@@ -412,6 +428,7 @@ def test_the_charts_processes_close_the_loop_on_a_real_api_server(release: Relea
     finally:
         world.producer.close()
     stopped = release.stop()
+    print(f"exit status and seconds after SIGTERM: {stopped}")
     assert all(code == 0 for code, _ in stopped.values()), \
         f"not every process exited 0 on SIGTERM within its grace period: {stopped}\n{release.tails()}"
     # the lake sink, stopped (flushed and committed): our actions in its volume's Parquet
