@@ -10,23 +10,12 @@ from __future__ import annotations
 import msgspec
 
 from pipeline.config import Settings
-from pipeline.ids import stable_id
-from pipeline.model import (
-    Entity,
-    Evidence,
-    FabricSample,
-    Finding,
-    GpuSample,
-    Inventory,
-    Target,
-    XidEvent,
-)
+from pipeline.detect.skew import skew_finding
+from pipeline.model import FabricSample, Finding, GpuSample, Inventory, Target, XidEvent
 from pipeline.stages.base import Refusal
 from pipeline.stages.clock import RobustClock
 from pipeline.stages.keys import record_key
 from pipeline.stages.telemetry_state import CLOCK_MOVERS, Telemetry, TelemetryState
-
-CLOCK_SKEW = "clock_skew"
 
 
 def door(
@@ -103,35 +92,7 @@ def _skew_finding(
         return []
     since = state.skew_since if state.skew_since is not None else reference
     state.skew_since = reference if is_off else None
-    target = _target_of(event)
-    phase = "open" if is_off else "close"
-    fid = stable_id("fnd", CLOCK_SKEW, target.cluster, target.name, str(since), phase)
-    off_s = abs(off_ms or 0) / 1000
-    side = "ahead of" if (off_ms or 0) > 0 else "behind"
-    message = (
-        f"event time of {target.name} is {off_s:.0f} s {side} the partition's clock"
-        if is_off
-        else f"event time of {target.name} agrees with the partition's clock again"
-    )
-    evidence = Evidence(
-        metric="event_time_skew_s",
-        value=None if off_ms is None else off_ms / 1000,
-        baseline=0.0,
-        score=None,
-        window_s=0,
-    )
-    finding = Finding(
-        finding_id=fid,
-        ts=reference,
-        entity=Entity(kind=target.kind, target=target),
-        check=CLOCK_SKEW,
-        severity="warning" if is_off else "info",
-        healthy=not is_off,
-        recommended_action="watch" if is_off else "none",
-        evidence=evidence,
-        message=message,
-    )
-    return [finding]
+    return [skew_finding(_target_of(event), since, reference, off_ms, is_off)]
 
 
 def _target_of(event: Telemetry) -> Target:
