@@ -386,98 +386,143 @@ def _inventory_keys(kafka: KafkaSettings) -> set[str]:
 # --- the test ------------------------------------------------------------------------------
 
 
+@dataclass
+class Scene:
+    """The cluster the release runs against."""
+
+    names: dict[str, str]  # the simulator's node names -> this test's
+    repaired: str  # the node lost a GPU: drained past its budget, repaired, released
+    persons: str  # the node lost a GPU too: a person uncordons it during its drain
+    evicted: list[str]  # the pods on `repaired`
+    kept: list[str]  # the pods on `persons`
+    budget: str  # the PodDisruptionBudget of `evicted`
+
+
 @pytest.mark.kafka
 @pytest.mark.timeout(240)
 def test_the_charts_processes_close_the_loop_on_a_real_api_server(release: Release) -> None:
-    k8s, namespace = release.k8s, release.namespace
     began = time.monotonic()
-    (topics,) = [k for k in release.containers if k.startswith("Job/")]  # the pre-install hook
-    assert release.containers[topics].run(release.log(topics), release.kubelet.scratch, 120) == 0, \
-        release.log(topics).read_text()  # fmt: skip
-    print(f"topics created {time.monotonic() - began:.1f} s from the start")
-    suffix = namespace[-8:]
-    _, names = _fleet(suffix, 0)
-    _create_nodes(release, _fleet(suffix, 0)[0], names)
+    scene = _cluster(release)
+    world = World(release, [], [], 0, 0, scene.budget)
+    _install(release, world, began)
+    world.until("the inventory published", lambda: {f"{CLUSTER}/{n}" for n in scene.names.values()}
+                <= _inventory_keys(release.kafka), 60)  # fmt: skip
+    ready_s = time.monotonic() - began
+    _go_live(world, scene)
+    try:
+        figures = _the_loop(world, scene)
+    finally:
+        world.producer.close()
+    stopped = _stop(release, scene)
+    figures = {"ready s": round(ready_s, 1), **figures, "stopped on SIGTERM s": stopped}
+    print(f"the chart's processes: {figures}")
+    record("control", "the chart's processes: lost GPU cordoned, drained past a budget, "
+           "repaired, released; a person's uncordon mid-drain wins", figures)  # fmt: skip
+
+
+def _cluster(release: Release) -> Scene:
+    """The simulator's GPU nodes as Node objects, pods and budgets on the two to fail."""
+    k8s, namespace = release.k8s, release.namespace
+    sim, names = _fleet(namespace[-8:], 0)
+    _create_nodes(release, sim, names)
     repaired, persons = names[f"{CLUSTER}-{REPAIRED_NODE}"], names[f"{CLUSTER}-{PERSONS_NODE}"]
     evicted, budget = _workload(k8s, namespace, repaired, "train-a", allowed=1)
     kept, _ = _workload(k8s, namespace, persons, "train-b", allowed=0)
+    return Scene(names, repaired, persons, evicted, kept, budget)
+
+
+def _install(release: Release, world: World, began: float) -> None:
+    """The topics Job to completion (Helm's pre-install hook), then every other container,
+    each ready when its /readyz answers 200 (the readinessProbe), running as its pod's user."""
+    (topics,) = [k for k in release.containers if k.startswith("Job/")]
+    assert release.containers[topics].run(release.log(topics), release.kubelet.scratch, 120) == 0, \
+        release.log(topics).read_text()  # fmt: skip
+    print(f"topics created {time.monotonic() - began:.1f} s from the start")
     for key in release.containers:
-        if not key.startswith("Job/"):
+        if key != topics:
             release.start(key)
-    world = World(release, [], [], 0, 0, budget)
-    for key, proc in release.procs.items():  # as the readinessProbe: /readyz answers 200
+    for key, proc in release.procs.items():
         port = release.ports[key] = _announced_port(release.log(key), proc)
         world.until(f"{key} ready", lambda p=port: _ready(p), 90)
         print(f"{key} ready {time.monotonic() - began:.1f} s from the start")
         run_as = release.containers[key].run_as
         if run_as is not None and os.geteuid() == 0:  # as the pod's user (chart_pods.py)
             assert _uid(proc.pid) == run_as[0], f"{key} runs as uid {_uid(proc.pid)}"
-    inventory = {f"{CLUSTER}/{n}" for n in names.values()}
-    world.until("the inventory published", lambda: inventory <= _inventory_keys(release.kafka), 60)
-    ready_s = time.monotonic() - began
-    # the telemetry: its last minute at once, then each tick when due; the faults 2 s from now
+
+
+def _go_live(world: World, scene: Scene) -> None:
+    """The telemetry: its last minute at once, then each tick when due; the faults 2 s on."""
+    suffix = world.release.namespace[-8:]
     world.start_ms = int(time.time() * 1000) - HISTORY_S * 1000
     world.fault_ms = world.start_ms + (HISTORY_S + 2) * 1000
-    world.ticks = _ticks(_fleet(suffix, world.start_ms)[0], names)
-    world.healthy = _ticks(_fleet(suffix, world.start_ms, faults=False)[0], names)
-    world.broken = {repaired, persons}
-    world.producer = KafkaProducer(bootstrap_servers=release.kafka.bootstrap, acks="all")
+    world.ticks = _ticks(_fleet(suffix, world.start_ms)[0], scene.names)
+    world.healthy = _ticks(_fleet(suffix, world.start_ms, faults=False)[0], scene.names)
+    world.broken = {scene.repaired, scene.persons}
+    world.producer = KafkaProducer(bootstrap_servers=world.release.kafka.bootstrap, acks="all")
     world.live = True
-    try:
-        figures = _the_loop(world, repaired, persons, evicted, kept)
-    finally:
-        world.producer.close()
+
+
+def _stop(release: Release, scene: Scene) -> float:
+    """Every process stopped as a kubelet stops pods, each exiting 0; then the lake sink's
+    volume holds the repaired node's actions. The slowest stop, in seconds."""
     stopped = release.stop()
     print(f"exit status and seconds after SIGTERM: {stopped}")
     assert all(code == 0 for code, _ in stopped.values()), \
         f"not every process exited 0 on SIGTERM within its grace period: {stopped}\n{release.tails()}"
-    # the lake sink, stopped (flushed and committed): our actions in its volume's Parquet
-    kinds = {a["kind"] for a in _lake_actions(release) if a["target_name"] == repaired}
+    kinds = {a["kind"] for a in _lake_actions(release) if a["target_name"] == scene.repaired}
     assert {"cordon", "drain", "reboot", "uncordon"} <= kinds, kinds
-    figures = {"ready s": round(ready_s, 1), **figures,
-               "stopped on SIGTERM s": max(s for _, s in stopped.values())}  # fmt: skip
-    print(f"the chart's processes: {figures}")
-    record("control", "the chart's processes: lost GPU cordoned, drained past a budget, "
-           "repaired, released; a person's uncordon mid-drain wins", figures)  # fmt: skip
+    return max(seconds for _, seconds in stopped.values())
 
 
-def _the_loop(world: World, repaired: str, persons: str, evicted: list[str],
-              kept: list[str]) -> dict[str, Any]:  # fmt: skip
-    release = world.release
-    k8s, namespace = release.k8s, release.namespace
+def _the_loop(world: World, scene: Scene) -> dict[str, Any]:
+    """The faults, what the processes do about them and what the test plays (the person, the
+    kubelet, the disruption and repair controllers); the seconds each step took."""
+    release, repaired = world.release, scene.repaired
     world.until("the faults sent", lambda: world.fault_at, 30)
-    world.until(f"{repaired} cordoned", lambda: _marks(_node(k8s, repaired)) == CORDONED, 30)
+    world.until(f"{repaired} cordoned", lambda: _marks(_node(release.k8s, repaired)) == CORDONED, 30)
     cordon_s = time.monotonic() - world.fault_at
-    # the person steps in while the drain waits on the budget, once the fault has shown all
-    # it has (the lost GPU missing from the scrape): a check opening after a release is new
-    # evidence, and a new cordon would be right
+    released_s = _a_person_wins(world, scene)
+    drained_s, label, back_s = _drained_repaired_released(world, scene)
+    assert _marks(_node(release.k8s, scene.persons)) == RELEASED, "a person's uncordon was fought"
+    assert sorted(_pods_left(release.k8s, release.namespace, scene.persons)) == sorted(scene.kept)
+    echoes = [(e["kind"], e["target"]) for e in _echoes(release.kafka)]
+    assert ("skipped", scene.persons) in echoes and ("repaired", repaired) in echoes, echoes
+    return {"fault to cordon s": round(cordon_s, 2), "fault to drained s": round(drained_s, 2),
+            "repair": label, "fault to back in service s": round(back_s, 2),
+            "person's uncordon to released s": round(released_s, 2)}  # fmt: skip
+
+
+def _a_person_wins(world: World, scene: Scene) -> float:
+    """The person uncordons their node while its drain waits on the budget, once the fault has
+    shown all it has (the lost GPU missing from the scrape: a check opening after a release is
+    new evidence, and a new cordon would be right). Seconds until every mark is cleared."""
+    release, persons = world.release, scene.persons
     world.until(f"{persons}'s drain refused by its budget",
                 lambda: _metric(release.port("actuator"), "eviction_refusals") > 0, 30)
     world.until(f"{persons}'s GPU seen missing",
                 lambda: ("gpu.missing", persons) in _unhealthy(release.kafka), 30)
-    k8s.core.patch_node(persons, UNCORDON, _content_type="application/merge-patch+json")
+    release.k8s.core.patch_node(persons, UNCORDON, _content_type="application/merge-patch+json")
     world.reboot(persons)  # the person fixed it
     person_at = time.monotonic()
-    world.until(f"{persons} released", lambda: _marks(_node(k8s, persons)) == RELEASED, 30)
-    released_s = time.monotonic() - person_at
-    world.until(f"{repaired} drained", lambda: "drained" in _outcomes(_node(k8s, repaired))
-                and not set(evicted) & set(_pods_left(k8s, namespace, repaired)), 30)  # fmt: skip
+    world.until(f"{persons} released", lambda: _marks(_node(release.k8s, persons)) == RELEASED, 30)
+    return time.monotonic() - person_at
+
+
+def _drained_repaired_released(world: World, scene: Scene) -> tuple[float, str, float]:
+    """The repaired node drained (its pods gone), its repair asked for and done by the test as
+    a repair controller, then back in service: seconds from the fault, and the repair."""
+    k8s, repaired = world.release.k8s, scene.repaired
+    world.until(f"{repaired} drained", lambda: "drained" in _outcomes(_node(k8s, repaired)) and not
+                set(scene.evicted) & set(_pods_left(k8s, world.release.namespace, repaired)), 30)  # fmt: skip
     drained_s = time.monotonic() - world.fault_at
     label = world.until(f"{repaired}'s repair asked", lambda: (_node(k8s, repaired).metadata.labels
                         or {}).get(nodes.REPAIR_LABEL), 30)  # fmt: skip
     world.reboot(repaired)  # the repair controller reboots it, then takes its label off
     world.until(f"{repaired} rebooted", lambda: world.rebooted(repaired), 30)
     k8s.core.patch_node(repaired, {"metadata": {"labels": {nodes.REPAIR_LABEL: None}}},
-                         _content_type="application/merge-patch+json")  # fmt: skip
+                        _content_type="application/merge-patch+json")  # fmt: skip
     world.until(f"{repaired} back in service", lambda: _marks(_node(k8s, repaired)) == RELEASED, 45)
-    back_s = time.monotonic() - world.fault_at
-    assert _marks(_node(k8s, persons)) == RELEASED, "a person's uncordon was fought"
-    assert sorted(_pods_left(k8s, namespace, persons)) == sorted(kept)
-    echoes = [(e["kind"], e["target"]) for e in _echoes(release.kafka)]
-    assert ("skipped", persons) in echoes and ("repaired", repaired) in echoes, echoes
-    return {"fault to cordon s": round(cordon_s, 2), "fault to drained s": round(drained_s, 2),
-            "repair": label, "fault to back in service s": round(back_s, 2),
-            "person's uncordon to released s": round(released_s, 2)}  # fmt: skip
+    return drained_s, str(label), time.monotonic() - world.fault_at
 
 
 def _metric(port: int, name: str) -> float:
