@@ -8,16 +8,16 @@
 - environment: the image's (the Containerfile's ENV, HOME of its user), what a kubelet adds
   (KUBERNETES_SERVICE_HOST/PORT, HOSTNAME) and the container's rendered `env`, nothing of the
   test's own (with-services.sh exports FLEETPULSE_KAFKA__BOOTSTRAP: a process must not see it);
-- files: every volumeMount at its rendered mountPath (a StatefulSet's claims fresh folders), in a mount namespace of the process's
+- files: every volumeMount at its rendered mountPath, in a mount namespace of the process's
   own (`unshare --mount`), so nothing is rewritten and nothing on the machine is touched:
-  emptyDir volumes are fresh folders, Secret and ConfigMap volumes hold the objects' keys as
+  emptyDir volumes and a StatefulSet's claims are fresh folders, Secret and ConfigMap
+  volumes hold the objects' keys as
   the API server has them, and a pod that automounts its ServiceAccount token gets a token
   the API server issued for that ServiceAccount (TokenRequest), the CA and the namespace at
   /var/run/secrets/kubernetes.io/serviceaccount, as the admission plugin and kubelet give it;
   a mount path the machine lacks is made in an overlay of its parent (the machine's folder
   seen unchanged); `readOnlyRootFilesystem` makes every other path read-only;
-- the working directory is the container's `workingDir`.
-
+- the working directory is the container's `workingDir`;
 - the user: `runAsUser`/`runAsGroup` with `fsGroup` as a supplementary group and no new
   privileges (setpriv; when the test runs as root, as on these machines); emptyDirs are
   world-writable and Secret files group-owned by the fsGroup, as the kubelet makes them. The
