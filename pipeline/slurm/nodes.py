@@ -28,6 +28,7 @@ UNKNOWN = "unknown"
 _NAME = re.compile(NAME_PATTERN)
 _BUSY = frozenset({"allocated", "mixed", "completing"})
 _KEPT_RECORDS = 8  # the newest outcomes kept in the comment (it is a few hundred bytes at most)
+_BOOT_JITTER_S = 30
 
 
 class SlurmReadError(SinkError):
@@ -291,11 +292,19 @@ def changes(old: SlurmNode | None, new: SlurmNode, prefix: str) -> list[Change]:
         found.append(("held", "slurm", None, "a maintenance reservation holds the node"))
     elif "MAINTENANCE" in old.flags and "MAINTENANCE" not in new.flags and not new.drain:
         found.append(("uncordoned", "slurm", None, "the maintenance reservation ended"))
-    if old.boot_time and new.boot_time > old.boot_time:
+    if old.boot_time and _rebooted(old, new):
         action_id = action_id_in(old.reason, prefix)
         found.append(("repaired", "slurm", action_id, f"rebooted (boot time "
                       f"{_when(new.boot_time)})"))  # fmt: skip
     return found
+
+
+def _rebooted(old: SlurmNode, new: SlurmNode) -> bool:
+    """A later boot time: after a reboot Slurm was asked for, any; else more than the jitter
+    (slurmd works its boot time out from the uptime at each registration, so it wanders by a
+    second or two without a reboot)."""
+    later = new.boot_time - old.boot_time
+    return later > 0 and (old.reboot_pending or later > _BOOT_JITTER_S)
 
 
 def _down(node: SlurmNode) -> bool:
