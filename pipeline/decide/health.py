@@ -73,6 +73,8 @@ health_signals.py, time moves it in health_settle.py, and health_propose.py asks
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 
 from pipeline.config import HealthSettings
@@ -112,20 +114,22 @@ def transition(
         # the state given is changed in place and returned: the driver keeps the snapshot
         # to roll back to (pipeline/stages/topology.py)
         st = state
-    machine = _machine(settings)
     repeat = isinstance(signal, Action) and signal.action_id in st.applied
     if isinstance(signal, Action) and not repeat:
-        replayed = rewind.rewind(machine, st, signal)
+        replayed = rewind.rewind(_machine(settings), st, signal)
         if replayed is not None:
             return st, replayed
     proposals = _apply(st, signal, settings)
-    if not repeat:
-        rewind.remember(machine, st, signal, proposals)
+    # nothing in flight and nothing asked: nothing to log (the bulk of signals, heartbeats)
+    if not repeat and (proposals or st.past is not None):
+        rewind.remember(_machine(settings), st, signal, proposals)
     return st, proposals
 
 
+@functools.lru_cache(maxsize=16)
 def _machine(settings: HealthSettings) -> rewind.Machine[HealthState, Logged, Proposal]:
-    """The health machine as the rewind sees it (our actions answer our proposals)."""
+    """The health machine as the rewind sees it (our actions answer our proposals); one per
+    settings (frozen), built once: a transition is a few microseconds."""
     return rewind.Machine(
         apply=lambda st, signal: _apply(st, signal, settings),
         decode=_DECODE.decode,
