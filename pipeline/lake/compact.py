@@ -30,6 +30,15 @@ import pyarrow.parquet as pq
 
 from pipeline.config import LakeSettings
 from pipeline.errors import SinkError
+from pipeline.lake.check import (
+    BadFile,
+    UnreadableFileError,
+    check_dir,
+    check_file,
+    quarantine,
+    read_checked,
+)
+from pipeline.lake.tables import TABLES, TableSpec
 from pipeline.lake.writer import (
     LakeFile,
     Positions,
@@ -41,15 +50,6 @@ from pipeline.lake.writer import (
     write_atomically,
     write_parquet,
 )
-from pipeline.lake.check import (
-    BadFile,
-    UnreadableFileError,
-    check_dir,
-    check_file,
-    quarantine,
-    read_checked,
-)
-from pipeline.lake.tables import TABLES, TableSpec
 
 
 @dataclass

@@ -30,15 +30,15 @@ from os import strerror as os_strerror
 from pathlib import Path
 from typing import Any
 
-from pipeline.wire.codec import JSON, content_type_of, decode, decode_all
 from pipeline.config import Settings
-from pipeline.wire.edge import EdgeOptions, EdgeStats, run_edge, stop_on_signals
 from pipeline.errors import DecodeError, SinkError
-from pipeline.wire.batches import is_batch, unpack
-from pipeline.wire.topics import TOPICS, topic_name
-from pipeline.selfmetrics import Readiness, serve_stats
-from pipeline.lake.writer import LakeWriter, Positions, read_committed
 from pipeline.lake.tables import TABLES, TableSpec
+from pipeline.lake.writer import LakeWriter, Positions, read_committed
+from pipeline.selfmetrics import Readiness, serve_stats
+from pipeline.wire.batches import is_batch, unpack
+from pipeline.wire.codec import JSON, content_type_of, decode, decode_all
+from pipeline.wire.edge import EdgeOptions, EdgeStats, run_edge, stop_on_signals
+from pipeline.wire.topics import TOPICS, topic_name
 
 log = logging.getLogger(__name__)
 

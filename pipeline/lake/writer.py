@@ -40,8 +40,8 @@ import pyarrow.parquet as pq
 
 from pipeline.config import LakeSettings
 from pipeline.errors import SinkError
-from pipeline.model import Event
 from pipeline.lake.tables import TABLES, TableSpec
+from pipeline.model import Event
 
 Source = tuple[str, int, int]  # (topic, partition, offset)
 _Key = tuple[str, int, str, int]  # (table, hour bucket, topic, partition): one file per flush
