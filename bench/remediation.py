@@ -4,8 +4,9 @@
 
 health.heartbeat: a target's once-a-minute clock tick (the bulk of what the health stage sees);
 health.episode: a full fault episode (open, persist, cordon, drain, repair, probation, release);
-policy.node_state: a NodeState into a pool of N members (the policy copies its state per signal,
-so this grows with the pool); policy.proposal: a cordon proposal into that pool.
+policy.node_state: a NodeState into a pool of N members (the policy changes its state in place);
+policy.proposal: a cordon proposal into that pool (its budget counts the pool's targets, so this
+grows with the pool).
 """
 
 from __future__ import annotations
