@@ -1,12 +1,14 @@
 """The agents: the faust driver of the stage table in pipeline/stages/topology.py.
 
-One agent per stage, reading the stage's input topics. A record is decoded, its key checked
-(`stage.key`), and the stage's pure `on_item` runs over a `KafkaPart`: the key states of the
-record's partition in the stage's table (context.py keeps them, and what a roll-back needs:
-a snapshot, or the records to replay), the partition's robust clocks, the settings. Its
-outputs are queued to their topics.
+One agent per stage, reading the stage's input topics. Records are decoded and their keys
+checked (`stage.key`): a batch record's values each. The values an agent has at once of one
+partition (a batch record's; faust's `take` batch; what the Aligner releases) run through the
+stage's pure functions in one call (`Stage.items`, `run_batch`) over a `KafkaPart`: the key
+states of the partition in the stage's table (context.py keeps them, and one roll-back point
+per batch: a snapshot of each changed state, or the batch to replay), the partition's robust
+clocks, the settings. Their outputs are queued to their topics.
 
-A record handler is synchronous: it computes everything, writes the state, then queues the
+Record handling is synchronous: it computes everything, writes the state, then queues the
 sends, so nothing else runs between reading a key's state and writing it back. Any record it
 cannot handle — undecodable, wrongly keyed, or one that makes a stage raise — becomes a dead
 letter, and the stream goes on. Agents run with concurrency 1 (faust #606 loses messages with
