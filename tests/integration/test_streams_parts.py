@@ -434,3 +434,19 @@ def test_a_batch_that_raises_half_way_applies_each_good_value_once(
     assert ctx.load(table, b"k", _Tally) == _Tally([1, 2, 4, 5, 6])
     assert ctx.load(table, b"k-twin", _Tally) == _Tally([1, 2, 4, 5, 6])
     assert ctx.metrics.roll_backs.labels(table)._value.get() == 1  # the value to blame only
+
+
+def test_a_failed_batch_finds_the_partition_clocks_as_the_batch_found_them() -> None:
+    """The telemetry stage's values of a failed batch run again one by one: the partition's
+    clocks go back to their checkpoint, so the tick boundaries the batch crossed are crossed
+    again (their staleness checks run once, with the values that did go through)."""
+    clocks = PartitionClocks()
+    for n, key in enumerate(("a", "b", "c")):
+        clocks.observe("gpu", 0, key, T0 + n, 0.0)
+    other = clocks.observe("gpu", 1, "z", T0, 0.0)
+    saved = clocks.checkpoint(0)
+    crossed = [clocks.observe("gpu", 0, key, T0 + 35_000, 1.0) for key in ("a", "b", "c")]
+    assert any(crossed)
+    clocks.restore(0, saved)
+    assert [clocks.observe("gpu", 0, key, T0 + 35_000, 2.0) for key in ("a", "b", "c")] == crossed
+    assert clocks.observe("gpu", 1, "z", T0, 2.0) == other  # another partition's untouched
