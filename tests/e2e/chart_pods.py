@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "fleetpulse"
 VENV_BIN = REPO / ".venv" / "bin"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
 
 
 @dataclass
@@ -115,7 +115,8 @@ def image() -> Image:
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+    workload = doc["spec"]["jobTemplate"]["spec"] if doc["kind"] == "CronJob" else doc["spec"]
+    spec: dict[str, Any] = workload["template"]["spec"]
     return spec
 
 
@@ -137,8 +138,9 @@ class Kubelet:
         spec = pod_spec(doc)
         fs_group = spec.get("securityContext", {}).get("fsGroup")
         volumes = {v["name"]: self._volume(key, v, fs_group) for v in spec.get("volumes", [])}
-        for claim in doc["spec"].get("volumeClaimTemplates", []):  # a StatefulSet's own volume
-            volumes[claim["metadata"]["name"]] = self._claim(key, claim["metadata"]["name"], fs_group)
+        for claim in doc["spec"].get("volumeClaimTemplates", []):  # pod 0's claim
+            name = claim["metadata"]["name"]
+            volumes[name] = self._claim(f"{name}-{doc['metadata']['name']}-0", fs_group)
         sa_mount = self._service_account(key, spec)
         base = {**image().env, "HOSTNAME": f"{doc['metadata']['name']}-{uuid.uuid4().hex[:5]}",
                 "KUBERNETES_SERVICE_HOST": "127.0.0.1",
@@ -168,12 +170,17 @@ class Kubelet:
             if kind in volume:
                 self._write_items(folder, kind, volume[kind], fs_group)
                 return folder
-        raise AssertionError(f"{key}: volume {volume['name']}: expected emptyDir, secret or "
-                             f"configMap, got {sorted(volume)}")  # fmt: skip
+        if "persistentVolumeClaim" in volume:  # a StatefulSet pod's claim, by its name
+            return self._claim(volume["persistentVolumeClaim"]["claimName"], fs_group)
+        raise AssertionError(f"{key}: volume {volume['name']}: expected emptyDir, secret, "
+                             f"configMap or persistentVolumeClaim, got {sorted(volume)}")  # fmt: skip
 
-    def _claim(self, key: str, name: str, fs_group: int | None) -> Path:
-        """A fresh persistent volume, owned by the pod's fsGroup as the kubelet makes it."""
-        folder = self.scratch / "volumes" / key.replace("/", "-") / name
+    def _claim(self, name: str, fs_group: int | None) -> Path:
+        """The persistent volume of the claim `name`, made fresh by its first user, owned by
+        the pod's fsGroup as the kubelet mounts it."""
+        folder = self.scratch / "claims" / name
+        if folder.exists():
+            return folder
         folder.mkdir(parents=True)
         if fs_group is not None and os.geteuid() == 0:
             os.chown(folder, 0, fs_group)

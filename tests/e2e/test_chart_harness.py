@@ -288,11 +288,12 @@ def _install(release: Release, world: World, began: float) -> None:
     """The topics Job to completion (Helm's pre-install hook), then every other container,
     each ready when its /readyz answers 200 (the readinessProbe), running as its pod's user."""
     (topics,) = [k for k in release.containers if k.startswith("Job/")]
+    scheduled = [k for k in release.containers if k.startswith("CronJob/")]
     assert release.containers[topics].run(release.log(topics), release.kubelet.scratch, 120) == 0, \
         release.log(topics).read_text()  # fmt: skip
     print(f"topics created {time.monotonic() - began:.1f} s from the start")
     for key in release.containers:
-        if key != topics:
+        if key != topics and key not in scheduled:
             release.start(key)
     for key, proc in release.procs.items():
         port = release.ports[key] = _announced_port(release.log(key), proc)
@@ -316,12 +317,17 @@ def _go_live(world: World, scene: Scene) -> None:
 
 
 def _stop(release: Release, scene: Scene) -> float:
-    """Every process stopped as a kubelet stops pods, each exiting 0; then the lake sink's
-    volume holds the repaired node's actions. The slowest stop, in seconds."""
+    """Every process stopped as a kubelet stops pods, each exiting 0 (the lake sink flushes);
+    the lake's compaction CronJob run once (its schedule come) on the sink's volume; which
+    holds the repaired node's actions. The slowest stop, in seconds."""
     stopped = release.stop()
     print(f"exit status and seconds after SIGTERM: {stopped}")
     assert all(code == 0 for code, _ in stopped.values()), \
         f"not every process exited 0 on SIGTERM within its grace period: {stopped}\n{release.tails()}"
+    for key in (k for k in release.containers if k.startswith("CronJob/")):
+        done = release.containers[key].run(release.log(key), release.kubelet.scratch, 120)
+        out = release.log(key).read_text()
+        assert done == 0 and re.search(r"^[1-9]\d* partitions: merged", out, re.M), out[-3000:]
     kinds = {a["kind"] for a in _lake_actions(release) if a["target_name"] == scene.repaired}
     assert {"cordon", "drain", "reboot", "uncordon"} <= kinds, kinds
     return max(seconds for _, seconds in stopped.values())
@@ -400,8 +406,8 @@ def _announced_port(log: Path, proc: subprocess.Popen[bytes], timeout: float = 6
 def _lake_actions(release: Release) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
-    (lake,) = [m.source for c in release.containers.values() for m in c.mounts
-               if c.workload.startswith("StatefulSet/") and m.path == "/lake"]  # fmt: skip
+    (lake,) = {m.source for c in release.containers.values() for m in c.mounts
+               if m.path == "/lake"}  # fmt: skip  (the sink's claim, and the compaction's)
     return [row for path in sorted((lake / "actions").rglob("*.parquet"))
             for row in pq.read_table(path).to_pylist()]  # fmt: skip
 
