@@ -87,7 +87,8 @@ class ActuatorSink:
 
     `add` decodes (DecodeError for a bad value: dead-lettered) and hands the action to the
     lane of its key (cluster/target): one worker per key at a time, so a target's actions
-    keep their order while a drain a PodDisruptionBudget blocks for minutes holds up only its
+    keep their order while a drain that waits for minutes (on a PodDisruptionBudget, on Slurm
+    jobs) holds up only its
     own node. A job is finished once its echo is acknowledged by the broker; `unsettled()`
     names the first offset per partition whose action is not, and the edge commits only up
     to there, so a crash replays every action whose outcome was not known (the node records
