@@ -88,10 +88,9 @@ class ActuatorSink:
     `add` decodes (DecodeError for a bad value: dead-lettered) and hands the action to the
     lane of its key (cluster/target): one worker per key at a time, so a target's actions
     keep their order while a drain that waits for minutes (on a PodDisruptionBudget, on Slurm
-    jobs) holds up only its
-    own node. A job is finished once its echo is acknowledged by the broker; `unsettled()`
-    names the first offset per partition whose action is not, and the edge commits only up
-    to there, so a crash replays every action whose outcome was not known (the node records
+    jobs) holds up only its own node. A job is finished once its echo is acknowledged by the
+    broker; `unsettled()` names the first offset per partition whose action is not, and the
+    edge commits only up to there, so a crash replays every action whose outcome was not known (the node records
     what was done, so a replay changes nothing twice). The runtime failing (SinkError) is
     retried in the lane with backoff; a request it refuses for good (RefusedError: a 400/422,
     a name scontrol cannot take) is tried <section>.api_rejections times, then returned by
