@@ -90,8 +90,9 @@ class ActuatorSink:
     keep their order while a drain that waits for minutes (on a PodDisruptionBudget, on Slurm
     jobs) holds up only its own node. A job is finished once its echo is acknowledged by the
     broker; `unsettled()` names the first offset per partition whose action is not, and the
-    edge commits only up to there, so a crash replays every action whose outcome was not known (the node records
-    what was done, so a replay changes nothing twice). The runtime failing (SinkError) is
+    edge commits only up to there, so a crash replays every action whose outcome was not
+    known (the node records what was done, so a replay changes nothing twice). The runtime
+    failing (SinkError) is
     retried in the lane with backoff; a request it refuses for good (RefusedError: a 400/422,
     a name scontrol cannot take) is tried <section>.api_rejections times, then returned by
     `flush` to be dead-lettered; the actions behind it go on.
