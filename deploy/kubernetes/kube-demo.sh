@@ -47,7 +47,7 @@ export FLEETPULSE_KUBERNETES__KUBECONFIG="$kubeconfig" FLEETPULSE_KUBERNETES__CL
 export FLEETPULSE_POLICY__DRY_RUN=false FLEETPULSE_METRICS__PORT=0
 export FLEETPULSE_DETECT__HEARTBEAT_S=2 FLEETPULSE_DETECT__XID_CLEAR_S=5 FLEETPULSE_HEALTH__PROBATION_S=5
 export FLEETPULSE_WORKER__DATADIR="$work/worker" PYTHONUNBUFFERED=1
-unset FLEETPULSE_CONFIG
+unset FLEETPULSE_CONFIG KUBECONFIG  # the local API server's kubeconfig only, never yours
 sim=(--gpu-nodes 4 --tpu-slices 0 --clusters 1 --interval 2 --seed 5 --no-random-faults --no-diurnal --quiet)
 
 step "topics ($FLEETPULSE_KAFKA__TOPIC_PREFIX.*)"
