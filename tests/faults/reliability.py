@@ -29,6 +29,7 @@ MARKER = "reliability"  # the README section between <!-- reliability:start/end 
 SUITES = ("input", "control", "poison", "lake", "infrastructure")
 # infrastructure scenarios by family (first match), so each table has its own columns
 CONTROL_FAMILIES = (
+    ("the chart's processes", r"^the chart's processes"),  # tests/e2e/test_chart_harness.py
     ("principals", r"own principal"),
     ("alert delivery", r"receiver"),
     ("the actuator and people", r"forged (drains|cordons)|cordons in one pool|slice|drain|person"),
