@@ -874,6 +874,11 @@ class SimSettings(Section, frozen=True):
     # in the run); the rest is a quiet tail in which the pipeline finishes deciding about them
     faults_for_s: Annotated[int, Meta(ge=0)] = 0
     diurnal: bool = True
+    # A capacity crunch (issue 37): in this zone ("" none) the GPU quota's other users ramp
+    # up so it runs out crunch_exhaust_s into the run (no increase is granted), and a wave of
+    # stock-outs of its type comes from an hour before that to an hour after.
+    crunch_zone: str = ""
+    crunch_exhaust_s: PositiveInt = 3 * 3600
 
 
 class KubernetesSettings(Section, frozen=True):

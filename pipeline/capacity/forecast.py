@@ -4,7 +4,10 @@ A quota's usage moves in two ways: it creeps (the fleet and other teams grow int
 jumps (a pool is created or deleted, a limit is raised). Only the creep says anything about the
 future; a jump says where the level is now. So the trend is fitted (ordinary least squares)
 over the points after the last jump, where a jump is a step between neighbours far outside
-the steps' usual spread (median absolute deviation) and larger than `min_step` of the limit.
+the steps' usual spread and larger than `min_step` of the limit. The spread is the larger of
+the steps' scaled median absolute deviation (noise) and their mean absolute deviation: usage is
+counted in whole devices, so a slow ramp is a staircase whose steps are mostly 0 (MAD 0) and
+sometimes 1, and each 1 must not read as a jump.
 
 No forecast (exhausts_at None, confidence 0) unless the fit has `min_points` points, the
 slope is positive and it stands out of the noise: its t statistic (slope over its standard
@@ -76,7 +79,8 @@ def last_jump(points: Sequence[QuotaPoint], rules: ForecastRules = ForecastRules
     if len(steps) < 2:
         return 0
     middle = _median(steps)
-    spread = MAD_SCALE * _median([abs(s - middle) for s in steps])
+    deviations = [abs(s - middle) for s in steps]
+    spread = max(MAD_SCALE * _median(deviations), sum(deviations) / len(deviations))
     start = 0
     for index, step in enumerate(steps):
         floor = rules.min_step * max(points[index + 1].limit, 1.0)

@@ -6,7 +6,8 @@ per member (node or slice) its place, devices, health, maintenance and each devi
 window; per zone and type the quota series (a window of it), reservations and the times of
 the last hour's stock-outs, queued waits and preemptions; per snapshot key the last hour's
 device-seconds and useful device-seconds. It is a msgspec Struct so a driver can keep it in a
-table. Its clock is the newest event time seen: pure, no wall clock.
+table. Its clock is the newest event time seen of node states, capacity events and
+utilization (an inventory record's time is when it was listed): pure, no wall clock.
 
 Membership comes from the inventory only (DESIGN §1): a node state or utilization row for a
 target the inventory does not list changes nothing.
@@ -19,7 +20,7 @@ import msgspec
 from pipeline.capacity.repair import RepairState
 from pipeline.capacity.repair import on_node_state as repair_on_node_state
 from pipeline.catalog.accelerators import canonical_type
-from pipeline.model import CapacityEvent, Event, Inventory, NodeState, Utilization
+from pipeline.model import CapacityEvent, Event, Inventory, NodeState, QuotaInfo, Utilization
 
 HOUR_MS = 3_600_000
 QUOTA_POINTS_MAX = 512  # a day of 3-minute points, with room; the fit reads a window of it
@@ -116,7 +117,8 @@ def on_inventory(state: CapacityState, record: Inventory) -> set[str]:
     key = snapshot_key(record.zone, accelerator, provisioning_model(dict(record.labels)))
     name = f"{record.cluster}/{record.name}"
     old = state.members.get(name)
-    _tick(state, record.ts)
+    # the record's time is when it was listed, not a capacity event: it does not move the clock
+    # (a replay's inventory, listed today, would put a run of yesterday's events in the past)
     if old is not None and old.key == key:
         old.devices = record.capacity
         return {key}
@@ -192,10 +194,7 @@ def _on_place(place: Place, event: CapacityEvent) -> None:
     kind = event.kind
     if kind.startswith("QUOTA_") and event.quota is not None:
         place.quota_metric = event.quota.metric
-        point = (event.ts, float(event.quota.usage), float(event.quota.limit))
-        if kind == "QUOTA_EXCEEDED":
-            point = (event.ts, point[2], point[2])
-        place.quota = _add_point(place.quota, point)
+        place.quota = _add_point(place.quota, _quota_point(place, event, event.quota))
     elif kind == "RESERVATION_CHANGED":
         name, figures = reservation_figures(event)
         if figures is None:
@@ -208,6 +207,21 @@ def _on_place(place: Place, event: CapacityEvent) -> None:
         place.queued = _recent([*place.queued, event.ts], event.ts)
     elif kind == "PREEMPTION":
         place.preemptions = _recent([*place.preemptions, event.ts], event.ts)
+
+
+def _quota_point(
+    place: Place, event: CapacityEvent, quota: QuotaInfo
+) -> tuple[int, float, float]:
+    """A quota reading as (ts, usage, limit). QUOTA_EXCEEDED: usage at the limit. QUOTA_CHANGED
+    says the limit only (the Cloud Monitoring adapter sends usage 0 with it): the usage is the
+    reading's at that time, else the latest before it."""
+    limit = float(quota.limit)
+    if event.kind == "QUOTA_EXCEEDED":
+        return event.ts, limit, limit
+    if event.kind == "QUOTA_CHANGED":
+        earlier = [p for p in place.quota if p[0] <= event.ts]
+        return event.ts, earlier[-1][1] if earlier else float(quota.usage), limit
+    return event.ts, float(quota.usage), limit
 
 
 def reservation_figures(event: CapacityEvent) -> tuple[str, tuple[int, int] | None]:

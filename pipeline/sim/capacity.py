@@ -40,6 +40,7 @@ class _Quota:
     chips: int  # TPU chips held by the fleet's slices in the zone
     limit: float
     external: float  # other teams' usage in the same quota
+    ramp: bool = False  # the crunch scenario's quota (SimSettings.crunch_zone)
 
 
 class CapacitySignals:
@@ -49,6 +50,8 @@ class CapacitySignals:
         self.fleet = fleet
         self.seed = settings.seed
         self.rng = np.random.default_rng([settings.seed, 12])
+        self.start_ms = settings.start_ms
+        self.exhaust_ms = settings.crunch_exhaust_s * 1000
         self.quotas: list[_Quota] = []
         by_key: dict[tuple[str, str], list[int]] = {}
         for node in fleet.gpu_nodes:
@@ -57,6 +60,9 @@ class CapacitySignals:
             gpus = GPUS_PER_NODE * len(nodes)
             metric = accelerator.replace("-", "_") + "_gpus"
             self._add(zone, f"compute.googleapis.com/{metric}", metric.upper(), nodes, 0, gpus)
+        ramped = [q for q in self.quotas if q.zone == settings.crunch_zone and q.nodes]
+        for quota in ramped[:1]:
+            quota.ramp = True
         for s in fleet.slices:
             gen = s.shape.generation.generation
             self._add(
@@ -90,15 +96,27 @@ class CapacitySignals:
             own = float(
                 GPUS_PER_NODE * sum(1 for n in quota.nodes if node_job[n] >= 0) + quota.chips
             )
+            if quota.ramp:
+                quota.external = max(0.0, self._planned(quota, t_ms) - own)
             wanted = own + quota.external
             usage = float(round(min(quota.limit, wanted)))
             events.append(self._event(t_ms, quota, "QUOTA_USAGE", "info", usage))
             if wanted > quota.limit:
                 events.append(self._event(t_ms, quota, "QUOTA_EXCEEDED", "warning", usage))
-                if self.rng.random() < 0.2:  # someone files an increase and it is granted
+                granted = self.rng.random() < 0.2
+                if granted and not quota.ramp:  # someone files an increase and it is granted
                     quota.limit = float(8 * round(quota.limit * 1.25 / 8))
                     events.append(self._event(t_ms, quota, "QUOTA_CHANGED", "info", usage))
         return events
+
+    def _planned(self, quota: _Quota, t_ms: int) -> float:
+        """The crunch scenario's usage: from 40 % of the limit (or all the fleet's own devices
+        under it, if more) at the start, a straight line to the limit `crunch_exhaust_s` later,
+        and on past it (wanted, refused). Other teams fill what the fleet's jobs leave, so the
+        line is the usage whatever the jobs do."""
+        start = max(0.4 * quota.limit, float(GPUS_PER_NODE * len(quota.nodes) + quota.chips))
+        done = (t_ms - self.start_ms) / self.exhaust_ms
+        return start + (quota.limit - start) * done
 
     def _event(
         self, t_ms: int, quota: _Quota, kind: str, severity: str, usage: float
@@ -132,6 +150,7 @@ def schedule_background(ctx: Injector) -> None:
     boost = background_boost(ctx.settings)
     span_h = (ctx.end_ms - ctx.start_ms) / HOUR
     tpu_zones = {s.zone: s for s in ctx.fleet.slices}
+    _crunch_scenario(ctx)
     for zone in ctx.fleet.zones:
         accelerators = [n.model.gke_accelerator for n in ctx.fleet.gpu_nodes if n.zone == zone]
         accelerators += [s.accelerator_type for s in ctx.fleet.slices if s.zone == zone]
@@ -157,6 +176,39 @@ def schedule_background(ctx: Injector) -> None:
                 rng, QUEUED_RESOURCES_PER_ZONE_DAY * boost / 24, span_h, ctx.start_ms
             ):
                 _queued_resource(ctx, rng, ts, tpu_zones[zone].accelerator_type, zone)
+
+
+def _crunch_scenario(ctx: Injector) -> None:
+    """The crunch scenario (SimSettings.crunch_zone): stock-outs of the zone's GPU type, one
+    every 10 minutes from an hour before its quota runs out to an hour after; and elsewhere,
+    outside the zone's region, half the nodes of that type left without a job for the run:
+    the spare capacity a crunch alert should name. (The quota ramp is CapacitySignals'.)"""
+    zone = ctx.settings.crunch_zone
+    types = sorted({n.model.gke_accelerator for n in ctx.fleet.gpu_nodes if n.zone == zone})
+    if not types:
+        return
+    region = zone.rsplit("-", 1)[0]
+    elsewhere: dict[str, list[int]] = {}
+    for node in ctx.fleet.gpu_nodes:
+        if node.model.gke_accelerator == types[0] and node.region != region:
+            elsewhere.setdefault(node.zone, []).append(node.index)
+    for nodes in elsewhere.values():
+        for index in nodes[: max(1, len(nodes) // 2)]:
+            ctx.workload.vacate(index, ctx.start_ms, ctx.end_ms)
+    exhaust = ctx.start_ms + ctx.settings.crunch_exhaust_s * 1000
+    for ts in range(exhaust - HOUR, exhaust + HOUR, 10 * MINUTE):
+        ctx.capacity(
+            ts,
+            "STOCKOUT",
+            zone,
+            severity="warning",
+            source="gcp.compute.error",
+            accelerator_type=types[0],
+            error_code="ZONE_RESOURCE_POOL_EXHAUSTED",
+            message=f"The zone 'projects/fleetpulse-sim/zones/{zone}' does not have enough "
+            "resources available to fulfill the request. Try a different zone, or try again "
+            "later.",
+        )
 
 
 def _keep_stream(

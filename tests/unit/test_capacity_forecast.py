@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -89,3 +90,12 @@ def test_a_flat_series_never_predicts_exhaustion(
     result = forecast(points)
     assert result.exhausts_at is None
     assert result.confidence == 0.0
+
+
+def test_a_slow_ramp_in_whole_devices_is_a_staircase_not_a_run_of_jumps() -> None:
+    # +1 device every 20 minutes (every fourth point): steps are mostly 0, sometimes 1
+    usages = [float(16 + i // 4) for i in range(36)]
+    assert last_jump(series(usages, limit=24.0)) == 0
+    result = forecast(series(usages, limit=24.0))
+    assert result.exhausts_at is not None
+    assert result.trend_per_h == pytest.approx(3.0, rel=0.1)

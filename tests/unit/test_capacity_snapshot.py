@@ -222,3 +222,18 @@ def test_publish_gives_snapshots_crunch_advice_and_overdue_targets() -> None:
     assert out.crunch_started == [] and len(out.crunch_holding) == 1
     state, out = view.on_time(state, T0 + 18 * MIN, settings, PRICES)
     assert out.overdue == []  # said once
+
+
+def test_a_limit_change_keeps_the_usage_it_does_not_say() -> None:
+    state = fleet_of_four()
+    metric = "compute.googleapis.com/nvidia_h100_80gb_gpus"
+    fold(state, capacity("QUOTA_USAGE", T0, quota=QuotaInfo(metric=metric, limit=64, usage=40)))
+    # the Cloud Monitoring adapter says a new limit with usage 0, at the time of a reading
+    raised = QuotaInfo(metric=metric, limit=80, usage=0)
+    fold(state, capacity("QUOTA_CHANGED", T0 + 5 * MIN, quota=raised))
+    fold(state, capacity("QUOTA_USAGE", T0 + 5 * MIN, quota=QuotaInfo(metric=metric, limit=80,
+                                                                      usage=41)))  # fmt: skip
+    fold(state, capacity("QUOTA_CHANGED", T0 + 7 * MIN, quota=raised))
+    assert state.places["us-central1-a/nvidia-h100-80gb"].quota == [
+        (T0, 40.0, 64.0), (T0 + 5 * MIN, 41.0, 80.0), (T0 + 7 * MIN, 41.0, 80.0)
+    ]  # fmt: skip
