@@ -144,6 +144,9 @@ def _flap_checks(
 # `slow_escalate_s`, and stops counting at the first scrape without it (gpu_gauges.py).
 SLOW_LASTING = Persistence(open_after="slow_escalate_s", open_unit="seconds", clear_after=1)
 
+# Not a check's persistence but one of gpu.power.peer's conditions: the jobs in which a GPU
+# drew less power than its peers are forgotten once it has been busy at their level this long.
+POWER_LEVEL = Persistence(open_after="clear_persist_samples", clear_after=1)
 # Not a check's persistence but one of fabric.switch.down's conditions: a switch verdict whose
 # troubles have been those of too few nodes for this long is cleared (fabric_localise.py).
 SWITCH_SHORT = Persistence(open_after="fabric_group_window_s", open_unit="seconds",

@@ -4,7 +4,10 @@ A rule says whether its condition is bad at this sample; `step` counts how long 
 (consecutive samples, or event time since it turned bad) and how long good again, against the
 check's persistence (catalog spec, overridable per check in `[detect.checks."<name>"]`), and
 returns OPEN or CLEAR at the edges. `open_episode` / `clear_episode` then build the finding from
-the spec: severity, action, fatality and entity kind are never written at a call site.
+the spec: severity, action, fatality and entity kind are never written at a call site. The
+detectors reach all this through one emitter (emit.py), with judgements. `timer` gives the same
+counting to a condition that is not a check (a plain slowdown lasting long enough to count as
+throttling: catalog.SLOW_LASTING), held while its run is open.
 
 An open episode is silent until it clears, so a second fault on top of the first (a rank slowed
 further on a node already slow) would go unsaid. `deepened` follows the open episode's signal

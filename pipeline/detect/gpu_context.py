@@ -45,7 +45,6 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     best_gen: float = 0.0
     best_width: float = 0.0
     slow_jobs: list[str] = []  # jobs during which it drew less power than its peers
-    normal_busy: int = 0  # busy scrapes since it last looked slow
 
 
 class Ctx:

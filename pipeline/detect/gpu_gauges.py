@@ -36,6 +36,7 @@ SLOW = catalog.GPU_CLOCK_SLOW
 POWER = catalog.GPU_POWER
 PCIE_TRAFFIC = catalog.GPU_PCIE_TRAFFIC
 LASTING = f"{CLOCK}|lasting"  # the run of a plain slowdown (catalog.SLOW_LASTING)
+LEVEL = f"{POWER}|level"  # the run of busy scrapes at its peers' power (catalog.POWER_LEVEL)
 
 
 def gauge_rules(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, signs: Signs) -> None:
@@ -236,16 +237,15 @@ def _power(ctx: Ctx, dev: GpuDevice, view: View, peers: Peers | None, corroborat
         s.anomaly_adapt if low else 1.0,
     )
     jobs = dev.slow_jobs
+    if low or jobs:  # busy at its peers' level long enough: the slow jobs are forgotten
+        step(dev.runs, LEVEL, ctx.ts, not low, timer(ctx.settings, catalog.POWER_LEVEL, POWER))
     if low:
-        dev.normal_busy = 0
         job = view.job or ""
         if job not in jobs:
             jobs.append(job)
             del jobs[:-8]
-    elif jobs:
-        dev.normal_busy += 1
-        if dev.normal_busy >= s.clear_persist_samples:
-            jobs.clear()
+    elif jobs and watched(dev.runs, LEVEL):
+        jobs.clear()
     bad = low and (corroborated or len(jobs) >= s.straggler_min_jobs)
     level = peers.power
     ctx.judge(dev, verdict(

@@ -10,7 +10,7 @@ import pytest
 from pipeline.config import DetectSettings
 from pipeline.detect import catalog
 from pipeline.detect.emit import Judgement, Said, clear_device, emit, said
-from pipeline.detect.episodes import CLEAR, OPEN, Run, timer
+from pipeline.detect.episodes import CLEAR, OPEN, Run, step, timer, watched
 from pipeline.detect.findings import Book, evidence
 from pipeline.model import Finding
 
@@ -99,3 +99,13 @@ def test_a_condition_timer_holds_while_its_run_is_open() -> None:
     rule = timer(SETTINGS, catalog.SLOW_LASTING, catalog.GPU_CLOCK_THROTTLE)
     assert rule.open_after == SETTINGS.slow_escalate_s * 1000 and rule.open_ms
     assert rule.clear_after == 1 and not rule.clear_ms
+    level = timer(SETTINGS, catalog.POWER_LEVEL, catalog.GPU_POWER)
+    assert level == (SETTINGS.clear_persist_samples, False, 1, False)
+    runs: dict[str, Run] = {}
+    held = []
+    for ts in range(0, 1_300_000, 100_000):
+        step(runs, "k", ts, True, rule)
+        held.append(watched(runs, "k"))
+    assert held.index(True) == SETTINGS.slow_escalate_s // 100  # held from the limit on
+    step(runs, "k", 1_300_000, False, rule)
+    assert not watched(runs, "k")  # one scrape without it ends it
