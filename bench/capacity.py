@@ -61,35 +61,46 @@ def _fires(points: list[QuotaPoint]) -> tuple[int, int] | None:
     return None
 
 
-def _ramp(rng: np.random.Generator, rate: float, noise: float) -> tuple[list[QuotaPoint], int]:
+def _ramp(
+    rng: np.random.Generator, rate: float, noise: float, limit: float = LIMIT, whole: bool = False
+) -> tuple[list[QuotaPoint], int]:
     hours = (1 - 0.3) / rate
     n = int(hours * 12) + 1
-    start = 0.3 * LIMIT
-    usage = start + rate * LIMIT * np.arange(n) / 12 + rng.normal(0, noise * LIMIT, n)
-    points = [QuotaPoint(T0 + i * STEP_MS, float(min(u, LIMIT)), LIMIT) for i, u in enumerate(usage)]
+    usage = 0.3 * limit + rate * limit * np.arange(n) / 12 + rng.normal(0, noise * limit, n)
+    if whole:  # quota usage is counted in devices: a slow ramp is a staircase
+        usage = np.floor(usage)
+    points = [QuotaPoint(T0 + i * STEP_MS, float(min(u, limit)), limit) for i, u in enumerate(usage)]
     return points, T0 + int(hours * HOUR_MS)
 
 
+SCENARIOS = [
+    *((rate, noise, LIMIT, False) for rate in (0.02, 0.05, 0.10) for noise in (0.0, 0.01, 0.03)),
+    # a 64-device quota in whole devices: +1.3 and +3.2 devices an hour, steps of 1
+    (0.02, 0.0, 64.0, True), (0.05, 0.0, 64.0, True),
+]  # fmt: skip
+
+
 def ramps(series: int) -> list[dict[str, Any]]:
-    rows = []
-    for rate in (0.02, 0.05, 0.10):
-        for noise in (0.0, 0.01, 0.03):
-            rng = np.random.default_rng([int(rate * 100), int(noise * 100)])
-            leads, errors, missed = [], [], 0
-            for _ in range(series):
-                points, true_end = _ramp(rng, rate, noise)
-                fired = _fires(points)
-                if fired is None or fired[0] >= true_end:
-                    missed += 1
-                    continue
-                leads.append((true_end - fired[0]) / 60_000)
-                errors.append((fired[1] - true_end) / 60_000)
-            rows.append({
-                "rate_per_h": rate, "noise": noise, "series": series, "missed": missed,
-                "lead_min_p50": _p(leads, 50), "lead_min_p10": _p(leads, 10),
-                "error_min_p50": _p(errors, 50), "abs_error_min_p90": _p([abs(e) for e in errors], 90),
-            })  # fmt: skip
-    return rows
+    return [_scenario(series, *scenario) for scenario in SCENARIOS]
+
+
+def _scenario(series: int, rate: float, noise: float, limit: float, whole: bool) -> dict[str, Any]:
+    rng = np.random.default_rng([int(rate * 100), int(noise * 100), int(limit)])
+    leads, errors, missed = [], [], 0
+    for _ in range(series):
+        points, true_end = _ramp(rng, rate, noise, limit, whole)
+        fired = _fires(points)
+        if fired is None or fired[0] >= true_end:
+            missed += 1
+            continue
+        leads.append((true_end - fired[0]) / 60_000)
+        errors.append((fired[1] - true_end) / 60_000)
+    return {
+        "rate_per_h": rate, "noise": noise, "limit": limit, "whole_devices": whole,
+        "series": series, "missed": missed,
+        "lead_min_p50": _p(leads, 50), "lead_min_p10": _p(leads, 10),
+        "error_min_p50": _p(errors, 50), "abs_error_min_p90": _p([abs(e) for e in errors], 90),
+    }  # fmt: skip
 
 
 def false_alarms(series: int) -> dict[str, Any]:

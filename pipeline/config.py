@@ -875,8 +875,9 @@ class SimSettings(Section, frozen=True):
     faults_for_s: Annotated[int, Meta(ge=0)] = 0
     diurnal: bool = True
     # A capacity crunch (issue 37): in this zone ("" none) the GPU quota's other users ramp
-    # up so it runs out crunch_exhaust_s into the run (no increase is granted), and a wave of
-    # stock-outs of its type comes from an hour before that to an hour after.
+    # up so it runs out crunch_exhaust_s into the run (no increase is granted), a wave of
+    # stock-outs of its type comes from an hour before that to an hour after, and half the
+    # nodes of that type outside the zone's region stay idle: the spare capacity.
     crunch_zone: str = ""
     crunch_exhaust_s: PositiveInt = 3 * 3600
 
