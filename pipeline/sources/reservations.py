@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.catalog import tpu_generation
+from pipeline.errors import SourceError
 from pipeline.ids import stable_id
 from pipeline.model import CapacityEvent, QuotaInfo
 from pipeline.sources.base import Parsed, add_validated
-from pipeline.sources.gcp_clients import api_call
+from pipeline.sources.gcp_clients import NO_CREDENTIALS, api_call
 
 COMPUTE_SOURCE = "gcp.compute.reservation"
 TPU_SOURCE = "gcp.tpu.reservation"
@@ -228,10 +229,18 @@ def list_tpu(client: Any, parents: Sequence[str], page_size: int, timeout_s: flo
 def reservations_client(endpoint: str) -> Any:
     """`google.cloud.compute_v1.ReservationsClient` (REST): the real API ("") or a stand-in
     (`http://host:port`, anonymous)."""
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import compute_v1
 
     if not endpoint:
-        return compute_v1.ReservationsClient()
+        try:
+            return compute_v1.ReservationsClient()
+        except DefaultCredentialsError as exc:
+            msg = NO_CREDENTIALS.format(
+                api="The Compute Engine API (reservations)", role="roles/compute.viewer",
+                setting="compute_endpoint", env="COMPUTE_ENDPOINT",
+            )  # fmt: skip
+            raise SourceError(msg) from exc
     from google.auth.credentials import AnonymousCredentials
 
     return compute_v1.ReservationsClient(

@@ -59,3 +59,23 @@ def test_a_folder_without_a_lake_is_a_clear_error(tmp_path: Path) -> None:
     done = capacity(tmp_path)
     assert done.returncode == 2
     assert "holds no lake" in done.stderr
+
+
+def test_ingest_capacity_reservations_without_credentials_says_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    # HOME without gcloud config, no GOOGLE_APPLICATION_CREDENTIALS, no metadata server
+    env = {
+        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FLEETPULSE_METRICS__PORT": "0",
+        "FLEETPULSE_SOURCES__STATE_DIR": str(tmp_path / "state"),
+        "GCE_METADATA_HOST": "127.0.0.1:1", "GCE_METADATA_IP": "127.0.0.1:1",
+        "FLEETPULSE_CAPACITY__FEEDS": '["reservations"]',
+    }  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "ingest", "capacity", "--once", "--stdout"],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2
+    assert "The Compute Engine API (reservations) needs Google Cloud credentials" in done.stderr
+    assert "FLEETPULSE_CAPACITY__COMPUTE_ENDPOINT" in done.stderr
