@@ -113,19 +113,6 @@ def _clear(book: Book, ts: int, judged: Judgement, out: list[Finding]) -> None:
         out.append(found)
 
 
-def emit_all(
-    book: Book,
-    runs: dict[str, Run],
-    ts: int,
-    judgements: list[Judgement],
-    settings: DetectSettings,
-    out: list[Finding],
-) -> None:
-    """`emit` each judgement, in order (the findings come out in that order)."""
-    for judged in judgements:
-        emit(book, runs, ts, judged, settings, out)
-
-
 def deepen(
     book: Book,
     runs: dict[str, Run],
