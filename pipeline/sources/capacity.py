@@ -90,6 +90,8 @@ class CapacitySource:
         self._identity: metadata.Identity | None = None
         for feed in settings.feeds:  # missing credentials fail here, at once, not per poll
             self._client(feed)
+        if "reservations" in settings.feeds:  # Cloud TPU reservations: the TPU API's client
+            self._client("tpu")
 
     def _client(self, feed: str) -> Any:
         if feed not in self._clients:
