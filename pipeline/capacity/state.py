@@ -63,6 +63,7 @@ class CapacityState(msgspec.Struct, kw_only=True):
     firing: dict[str, int] = {}  # crunch scope (region/type) -> since, while it holds
     repairs: RepairState = msgspec.field(default_factory=RepairState)  # time back in service
     overdue: dict[str, int] = {}  # targets alerted as out of service too long -> since
+    advised: dict[str, tuple[int, str]] = {}  # type/count -> (ts, advice_id) last sent
 
 
 def region_of(zone: str) -> str:
@@ -130,8 +131,10 @@ def on_inventory(state: CapacityState, record: Inventory) -> set[str]:
 
 
 def forget(state: CapacityState, cluster_name: str) -> set[str]:
-    """An inventory tombstone: the member left the fleet."""
+    """An inventory tombstone: the member left the fleet (and any outage of it with it)."""
     member = state.members.pop(cluster_name, None)
+    state.repairs.open.pop(cluster_name, None)
+    state.overdue.pop(cluster_name, None)
     return set() if member is None else {member.key}
 
 

@@ -7,7 +7,8 @@
 `on_item` folds inventory (a tombstone through `on_tombstone`), node states, capacity events
 and utilization into the fleet-wide state; `publish` says what to send now: the snapshots due
 (fleet.capacity, key `topics.capacity_key`), the advice per type and configured count
-(fleet.capacity.advice, key `topics.advice_key`), the crunches that started, still hold or
+(fleet.capacity.advice, key `topics.advice_key`; when its ranking changed or once per snapshot
+interval), the crunches that started, still hold or
 ended (FleetPulseCapacityCrunch, built with decide.alerts `firing`/`update`/`resolve` from
 crunch.alert_labels / alert_annotations), the targets newly out of service too long, and the
 outages finished since the last publish. Utilization rows are the bulk of the input and
@@ -65,7 +66,7 @@ def publish(
     out.crunch_started, out.crunch_holding, out.crunch_ended = crunch.transitions(
         state.firing, current
     )
-    out.advice = _advice(every, settings)
+    out.advice = _advice_due(state, _advice(every, settings), settings)
     out.overdue = _newly_overdue(state, settings)
     out.repaired = _finished(state)
     return state, out
@@ -81,6 +82,22 @@ def _advice(
             if advised is not None:
                 found.append(advised)
     return found
+
+
+def _advice_due(
+    state: CapacityState, found: list[CapacityAdvice], settings: CapacitySettings
+) -> list[CapacityAdvice]:
+    """Advice whose ranking changed (its id), or not sent for the snapshot interval."""
+    due = []
+    for one in found:
+        key = f"{one.accelerator_type}/{one.count}"
+        sent = state.advised.get(key)
+        if sent is None or sent[1] != one.advice_id or one.ts - sent[0] >= (
+            settings.snapshot_interval_s * 1000
+        ):
+            state.advised[key] = (one.ts, one.advice_id)
+            due.append(one)
+    return due
 
 
 def _newly_overdue(state: CapacityState, settings: CapacitySettings) -> list[repair.Outage]:

@@ -217,11 +217,15 @@ def test_publish_gives_snapshots_crunch_advice_and_overdue_targets() -> None:
     assert (advice.accelerator_type, advice.count) == ("nvidia-h100-80gb", 8)
     assert advice.options[0].zone == "us-central1-a"  # both fit 8; the priced zone first
     assert out.overdue == []
+    state, again = view.publish(state, settings, PRICES)
+    assert again.advice == [] and again.snapshots == []  # nothing changed: nothing sent
     state, out = view.on_time(state, T0 + 17 * MIN, settings, PRICES)
     assert sorted(o.target for o in out.overdue) == ["c1/n1", "c1/n2", "c1/n3"]
     assert out.crunch_started == [] and len(out.crunch_holding) == 1
     state, out = view.on_time(state, T0 + 18 * MIN, settings, PRICES)
     assert out.overdue == []  # said once
+    view.on_tombstone(state, "c1/n1")  # the member leaves: its outage with it
+    assert "c1/n1" not in state.repairs.open and "c1/n1" not in state.overdue
 
 
 def test_a_limit_change_keeps_the_usage_it_does_not_say() -> None:
