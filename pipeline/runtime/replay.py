@@ -38,6 +38,7 @@ from pipeline.model import (
     WithheldRecord,
 )
 from pipeline.runtime.embedded import EmbeddedRuntime
+from pipeline.stages.keys import pool_key, target_name
 from pipeline.wire.codec import OLDER, decode
 from pipeline.wire.topics import TOPICS
 
@@ -235,8 +236,8 @@ def _note_withheld(runtime: EmbeddedRuntime, result: ReplayResult) -> None:
             result.withheld[proposal.proposal_id] = WithheldProposal(
                 proposal_id=proposal.proposal_id,
                 kind=proposal.kind,
-                target=f"{target.cluster}/{target.name}",
-                pool=f"{target.cluster}/{target.pool}",
+                target=target_name(target),
+                pool=pool_key(target),
                 zone=target.zone,
                 rule=held.reason or "pending",
                 first_ts=held.first_ts,
