@@ -58,7 +58,8 @@ def nodes(path: Path) -> None:
     for row in inventory(path):
         labels = {POOL_LABEL: row["pool"], ZONE_LABEL: row["zone"],
                   "nvidia.com/gpu.product": row.get("accelerator") or "gpu"}  # fmt: skip
-        api.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=row["name"], labels=labels)))
+        meta = client.V1ObjectMeta(name=row["name"], labels=labels)
+        api.create_node(client.V1Node(metadata=meta))
         api.patch_node_status(row["name"], {"status": {
             "capacity": {"nvidia.com/gpu": str(row.get("capacity") or 8)},
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -77,12 +78,13 @@ def nodes(path: Path) -> None:
 def _pod(api: Any, node: str, name: str) -> None:
     from kubernetes import client
 
+    container = client.V1Container(name="c", image="trainer")
     api.create_namespaced_pod(NAMESPACE, client.V1Pod(
         metadata=client.V1ObjectMeta(name=name, labels={"app": "train"}),
-        spec=client.V1PodSpec(node_name=node,
-                              containers=[client.V1Container(name="c", image="trainer")])))  # fmt: skip
-    api.patch_namespaced_pod_status(name, NAMESPACE, {"status": {"phase": "Running"}},
-                                    _content_type="application/strategic-merge-patch+json")  # fmt: skip
+        spec=client.V1PodSpec(node_name=node, containers=[container])))  # fmt: skip
+    running = {"status": {"phase": "Running"}}
+    api.patch_namespaced_pod_status(name, NAMESPACE, running,
+                                    _content_type="application/strategic-merge-patch+json")
 
 
 def cleanup(path: Path, quiet: bool = False) -> None:
@@ -98,7 +100,21 @@ def cleanup(path: Path, quiet: bool = False) -> None:
     for pod in api.list_namespaced_pod(NAMESPACE).items:
         api.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
     if not quiet:
-        print("  the demo's nodes and pods deleted")
+        _delete_topics()
+        print("  the demo's nodes, pods and topics deleted")
+
+
+def _delete_topics() -> None:
+    from kafka.admin import KafkaAdminClient
+
+    prefix = os.environ["FLEETPULSE_KAFKA__TOPIC_PREFIX"]
+    admin = KafkaAdminClient(bootstrap_servers=os.environ["FLEETPULSE_KAFKA__BOOTSTRAP"])
+    try:
+        mine = [t for t in admin.list_topics() if t.startswith(prefix)]
+        if mine:
+            admin.delete_topics(mine, timeout_ms=30_000)
+    finally:
+        admin.close()
 
 
 def ready(logs: list[Path], timeout: float = 120) -> None:
@@ -149,15 +165,15 @@ def describe(node: Any, pods: list[Any]) -> str:
     unhealthy = conditions.get("FleetPulseUnhealthy")
     taints = [f"{t.key}={t.value}:{t.effect}" for t in node.spec.taints or []]
     repair = (node.metadata.labels or {}).get("fleetpulse.io/repair")
+    condition = f"{unhealthy.status} ({unhealthy.reason}: {unhealthy.message})" if unhealthy else ""
+    states = [f"{p.metadata.name} " + ("Terminating (evicted)" if p.metadata.deletion_timestamp
+                                        else "Running") for p in pods]  # fmt: skip
     lines = [
         f"      schedulable: {'no (cordoned)' if node.spec.unschedulable else 'yes'}",
         f"      taints: {', '.join(taints) or 'none'}",
-        "      condition FleetPulseUnhealthy: "
-        + (f"{unhealthy.status} ({unhealthy.reason}: {unhealthy.message})" if unhealthy else "none"),
+        f"      condition FleetPulseUnhealthy: {condition or 'none'}",
         f"      repair label: {repair or 'none'}",
-        "      pods: " + (", ".join(
-            f"{p.metadata.name} {'Terminating (evicted)' if p.metadata.deletion_timestamp else 'Running'}"
-            for p in pods) or "none"),  # fmt: skip
+        f"      pods: {', '.join(states) or 'none'}",
     ]
     return "\n".join(lines)
 
@@ -169,9 +185,9 @@ def events() -> None:
     prefix = os.environ["FLEETPULSE_KAFKA__TOPIC_PREFIX"]
     rows = []
     for topic in ("actions", "events.node"):
-        consumer = KafkaConsumer(f"{prefix}.{topic}",
-                                 bootstrap_servers=os.environ["FLEETPULSE_KAFKA__BOOTSTRAP"],
-                                 auto_offset_reset="earliest", consumer_timeout_ms=2000)  # fmt: skip
+        bootstrap = os.environ["FLEETPULSE_KAFKA__BOOTSTRAP"]
+        consumer = KafkaConsumer(f"{prefix}.{topic}", bootstrap_servers=bootstrap,
+                                 auto_offset_reset="earliest", consumer_timeout_ms=2000)
         rows += [(r.timestamp, topic, json.loads(r.value)) for r in consumer]
         consumer.close()
     for stamp, topic, value in sorted(rows, key=lambda r: r[0]):
@@ -186,8 +202,8 @@ def events() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("nodes").add_argument("inventory", type=Path)
     sub.add_parser("cleanup").add_argument("inventory", type=Path)
