@@ -45,14 +45,19 @@ NET_UP = "node_network_up"
 ACTIVE, LINK_UP = 4.0, 5.0
 LINK_DOWNED = "node_infiniband_link_downed_total"
 CARRIER = "node_network_carrier_changes_total"  # counts both edges of a toggle
+# node_exporter's names (its infiniband collector): receive errors are port_errors_received.
 ERROR_FIELDS = (
     "node_infiniband_symbol_error_total",
-    "node_infiniband_port_receive_errors_total",
+    "node_infiniband_port_errors_received_total",
     "node_infiniband_link_error_recovery_total",
     "node_network_receive_errs_total",
     "node_network_transmit_errs_total",
 )
 COUNTERS = (LINK_DOWNED, CARRIER, *ERROR_FIELDS)
+# The spelling the simulator used before it followed node_exporter: recordings still carry it.
+OLD_NAMES = {
+    "node_infiniband_port_errors_received_total": "node_infiniband_port_receive_errors_total",
+}
 
 
 class PortState(msgspec.Struct, kw_only=True, gc=False):
@@ -113,7 +118,7 @@ def _port(
     if ps.absent:
         judged.append(Judgement(NIC_MISSING, port.device, False, said(f"NIC {port.device} back")))
         ps.absent = 0
-    values = tuple(port.metrics.get(name) for name in COUNTERS)
+    values = _counters(port)
     deltas = [
         counter_delta(last, value) if value is not None and last is not None else 0.0
         for last, value in zip(ps.counters or (None,) * len(COUNTERS), values, strict=True)
@@ -133,6 +138,20 @@ def _port(
     for one in judged:
         emit(book, ps.runs, ts, one, settings, out)
     return out
+
+
+def _counters(port: FabricPort) -> tuple[float | None, ...]:
+    """The raw COUNTERS of a sample; a counter stuck at its hardware maximum is unknown (None),
+    so no delta is read across it — not a reset, not a burst — now or at the next sample."""
+    saturated = set(port.saturated)
+    values = []
+    for name in COUNTERS:
+        old = OLD_NAMES.get(name, "")
+        if name in saturated or old in saturated:
+            values.append(None)
+        else:
+            values.append(port.metrics.get(name, port.metrics.get(old)))
+    return tuple(values)
 
 
 def _is_down(metrics: dict[str, float]) -> bool:

@@ -28,8 +28,8 @@ COUNTERS = (
     "node_infiniband_link_downed_total",
     "node_infiniband_link_error_recovery_total",
     "node_infiniband_symbol_error_total",
-    "node_infiniband_port_receive_errors_total",
-    "node_infiniband_port_transmit_discards_total",
+    "node_infiniband_port_errors_received_total",
+    "node_infiniband_port_discards_transmitted_total",
     "node_infiniband_port_data_received_bytes_total",
     "node_infiniband_port_data_transmitted_bytes_total",
     "node_network_carrier_changes_total",
@@ -38,7 +38,7 @@ COUNTERS = (
 )
 ERROR_SPLIT = (
     ("node_infiniband_symbol_error_total", 0.6),
-    ("node_infiniband_port_receive_errors_total", 0.3),
+    ("node_infiniband_port_errors_received_total", 0.3),
     ("node_infiniband_link_error_recovery_total", 0.1),
 )
 FABRIC_EFFECTS = frozenset({"fab_down", "fab_missing", "fab_errors"})

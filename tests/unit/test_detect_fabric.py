@@ -343,3 +343,47 @@ def test_a_switch_that_gets_a_node_back_before_the_window_ends_waits_a_whole_win
     switch_cleared = elem_out[1].ts
     assert switch_cleared - (T0 + 13 * STEP) >= SETTINGS.fabric_group_window_s * 1000
     assert [a.kind for a in acts] == ["repair_switch"] + ["repair_link"] * 4
+
+
+def test_receive_errors_are_read_under_node_exporters_name() -> None:
+    def port(node: str, p: int, step: int) -> dict[str, float]:
+        rising = node == "n2" and p == 2 and step >= 2
+        return {"node_infiniband_port_errors_received_total": 60.0 * step} if rising else {}
+
+    node_out, _, _ = run_nodes(12, port)
+    assert opened(node_out) == [("fabric.port.errors", "n2", "mlx5_2:1")]
+
+
+def saturating(step: int) -> FabricSample:
+    """n0's port 0: link_downed jumps to its 8-bit maximum and symbol errors to their 16-bit
+    one at step 3 and stay there, as a saturated IB counter does; the exporter says so."""
+    out = sample("n0", step, healthy)
+    if step < 3:
+        return out
+    first = out.ports[0]
+    metrics = first.metrics | {"node_infiniband_link_downed_total": 255.0,
+                               "node_infiniband_symbol_error_total": 65535.0}  # fmt: skip
+    saturated = ["node_infiniband_link_downed_total", "node_infiniband_symbol_error_total"]
+    ports = [msgspec.structs.replace(first, metrics=metrics, saturated=saturated), *out.ports[1:]]
+    return msgspec.structs.replace(out, ports=ports)
+
+
+def test_a_saturated_counter_is_neither_a_burst_nor_a_flap() -> None:
+    state: FabricNodeState | None = None
+    found: list[Finding] = []
+    for step in range(12):
+        state, out = detect_fabric(state, saturating(step), SETTINGS)
+        found += out
+    assert opened(found) == []
+
+
+def test_the_same_jump_unmarked_is_read_as_flaps() -> None:
+    """The control: without the exporter's mark the jump reads as the link toggling."""
+    state: FabricNodeState | None = None
+    found: list[Finding] = []
+    for step in range(12):
+        s = saturating(step)
+        ports = [msgspec.structs.replace(p, saturated=[]) for p in s.ports]
+        state, out = detect_fabric(state, msgspec.structs.replace(s, ports=ports), SETTINGS)
+        found += out
+    assert opened(found) != []
