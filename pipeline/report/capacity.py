@@ -20,7 +20,7 @@ from pipeline.capacity import crunch, repair
 from pipeline.capacity.prices import PriceBook, catalog_book
 from pipeline.capacity.snapshot import snapshots
 from pipeline.capacity.state import CapacityState, fold
-from pipeline.catalog.accelerators import equivalents
+from pipeline.catalog.accelerators import canonical_type, equivalents
 from pipeline.config import CapacitySettings
 from pipeline.lake.query import Lake, Result
 from pipeline.model import (
@@ -34,6 +34,7 @@ from pipeline.model import (
     Target,
     Utilization,
 )
+from pipeline.report.charts import Series, line_chart
 
 MEMBERS_LOOKBACK = timedelta(hours=24)
 USAGE_LOOKBACK = timedelta(hours=1)
@@ -152,6 +153,19 @@ def _events(result: Result) -> Iterator[CapacityEvent]:
 
 
 # --- the report's section ------------------------------------------------------------------
+
+
+def free_over_time_chart(result: Result, since: datetime, until: datetime) -> str:
+    """Healthy free devices per region and accelerator type over time (capacity_timeline)."""
+    free: dict[str, dict[datetime, float]] = {}
+    for row in result.records():
+        kind = canonical_type(row["accelerator"]) or row["accelerator"]
+        points = free.setdefault(f"{row['region']} · {kind}", {})
+        points[row["bucket"]] = points.get(row["bucket"], 0.0) + row["free"]
+    series = [Series(name, sorted(points.items())) for name, points in sorted(free.items())]
+    top = max((v for s in series for _, v in s.points), default=0.0)
+    return line_chart("capacity_time", "Healthy free devices per region and type", series,
+                      since, until, y_max=max(8.0, top * 1.1), unit="")  # fmt: skip
 
 SNAPSHOT_COLUMNS = (
     ("zone", "Zone"), ("type", "Type"), ("model", "Bought"), ("devices", "Devices"),

@@ -34,7 +34,7 @@ from typing import Any
 
 from pipeline.config import LakeSettings
 from pipeline.lake.query import Lake, Result
-from pipeline.report.capacity import capacity_section
+from pipeline.report.capacity import capacity_section, free_over_time_chart
 from pipeline.report.charts import (
     PALETTE,
     Marker,
@@ -46,7 +46,7 @@ from pipeline.report.charts import (
     timeline_chart,
 )
 
-CHARTS = ("utilization", "health", "xid", "capacity", "cost")
+CHARTS = ("utilization", "health", "xid", "capacity", "cost", "capacity_time")
 HEATMAP_ROWS = 25
 ACTION_COLORS = {"cordon": "#e15759", "drain": "#b07aa1", "uncordon": "#59a14f"}
 _BUCKETS = [timedelta(minutes=m) for m in (5, 15, 30, 60, 180, 360, 720, 1440)]
@@ -112,6 +112,9 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
         _table("MTBF per pool (node- or slice-hours per failure)", run("mtbf_by_pool")),
         _table("Quota headroom", run("quota_headroom")),
         capacity_section(lake, until),
+        _figure("capacity_time", "Healthy free devices over time, per region and accelerator "
+                "type (free at some point in each bucket, not out of service at its end)",
+                free_over_time_chart(run("capacity_timeline"), since, until)),
         _table("Accelerator types compared (cost per useful device-hour and bf16 PFLOP-hour)",
                run("accelerator_roi")),
         _table("Reservations", run("reservations")),

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.chromium
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-CHARTS = {"utilization", "health", "xid", "capacity", "cost"}
+CHARTS = {"utilization", "health", "xid", "capacity", "cost", "capacity_time"}
 WIDTH = 1280
 # Injected into a copy of the page: after layout, every text box of each chart against every
 # other (any two that intersect by more than half a pixel both ways are unreadable), and how

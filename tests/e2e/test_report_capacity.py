@@ -56,3 +56,7 @@ def test_the_capacity_section_renders_every_part(tmp_path: Path) -> None:
     back = re.sub(r"<td[^>]*>", "<td>", section(dom, "time-back-in-service"))
     assert "<td>tpu</td><td>cordoned</td><td>1</td><td>30.0</td>" in back
     assert ">none<" in section(dom, "reservations")  # the fixture reserves nothing
+    (chart,) = re.findall(r'<figure[^>]*data-chart="capacity_time"[^>]*>', dom)
+    assert 'data-rendered="yes"' in chart
+    # one line per region and type: z · nvidia-h100-80gb, nvidia-a100-80gb, tpu-v5e
+    assert dom.count("<title>z · ") >= 3
