@@ -11,6 +11,7 @@ WITH zones AS (
            max(ts) AS as_of
     FROM capacity
     WHERE quota_metric IS NOT NULL AND ts < $until
+      AND kind <> 'RESERVATION_CHANGED'  -- a reservation's figures ride in quota_* too
     GROUP BY ALL
 ), period AS (
     SELECT zone,

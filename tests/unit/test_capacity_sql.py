@@ -70,6 +70,13 @@ def test_reservations_latest_figures_and_the_deleted_left_out(lake: Path) -> Non
             for r in rows] == [("res-a", 16.0, 12.0, 4.0, 3)]  # fmt: skip
 
 
+def test_quota_headroom_leaves_reservations_out(lake: Path) -> None:
+    # a reservation's figures ride in quota_*: they are no quota
+    assert [r["quota_metric"] for r in run(lake, "quota_headroom") if r["zone"] == "z-a"] == [
+        "NVIDIA_H100_GPUS"
+    ]
+
+
 def test_quota_outlook_needs_enough_points_for_a_forecast(lake: Path) -> None:
     (row,) = run(lake, "quota_outlook")
     assert (row["usage"], row["headroom"], row["points"]) == (50.0, 14.0, 2)
