@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pipeline.capacity import snapshot, view
 from pipeline.capacity.prices import CatalogPrice, PriceBook
 from pipeline.capacity.state import CapacityState, fold, forget, provisioning_model, region_of
@@ -241,3 +244,43 @@ def test_a_limit_change_keeps_the_usage_it_does_not_say() -> None:
     assert state.places["us-central1-a/nvidia-h100-80gb"].quota == [
         (T0, 40.0, 64.0), (T0 + 5 * MIN, 41.0, 80.0), (T0 + 7 * MIN, 41.0, 80.0)
     ]  # fmt: skip
+
+
+STATES = ["healthy", "suspect", "degraded", "cordoned", "draining", "repairing", "probation"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    nodes=st.integers(min_value=1, max_value=5),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["state", "use", "maintenance"]),
+            st.integers(min_value=0, max_value=4),  # node
+            st.integers(min_value=0, max_value=7),  # device / state index
+            st.integers(min_value=0, max_value=40),  # minute
+            st.booleans(),
+        ),
+        max_size=60,
+    ),
+)
+def test_every_device_is_counted_once_whatever_arrives(
+    nodes: int, steps: list[tuple[str, int, int, int, bool]]
+) -> None:
+    state = CapacityState()
+    for i in range(nodes):
+        fold(state, node(f"n{i}", **({"provisioning_model": "spot"} if i == 4 else {})))
+    for kind, index, value, minute, flag in steps:
+        name, ts = f"n{index % nodes}", T0 + minute * MIN
+        if kind == "state":
+            fold(state, state_of(name, STATES[value % len(STATES)], ts))
+        elif kind == "use":
+            fold(state, util(name, value, ts, allocated=flag, pct=float(value * 12)))
+        else:
+            fold(state, capacity("MAINTENANCE_STARTED" if flag else "MAINTENANCE_DONE", ts,
+                                 cluster="c1", target=name, target_kind="node"))  # fmt: skip
+        for got in snapshot.snapshots(state, SETTINGS, PRICES):
+            out = got.out_of_service
+            out_total = out.cordoned + out.draining + out.repairing + out.maintenance + out.silent
+            assert got.devices == got.healthy + got.suspect + out_total
+            assert 0 <= got.healthy_free <= got.healthy
+            assert got.allocated_idle <= got.allocated <= got.healthy + got.suspect
