@@ -21,7 +21,7 @@ import msgspec
 
 from pipeline.capacity.forecast import ForecastRules, QuotaPoint, forecast
 from pipeline.capacity.prices import PriceBook
-from pipeline.capacity.state import HOUR_MS, CapacityState, Member, Place, keys_of_place
+from pipeline.capacity.state import HOUR_MS, CapacityState, Member, Place, region_of
 from pipeline.config import CapacitySettings
 from pipeline.model import CapacitySnapshot, OutOfService, QuotaOutlook, Reservations
 
@@ -41,10 +41,15 @@ class _Counts:
 
 
 def all_keys(state: CapacityState) -> set[str]:
+    """The members' keys, and an on-demand key for each zone and type that has cloud figures
+    (quota, reservations, stock-outs) but no member (keys_of_place, without a scan per place)."""
     keys = {m.key for m in state.members.values()}
+    places = {key.rsplit("/", 1)[0] for key in keys}  # region/zone/type
     for place_key in state.places:
         zone, _, accelerator = place_key.partition("/")
-        keys |= keys_of_place(state, zone, accelerator)
+        prefix = f"{region_of(zone)}/{zone}/{accelerator}"
+        if prefix not in places:
+            keys.add(f"{prefix}/on-demand")
     return keys
 
 
