@@ -144,7 +144,7 @@ def _counters(port: FabricPort) -> tuple[float | None, ...]:
     """The raw COUNTERS of a sample; a counter stuck at its hardware maximum is unknown (None),
     so no delta is read across it — not a reset, not a burst — now or at the next sample."""
     saturated = set(port.saturated)
-    values = []
+    values: list[float | None] = []
     for name in COUNTERS:
         old = OLD_NAMES.get(name, "")
         if name in saturated or old in saturated:
