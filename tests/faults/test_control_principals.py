@@ -62,6 +62,8 @@ WRITERS: dict[str, set[str]] = {
     "alerts": {"worker"},
     "withheld": {"worker"},  # why removals were held back: data, nobody acts on it
     "utilization": {"worker"},
+    "capacity": {"worker"},  # the capacity snapshot (issue 37)
+    "capacity.advice": {"worker"},
     "dlq": _DEAD_LETTERING,
     f"worker-{POLICY_INPUT}": {"worker"},
     "worker-policy-changelog": {"worker"},
