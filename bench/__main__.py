@@ -86,6 +86,24 @@ def _scaling(quick: bool) -> Any:
     return scaling.run(quick)
 
 
+def _capacity(quick: bool) -> Any:
+    from bench import capacity
+
+    return capacity.main(["--quick"] if quick else [])
+
+
+def _compression(quick: bool) -> Any:
+    from bench import bench_compression
+
+    return bench_compression.main(["--nodes", "16", "--minutes", "2"] if quick else [])
+
+
+def _prometheus(quick: bool) -> Any:
+    from bench import bench_prometheus
+
+    return bench_prometheus.main(["--gpus", "1000", "--repeat", "1"] if quick else [])
+
+
 BENCHMARKS: dict[str, Runner] = {
     "throughput": _throughput,
     "latency": _latency,
@@ -96,11 +114,15 @@ BENCHMARKS: dict[str, Runner] = {
     "sim": _sim,
     "remediation": _remediation,
     "scaling": _scaling,
+    "capacity": _capacity,
+    "compression": _compression,
+    "prometheus": _prometheus,
 }
 # write one result file whatever the mode: a quick pass would overwrite their full figures
 FULL_ONLY = summary.WITHOUT_QUICK
-# run only when named (--only): the worker.take variant of the latency benchmark
-OPTIONAL = frozenset({"latency-take"})
+# run only when named (--only): the worker.take variant of the latency benchmark, and the
+# Prometheus adapter's poll cost (it starts its own Prometheus over generated exporters: minutes)
+OPTIONAL = frozenset({"latency-take", "prometheus"})
 
 
 def chosen(only: list[str], quick: bool) -> list[str]:

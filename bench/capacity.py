@@ -167,10 +167,10 @@ def _p(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer series, a smaller fleet")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     series, nodes = (5, 100) if args.quick else (40, 1000)
     scenarios = ramps(series)
     figures = {"ramps": scenarios, "false_alarms": false_alarms(series),

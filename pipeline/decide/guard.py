@@ -127,7 +127,7 @@ def sync(state: GuardState, settings: Settings) -> list[Alert]:
 
 
 def _own(state: GuardState | None) -> GuardState:
-    # changed in place and returned: the driver keeps the snapshot (stages/topology.py)
+    # changed in place and returned: the driver keeps the snapshot (stages/base.py)
     return GuardState() if state is None else state
 
 

@@ -112,7 +112,7 @@ def transition(
                 f"signal for {target_key(target)} sent to the state of {target_key(state.target)}"
             )
         # the state given is changed in place and returned: the driver keeps the snapshot
-        # to roll back to (pipeline/stages/topology.py)
+        # to roll back to (pipeline/stages/base.py)
         st = state
     repeat = isinstance(signal, Action) and signal.action_id in st.applied
     if isinstance(signal, Action) and not repeat:

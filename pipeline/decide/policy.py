@@ -172,7 +172,7 @@ def _start(state: PolicyState | None, signal: Proposal | NodeState | CapacityEve
         return PolicyState(pool=pool)
     if pool and state.pool and pool != state.pool:
         raise ValueError(f"signal for pool {pool!r} sent to the policy state of {state.pool!r}")
-    # changed in place and returned: the driver keeps the snapshot (stages/topology.py)
+    # changed in place and returned: the driver keeps the snapshot (stages/base.py)
     state.pool = state.pool or pool
     return state
 
