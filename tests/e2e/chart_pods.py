@@ -256,7 +256,10 @@ def _namespace_script(container: Container, scratch: Path) -> str:
                 overlays.append(parent)
                 lines.append(_overlay(parent, scratch))
             lines.append(f"mkdir -p {shlex.quote(target)}")
+        hidden = _hides_the_checkout(target)
+        lines += hidden[0]
         lines.append(f"mount --bind {shlex.quote(str(mount.source))} {shlex.quote(target)}")
+        lines += hidden[1]
         if mount.read_only:
             lines.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
     if container.read_only_root:
@@ -265,6 +268,20 @@ def _namespace_script(container: Container, scratch: Path) -> str:
     lines.append(f"cd {shlex.quote(container.working_dir)}")
     lines.append("exec " + shlex.join(_as_user(container) + container.argv))
     return "\n".join(lines)
+
+
+def _hides_the_checkout(target: str) -> tuple[list[str], list[str]]:
+    """Shell lines before and after mounting over `target` when it holds the checkout (a clone
+    under /tmp, and a pod's emptyDir at /tmp): the checkout, with the venv the process runs, is
+    parked on a tmpfs of the namespace's own and put back at its path inside the new mount."""
+    checkout = os.path.realpath(REPO)
+    if not checkout.startswith(target.rstrip("/") + "/"):
+        return [], []
+    park = "/mnt/fleetpulse-checkout"  # /mnt: a folder no pod of the chart mounts over
+    before = ["mount -t tmpfs -o mode=755 tmpfs /mnt", f"mkdir -p {park}",
+              f"mount --bind {shlex.quote(checkout)} {park}"]  # fmt: skip
+    after = [f"mkdir -p {shlex.quote(checkout)}", f"mount --move {park} {shlex.quote(checkout)}"]
+    return before, after
 
 
 def _as_user(container: Container) -> list[str]:
