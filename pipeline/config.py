@@ -882,7 +882,30 @@ class SimSettings(Section, frozen=True):
     crunch_exhaust_s: PositiveInt = 3 * 3600
 
 
-class KubernetesSettings(Section, frozen=True):
+class ActuatorSettings(Section, frozen=True):
+    """What every actuator reads (pipeline/actuate): its name on the wire and its defences.
+
+    actor: who it says did it on fleet.events.node; group_id: its consumer group ("" =
+    fleetpulse-actuator-<cluster>). An action needs `expires_at` and a `ts` at most
+    max_action_age_s old (max_action_ahead_s ahead); at most max_removals (cluster),
+    max_removals_per_pool and max_removals_per_zone targets newly cordoned, drained or sent to
+    repair per removal_window_s; drain_workers: targets drained at once (order kept per
+    target); api_rejections: tries of an action its system refuses before it is dead-lettered.
+    """
+
+    actor: str = "fleetpulse-actuator"
+    group_id: str = ""  # "" = fleetpulse-actuator-<cluster>
+    max_action_age_s: Annotated[float, Meta(gt=0)] = 3600.0
+    max_action_ahead_s: Annotated[float, Meta(ge=0)] = 300.0
+    removal_window_s: Annotated[float, Meta(gt=0)] = 3600.0
+    max_removals: Annotated[int, Meta(ge=0)] = 20
+    max_removals_per_pool: Annotated[int, Meta(ge=0)] = 8
+    max_removals_per_zone: Annotated[int, Meta(ge=0)] = 12
+    drain_workers: Annotated[int, Meta(ge=1, le=1024)] = 32
+    api_rejections: Annotated[int, Meta(ge=1, le=100)] = 3
+
+
+class KubernetesSettings(ActuatorSettings, frozen=True):
     """`fleetpulse actuate kubernetes` and `fleetpulse watch kubernetes` (pipeline/kube).
 
     kubeconfig: "" = in-cluster when `in_cluster` (the pod's ServiceAccount), else the usual
@@ -892,13 +915,8 @@ class KubernetesSettings(Section, frozen=True):
     on a node (any value); maintenance_label: a person's maintenance mark. drain_timeout_s: how
     long a drain retries evictions a PodDisruptionBudget refuses before it is reported blocked.
 
-    The actuator's own defences, whatever the policy decided (docs/kubernetes.md): an action
-    needs `expires_at` and a `ts` at most max_action_age_s old (max_action_ahead_s ahead); at
-    most max_removals (cluster), max_removals_per_pool and max_removals_per_zone targets newly
-    cordoned, drained or sent to repair per removal_window_s; a slice's nodes must all carry
-    tpu_label. drain_workers: nodes drained at once (one worker per target, order kept per
-    target); api_rejections: tries of an action the API server refuses (400/422) before it is
-    dead-lettered.
+    The actuator's defences and caps (ActuatorSettings) hold whatever the policy decided
+    (docs/kubernetes.md); a slice's nodes must all carry tpu_label.
     """
 
     kubeconfig: str = ""
@@ -914,20 +932,10 @@ class KubernetesSettings(Section, frozen=True):
     eviction_backoff_max_s: Annotated[float, Meta(gt=0)] = 15.0
     request_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
     watch_timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 300  # server-side end of one watch
-    actor: str = "fleetpulse-actuator"
-    group_id: str = ""  # "" = fleetpulse-actuator-<cluster>
-    max_action_age_s: Annotated[float, Meta(gt=0)] = 3600.0
-    max_action_ahead_s: Annotated[float, Meta(ge=0)] = 300.0
-    removal_window_s: Annotated[float, Meta(gt=0)] = 3600.0
-    max_removals: Annotated[int, Meta(ge=0)] = 20
-    max_removals_per_pool: Annotated[int, Meta(ge=0)] = 8
-    max_removals_per_zone: Annotated[int, Meta(ge=0)] = 12
     tpu_label: Annotated[str, Meta(min_length=1)] = "cloud.google.com/gke-tpu-accelerator"
-    drain_workers: Annotated[int, Meta(ge=1, le=1024)] = 32
-    api_rejections: Annotated[int, Meta(ge=1, le=100)] = 3
 
 
-class SlurmSettings(Section, frozen=True):
+class SlurmSettings(ActuatorSettings, frozen=True):
     """`fleetpulse actuate slurm` and `fleetpulse watch slurm` (pipeline/slurm; docs/slurm.md).
 
     conf: the slurm.conf path the commands get as SLURM_CONF ("" = the environment's, else
@@ -954,15 +962,6 @@ class SlurmSettings(Section, frozen=True):
     drain_poll_s: Annotated[float, Meta(gt=0)] = 2.0
     poll_s: Annotated[float, Meta(gt=0)] = 10.0
     actor: str = "fleetpulse-slurm-actuator"
-    group_id: str = ""  # "" = fleetpulse-actuator-<cluster>
-    max_action_age_s: Annotated[float, Meta(gt=0)] = 3600.0
-    max_action_ahead_s: Annotated[float, Meta(ge=0)] = 300.0
-    removal_window_s: Annotated[float, Meta(gt=0)] = 3600.0
-    max_removals: Annotated[int, Meta(ge=0)] = 20
-    max_removals_per_pool: Annotated[int, Meta(ge=0)] = 8
-    max_removals_per_zone: Annotated[int, Meta(ge=0)] = 12
-    drain_workers: Annotated[int, Meta(ge=1, le=1024)] = 32
-    api_rejections: Annotated[int, Meta(ge=1, le=100)] = 3
 
 
 class Settings(Section, frozen=True):

@@ -16,24 +16,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pipeline.actuate import defences
-from pipeline.actuate.defences import Limits, Refusal
+from pipeline.actuate.defences import Refusal
+from pipeline.config import ActuatorSettings
 from pipeline.model import Action, NodeEvent, host_kind
 
 log = logging.getLogger(__name__)
-
-
-class ActuatorSettings(Limits, Protocol):
-    """What the shared part reads of an actuator's settings section."""
-
-    @property
-    def actor(self) -> str: ...
-    @property
-    def drain_workers(self) -> int: ...
-    @property
-    def api_rejections(self) -> int: ...
 
 
 S = TypeVar("S", bound=ActuatorSettings)

@@ -18,31 +18,13 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
 
-from pipeline.model import Action
+from pipeline.config import ActuatorSettings
+from pipeline.model import REPAIR_KINDS, Action
 from pipeline.wire.topics import scoped
 
-REPAIR_KINDS = frozenset({"reset_gpu", "reboot", "repair", "replace", "repair_slice"})
 REMOVALS = frozenset({"cordon", "drain"}) | REPAIR_KINDS
 _MS = 1000
-
-
-class Limits(Protocol):
-    """The settings the defences read (KubernetesSettings and SlurmSettings both have them)."""
-
-    @property
-    def max_action_age_s(self) -> float: ...
-    @property
-    def max_action_ahead_s(self) -> float: ...
-    @property
-    def removal_window_s(self) -> float: ...
-    @property
-    def max_removals(self) -> int: ...
-    @property
-    def max_removals_per_pool(self) -> int: ...
-    @property
-    def max_removals_per_zone(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -51,7 +33,7 @@ class Refusal:
     reason: str  # for people: the echo's reason
 
 
-def credible(action: Action, key: str | None, now_ms: int, limits: Limits,
+def credible(action: Action, key: str | None, now_ms: int, limits: ActuatorSettings,
              section: str = "kubernetes") -> Refusal | None:  # fmt: skip
     """The record itself: expires_at present, ts recent and not ahead, the key its target's.
     `key` None: not read from Kafka (a direct call), so there is no key to compare."""
@@ -78,7 +60,7 @@ class RemovalCap:
     per window, however many of its actions (cordon, drain, repair) follow. Thread-safe: the
     actuator's workers share one."""
 
-    def __init__(self, settings: Limits, section: str = "kubernetes") -> None:
+    def __init__(self, settings: ActuatorSettings, section: str = "kubernetes") -> None:
         self.settings, self.section = settings, section
         self._lock = threading.Lock()
         self._taken: deque[tuple[int, str, str, str]] = deque()  # (ms, target, pool, zone)

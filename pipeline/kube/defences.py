@@ -15,7 +15,6 @@ from typing import Any
 
 from pipeline.actuate.defences import (
     REMOVALS,
-    REPAIR_KINDS,
     Refusal,
     RemovalCap,
     credible,
@@ -23,7 +22,7 @@ from pipeline.actuate.defences import (
 )
 from pipeline.config import KubernetesSettings
 from pipeline.kube import nodes
-from pipeline.model import Action
+from pipeline.model import REPAIR_KINDS, Action
 
 __all__ = ["GPU_RESOURCE", "REMOVALS", "REPAIR_KINDS", "Refusal", "RemovalCap", "agrees",
            "credible", "in_words", "is_gpu_node"]  # fmt: skip
