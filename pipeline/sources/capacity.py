@@ -88,6 +88,8 @@ class CapacitySource:
         self.position = load_checkpoint(self._checkpoint, CapacityPosition) or CapacityPosition()
         self._clients = dict(clients or {})
         self._identity: metadata.Identity | None = None
+        # series of quotas that are not accelerators' (CPUs, disks…), per quota metric: skipped
+        self.quota_skipped: dict[str, int] = {}
         for feed in settings.feeds:  # missing credentials fail here, at once, not per poll
             self._client(feed)
         if "reservations" in settings.feeds:  # Cloud TPU reservations: the TPU API's client
@@ -133,6 +135,8 @@ class CapacitySource:
             config.timeout_s,
         )
         parsed = quota.parse_quota_series(series, position.quota_limits, config.zones)
+        for metric, count in parsed.skipped.items():
+            self.quota_skipped[metric] = self.quota_skipped.get(metric, 0) + count
         position.quota_end_ms = end_ms
         return parsed
 

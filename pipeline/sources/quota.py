@@ -8,11 +8,18 @@ Quota usage is not in the Cloud Quotas API; Cloud Monitoring has it on the monit
 - `serviceruntime.googleapis.com/quota/limit` GAUGE INT64, labels `quota_metric`, `limit_name`
 - `serviceruntime.googleapis.com/quota/exceeded` GAUGE BOOL, labels `quota_metric`, `limit_name`
 
-Only accelerator quotas are read: `service` = `compute.googleapis.com` with a `quota_metric`
-ending in `_gpus` (e.g. `compute.googleapis.com/nvidia_h100_80gb_gpus`), and
-`tpu.googleapis.com` (e.g. `tpu.googleapis.com/v5p_chips`). A usage point and the limit in
-force at its time make one QUOTA_USAGE; a limit that differs from the last one seen (kept in
-the checkpoint) one QUOTA_CHANGED; an exceeded point that reads true one QUOTA_EXCEEDED.
+Only accelerator quotas are read (`is_accelerator_quota`): a `quota_metric` of
+`compute.googleapis.com` or `tpu.googleapis.com` whose name has a word starting `gpu` or `tpu`
+(per-type `nvidia_h100_80gb_gpus`, `preemptible_…`/`committed_…` ones, the project-wide
+`gpus_all_regions`, Compute Engine's TPU quotas such as `tpu_v5p_slice` or `Tpus`) or
+`reserv` (reservations), and any `tpu.googleapis.com` quota but its API request rates (e.g.
+`tpu.googleapis.com/v5p_chips`). The services' other quotas (CPUs, addresses, disks…) come
+back from the same filter: they are skipped quietly and counted per quota metric
+(`QuotaParsed.skipped`), never dead-lettered, since every poll would send them again.
+
+A usage point and the limit in force at its time make one QUOTA_USAGE; a limit that differs
+from the last one seen (kept in the checkpoint) one QUOTA_CHANGED; an exceeded point that
+reads true one QUOTA_EXCEEDED.
 `location` is a zone, a region or `global`: the event is keyed by zone, so a regional or global
 quota is said once per configured zone it covers (`capacity.zones`), as each of them is short.
 """
@@ -20,7 +27,9 @@ quota is said once per configured zone it covers (`capacity.zones`), as each of 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import DecodeError
@@ -42,6 +51,16 @@ QUOTA_METRICS: dict[str, tuple[int, str]] = {
 }
 ACCELERATOR_SERVICES = ("compute.googleapis.com", "tpu.googleapis.com")
 SOURCE = "gcp.monitoring.quota"
+_ACCELERATOR_WORDS = ("gpu", "tpu", "reserv")
+# a word: capitalised or lower-case letters, an upper-case run (TPU in TPUV4Pod), or digits
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+
+
+@dataclass
+class QuotaParsed(Parsed):
+    """Parsed, plus the series skipped as not an accelerator quota: quota metric → count."""
+
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 def quota_service(quota_metric: str) -> str:
@@ -49,11 +68,23 @@ def quota_service(quota_metric: str) -> str:
     return quota_metric.split("/", 1)[0]
 
 
+def quota_words(quota_metric: str) -> list[str]:
+    """The lower-cased words of a quota metric's name: snake_case, kebab-case and CamelCase
+    (`compute.googleapis.com/PreemptibleTpus` → ["preemptible", "tpus"])."""
+    name = quota_metric.split("/", 1)[-1]
+    return [word.lower() for word in _WORD.findall(name)]
+
+
 def is_accelerator_quota(quota_metric: str) -> bool:
+    """Whether a quota metric counts GPUs, TPUs or reservations (see the module's docstring);
+    words, not substrings, so that e.g. `outputs` is not read as a TPU."""
     service = quota_service(quota_metric)
-    if service == "tpu.googleapis.com":
+    if service not in ACCELERATOR_SERVICES:
+        return False
+    words = quota_words(quota_metric)
+    if any(word.startswith(_ACCELERATOR_WORDS) for word in words):
         return True
-    return service == "compute.googleapis.com" and quota_metric.endswith("_gpus")
+    return service == "tpu.googleapis.com" and not any(w.startswith("request") for w in words)
 
 
 def quota_key(location: str, quota_metric: str) -> str:
@@ -75,14 +106,19 @@ def zones_of(location: str, zones: Sequence[str]) -> list[str]:
 
 def parse_quota_series(
     series: Iterable[Any], limits: dict[str, float], zones: Sequence[str]
-) -> Parsed:
+) -> QuotaParsed:
     """TimeSeries of the three quota metrics → events, oldest first. `limits` (quota key →
-    last limit seen) is updated in place: it is the checkpoint's memory of limits."""
-    parsed = Parsed()
+    last limit seen) is updated in place: it is the checkpoint's memory of limits. A series of
+    a quota that is not an accelerator's is counted in `skipped`, not dead-lettered."""
+    parsed = QuotaParsed()
     usage: dict[tuple[str, str, int], float] = {}
     limit_points: dict[tuple[str, str], list[tuple[int, float, str]]] = {}
     exceeded: list[tuple[str, str, int, str]] = []
     for one in series:
+        other = _not_accelerator(one)
+        if other is not None:
+            parsed.skipped[other] = parsed.skipped.get(other, 0) + 1
+            continue
         try:
             location, metric, labels = _identity(one)
         except DecodeError as exc:
@@ -140,6 +176,15 @@ def parse_quota_series(
     return parsed
 
 
+def _not_accelerator(series: Any) -> str | None:
+    """The quota metric of a well-formed quota series that is not an accelerator's, else None
+    (a series that is not well-formed is for `_identity` to refuse)."""
+    if series.metric.type not in QUOTA_METRICS or series.resource.type != CONSUMER_QUOTA:
+        return None
+    metric = dict(series.metric.labels).get("quota_metric", "")
+    return metric if metric and not is_accelerator_quota(metric) else None
+
+
 def _identity(series: Any) -> tuple[str, str, dict[str, str]]:
     if series.metric.type not in QUOTA_METRICS:
         raise DecodeError(
@@ -155,7 +200,7 @@ def _identity(series: Any) -> tuple[str, str, dict[str, str]]:
     if not is_accelerator_quota(metric):
         raise DecodeError(
             field="metric.labels.quota_metric",
-            expected="a GPU quota of compute.googleapis.com (…_gpus) or a tpu.googleapis.com one",
+            expected="a quota_metric (a GPU, TPU or reservations quota)",
             got=repr(metric),
         )
     location = dict(series.resource.labels).get("location", "")

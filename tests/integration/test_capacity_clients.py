@@ -134,6 +134,52 @@ def test_a_regional_quota_is_said_for_each_configured_zone_of_the_region(tmp_pat
     assert exceeded == ["us-east5-a", "us-east5-b"]
 
 
+def test_project_wide_and_tpu_quotas_are_read_and_cpu_disk_quotas_skipped(
+    tmp_path: Path,
+) -> None:
+    # the services' own quota metrics, served as Cloud Monitoring serves them; the stand-in
+    # keys a series by the event's zone, here a location: `global`, a region or a zone
+    read = [
+        ("compute.googleapis.com/gpus_all_regions", "global", 24, 32),
+        ("compute.googleapis.com/preemptible_nvidia_h100_gpus", "us-east5", 8, 16),
+        ("compute.googleapis.com/tpu_v5p_slice", "us-east5-a", 16, 32),
+        ("tpu.googleapis.com/v6e_chips", "us-east5-b", 4, 8),
+    ]
+    skipped = [
+        ("compute.googleapis.com/cpus", "us-east5", 96, 200),
+        ("compute.googleapis.com/disks_total_storage", "us-east5", 500, 4096),
+        ("compute.googleapis.com/in_use_addresses", "us-east5", 3, 8),
+    ]
+    with CloudMonitoringStandIn(project=PROJECT) as server:
+        for metric, location, usage, limit in read + skipped:
+            server.record_capacity(_quota("QUOTA_USAGE", location, T0, metric, usage, limit))
+        clock = [(T0 + MIN) / 1000]
+        source = _source(
+            tmp_path, clock, feeds=("quota",), monitoring_endpoint=server.address,
+            zones=("us-east5-a", "us-east5-b"), quota_lookback_s=600,
+        )
+        events, _ = _poll(source)  # asserts that nothing went to the dead letters
+        for metric, location, usage, limit in skipped:  # the next poll sees them again
+            server.record_capacity(
+                _quota("QUOTA_USAGE", location, T0 + 2 * MIN, metric, usage, limit)
+            )
+        clock[0] = (T0 + 3 * MIN) / 1000
+        events_again, _ = _poll(source)
+        source.close()
+    seen = sorted((e.quota.metric, e.zone, e.quota.usage, e.quota.limit) for e in events if e.quota)
+    assert seen == [
+        ("compute.googleapis.com/gpus_all_regions", "us-east5-a", 24, 32),
+        ("compute.googleapis.com/gpus_all_regions", "us-east5-b", 24, 32),
+        ("compute.googleapis.com/preemptible_nvidia_h100_gpus", "us-east5-a", 8, 16),
+        ("compute.googleapis.com/preemptible_nvidia_h100_gpus", "us-east5-b", 8, 16),
+        ("compute.googleapis.com/tpu_v5p_slice", "us-east5-a", 16, 32),
+        ("tpu.googleapis.com/v6e_chips", "us-east5-b", 4, 8),
+    ]
+    assert events_again == []
+    # each skipped quota's usage and limit series, in each of the two polls
+    assert source.quota_skipped == {metric: 4 for metric, *_ in skipped}
+
+
 # --- Compute Engine ------------------------------------------------------------------------
 
 

@@ -334,7 +334,7 @@ class CloudMonitoringStandIn:
             "service": quota_service(quota.metric),
             "location": event.zone,
         }
-        limit_name = _limit_name(quota.metric)
+        limit_name = _limit_name(quota.metric, event.zone)
         metric = {"quota_metric": quota.metric}
         limited = {**metric, "limit_name": limit_name}
         with self._lock:
@@ -420,9 +420,11 @@ def _put(series: _Series, ts: int, value: float) -> None:
     series.points.append((ts, value))
 
 
-def _limit_name(metric: str) -> str:
-    # limit names as Cloud Monitoring shows them, e.g. NVIDIA-H100-80GB-GPUS-per-project-zone
-    return metric.rsplit("/", 1)[-1].upper().replace("_", "-") + "-per-project-zone"
+def _limit_name(metric: str, location: str) -> str:
+    # limit names as Cloud Monitoring shows them: NVIDIA-H100-80GB-GPUS-per-project-zone,
+    # …-per-project-region, GPUS-ALL-REGIONS-per-project (location `global`)
+    scope = "" if location == "global" else "-zone" if location[-1:].isalpha() else "-region"
+    return metric.rsplit("/", 1)[-1].upper().replace("_", "-") + "-per-project" + scope
 
 
 def _gke_model(accelerator_type: str) -> str:
