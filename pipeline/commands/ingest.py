@@ -161,7 +161,12 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     config = settings.sources
     stats = LoopStats()
-    serve_stats(f"ingest_{source.name}", stats, settings.metrics, ready)
+    extra: list[object] = []
+    if args.source == "capacity":  # its client libraries load only when it runs
+        from pipeline.sources.capacity import CapacitySource
+
+        extra += [source.stats] if isinstance(source, CapacitySource) else []
+    serve_stats(f"ingest_{source.name}", stats, settings.metrics, ready, extra=extra)
     try:
         run_source(
             source,

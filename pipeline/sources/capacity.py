@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,15 @@ def _copy(position: CapacityPosition) -> CapacityPosition:
     return msgspec.json.decode(msgspec.json.encode(position), type=CapacityPosition)
 
 
+
+@dataclass
+class CapacityStats:
+    """On /metrics: series of quotas that are not accelerators' (CPUs, disks, addresses…),
+    skipped quietly, counted per quota metric
+    (fleetpulse_ingest_capacity_quota_skipped_total{quota_metric="…"})."""
+
+    quota_skipped: dict[str, int] = field(default_factory=dict, metadata={"label": "quota_metric"})
+
 class CapacitySource:
     name = "capacity"
 
@@ -88,8 +98,7 @@ class CapacitySource:
         self.position = load_checkpoint(self._checkpoint, CapacityPosition) or CapacityPosition()
         self._clients = dict(clients or {})
         self._identity: metadata.Identity | None = None
-        # series of quotas that are not accelerators' (CPUs, disks…), per quota metric: skipped
-        self.quota_skipped: dict[str, int] = {}
+        self.stats = CapacityStats()
         for feed in settings.feeds:  # missing credentials fail here, at once, not per poll
             self._client(feed)
         if "reservations" in settings.feeds:  # Cloud TPU reservations: the TPU API's client
@@ -135,8 +144,9 @@ class CapacitySource:
             config.timeout_s,
         )
         parsed = quota.parse_quota_series(series, position.quota_limits, config.zones)
+        skipped = self.stats.quota_skipped
         for metric, count in parsed.skipped.items():
-            self.quota_skipped[metric] = self.quota_skipped.get(metric, 0) + count
+            skipped[metric] = skipped.get(metric, 0) + count
         position.quota_end_ms = end_ms
         return parsed
 

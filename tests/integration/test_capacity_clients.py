@@ -177,7 +177,7 @@ def test_project_wide_and_tpu_quotas_are_read_and_cpu_disk_quotas_skipped(
     ]
     assert events_again == []
     # each skipped quota's usage and limit series, in each of the two polls
-    assert source.quota_skipped == {metric: 4 for metric, *_ in skipped}
+    assert source.stats.quota_skipped == {metric: 4 for metric, *_ in skipped}
 
 
 # --- Compute Engine ------------------------------------------------------------------------

@@ -141,3 +141,17 @@ def test_the_capacity_section_takes_environment_overrides() -> None:
     assert settings.capacity.metadata_url == "http://127.0.0.1:8080"
     with pytest.raises(ConfigError, match=r"capacity\.feeds"):
         load_settings(environ={"FLEETPULSE_CAPACITY__FEEDS": '["quotas"]'})
+
+
+def test_skipped_quota_series_are_counted_on_metrics_by_quota_metric() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pipeline.selfmetrics import StatsCollector
+    from pipeline.sources.capacity import CapacityStats
+
+    stats = CapacityStats(quota_skipped={"compute.googleapis.com/cpus": 3})
+    registry = CollectorRegistry()
+    registry.register(StatsCollector("ingest_capacity", stats))  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert ('fleetpulse_ingest_capacity_quota_skipped_total{quota_metric='
+            '"compute.googleapis.com/cpus"} 3.0') in text
