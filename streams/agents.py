@@ -112,6 +112,8 @@ def send_all(ctx: Context, outs: list[Out], record: Record | None) -> Futures:
         if isinstance(event, Refusal):
             assert record is not None  # only a record can be refused
             futures.append(ctx.send_dead_letter(record, event.message, event.reason))
+        elif event is None:  # a member left: its tombstone, to the capacity stage
+            futures.append(ctx.send_tombstone(out.topic, out.key))
         elif out.topic in BATCHED:  # written with the batch, at the next flush
             ctx.queue(out.topic, out.key, event)
         elif out.topic in OUTPUT_BATCHED and ctx.settings.kafka.utilization_batch:
@@ -302,7 +304,7 @@ def _entries_guarded(ctx: Context, stage: Stage, record: Record) -> tuple[list[E
 
 def _value(ctx: Context, record: Record) -> Event | None:
     value = ctx.decoded.pop((record.topic, record.partition, record.offset), None)
-    if value is None and record.value is None and record.topic == ctx.name(INVENTORY):
+    if value is None and record.value is None and record.topic in ctx.tombstoned:
         # normal on a compacted topic: the target left the inventory
         ctx.metrics.tombstones.labels(record.topic).inc()
         return None

@@ -47,7 +47,7 @@ from pipeline.wire import batches
 from pipeline.wire import headers as cloudevents_headers
 from pipeline.wire.codec import JSON, encode_as, record_headers
 from pipeline.wire.internal import ANNOUNCE_INPUT as ANNOUNCE_INPUT
-from pipeline.wire.internal import INTERNAL
+from pipeline.wire.internal import CAPACITY_INPUT, INTERNAL, INVENTORY
 from pipeline.wire.internal import POLICY_INPUT as POLICY_INPUT
 from pipeline.wire.internal import ZONE_INPUT as ZONE_INPUT
 from pipeline.wire.topics import TOPICS, topic_name
@@ -110,6 +110,12 @@ class Context:
     def name(self, suffix: str) -> str:
         name: str = self.topics[suffix].get_topic_name()
         return name
+
+    @property
+    def tombstoned(self) -> frozenset[str]:
+        """Full names of the topics whose tombstones are values (a member left the inventory):
+        the inventory, and the capacity stage's input the telemetry stage passes them on to."""
+        return frozenset(self.name(t) for t in (INVENTORY, CAPACITY_INPUT))
 
     # --- state ------------------------------------------------------------------------------
 
@@ -260,8 +266,11 @@ class Context:
         value, content_type = encode_as(event, self.settings.kafka.telemetry_format)
         self.queued.add(topic, key, value, content_type, group)
 
+    def send_tombstone(self, topic: str, key: str) -> Awaitable[Any]:
+        return self._produce(topic, key, None, None)
+
     def _produce(
-        self, topic: str, key: str, value: bytes, headers: list[tuple[str, bytes]] | None
+        self, topic: str, key: str, value: bytes | None, headers: list[tuple[str, bytes]] | None
     ) -> Awaitable[Any]:
         channel = self.topics[topic]
         self.metrics.records_out.labels(channel.get_topic_name()).inc()

@@ -238,7 +238,7 @@ class EmbeddedRuntime:
                     topic, encode(event), self._offset, out.key, out.event.message, out.event.reason
                 )
                 continue
-            if out.topic not in INTERNAL:
+            if out.topic not in INTERNAL and out.event is not None:
                 self._emit(out.topic, out.event)
             if out.topic in self._reader:
                 queue.append((out.topic, out.key, out.event))

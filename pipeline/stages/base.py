@@ -49,11 +49,12 @@ class Refusal(NamedTuple):
 
 class Out(NamedTuple):
     """One output: to `topic` (suffix or internal name) under `key`. A `Refusal` goes to the
-    dead letters, built by the driver from the record it came from."""
+    dead letters, built by the driver from the record it came from. None: a tombstone (only
+    to an internal topic: a member left the inventory)."""
 
     topic: str
     key: str
-    event: Event | Refusal
+    event: Event | Refusal | None
 
 
 class Part(Protocol):

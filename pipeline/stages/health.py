@@ -18,6 +18,8 @@ from pipeline.stages.base import Out, Part, Stage, control_door, expect_key
 from pipeline.stages.keys import health_key, policy_key, pool_key, target_name
 from pipeline.wire.internal import (
     ANNOUNCE_INPUT,
+    CAPACITY_INPUT,
+    CAPACITY_KEY,
     DEAD_LETTERS,
     HEALTH_TABLE,
     HEALTH_TOPICS,
@@ -56,6 +58,7 @@ def on_item(part: Part, signal: HealthSignal, key: str) -> list[Out]:
             Out("node-state", target_name(target), node_state),
             Out(POLICY_INPUT, pool_key(target), node_state),
             Out(ZONE_INPUT, target.zone, node_state),
+            Out(CAPACITY_INPUT, CAPACITY_KEY, node_state),
         ]
     for proposal in proposals:
         pool = policy_key(proposal)
@@ -100,5 +103,13 @@ STAGE = Stage(
     table=HEALTH_TABLE,
     key=key,
     on_item=on_item,
-    outputs=("proposals", "node-state", POLICY_INPUT, ZONE_INPUT, ANNOUNCE_INPUT, DEAD_LETTERS),
+    outputs=(
+        "proposals",
+        "node-state",
+        POLICY_INPUT,
+        ZONE_INPUT,
+        ANNOUNCE_INPUT,
+        CAPACITY_INPUT,
+        DEAD_LETTERS,
+    ),
 )

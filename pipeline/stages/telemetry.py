@@ -39,6 +39,8 @@ from pipeline.stages.keys import GUARD_KEY, announcement_key, record_key, row_ke
 from pipeline.stages.telemetry_door import door
 from pipeline.wire.internal import (
     ANNOUNCE_INPUT,
+    CAPACITY_INPUT,
+    CAPACITY_KEY,
     DEAD_LETTERS,
     FLEET_INPUT,
     INVENTORY,
@@ -104,7 +106,7 @@ def _on_telemetry(part: Part, event: ts.Telemetry, key: str) -> list[Out]:
     fleet = ts.fleet_inputs(state, admitted, findings, part.settings)
     part.put(key, state)
     part.note_key(key, family)
-    outs += [finding_out(finding) for finding in findings] + [_row(row) for row in rows]
+    outs += [finding_out(finding) for finding in findings] + _rows(rows)
     cluster = admitted.cluster
     return outs + [Out(FLEET_INPUT, cluster, signal) for signal in fleet]
 
@@ -113,7 +115,9 @@ def _on_inventory(part: Part, event: Inventory | None, key: str) -> list[Out]:
     """What the fleet's owner says a target is (None: a tombstone, it left): kept for the door,
     and passed to the policy stage, whose guard counts members for the budgets."""
     part.put(key, ts.on_inventory(part.get(key, ts.TelemetryState), event))
-    return [] if event is None else [Out(POLICY_INPUT, GUARD_KEY, event)]
+    if event is None:  # the capacity view forgets it (keyed by the member: see stages/capacity)
+        return [Out(CAPACITY_INPUT, key, None)]
+    return [Out(POLICY_INPUT, GUARD_KEY, event), Out(CAPACITY_INPUT, CAPACITY_KEY, event)]
 
 
 def tick(part: Part, family: Family, boundaries: list[int]) -> list[Out]:
@@ -133,7 +137,7 @@ def tick(part: Part, family: Family, boundaries: list[int]) -> list[Out]:
                 continue
             state, rows = ts.close_silent_windows(state, now_ms, part.settings)
             part.put(key, state)
-            outs += [finding_out(f) for f in findings] + [_row(row) for row in rows]
+            outs += [finding_out(f) for f in findings] + _rows(rows)
     return outs
 
 
@@ -143,12 +147,16 @@ def flush(part: Part) -> list[Out]:
     for key in part.keys(None):
         state = part.get(key, ts.TelemetryState)
         if state is not None:
-            outs += [_row(row) for row in ts.flush_windows(state)]
+            outs += _rows(ts.flush_windows(state))
     return outs
 
 
-def _row(row: Utilization) -> Out:
-    return Out("utilization", row_key(row), row)
+def _rows(rows: list[Utilization]) -> list[Out]:
+    """Each row to fleet.utilization and to the capacity view (allocation, idle)."""
+    outs = []
+    for row in rows:
+        outs += [Out("utilization", row_key(row), row), Out(CAPACITY_INPUT, CAPACITY_KEY, row)]
+    return outs
 
 
 STAGE = Stage(
@@ -160,6 +168,6 @@ STAGE = Stage(
     on_item=on_item,
     on_time=tick,
     on_eof=flush,
-    outputs=("findings", "utilization", POLICY_INPUT, FLEET_INPUT, DEAD_LETTERS),
+    outputs=("findings", "utilization", POLICY_INPUT, FLEET_INPUT, CAPACITY_INPUT, DEAD_LETTERS),
     replayable=False,
 )

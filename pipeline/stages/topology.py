@@ -9,17 +9,23 @@ a stage through one driver is a test of both.
     stage      inputs (key)                                   state      outputs
     telemetry  telemetry.gpu/tpu/ici/fabric, events.xid (node  telemetry  findings, utilization,
                or slice), inventory, announce-input (target)              policy-input,
-                                                                         fleet-input, dlq
+                                                                         fleet-input,
+                                                                         capacity-input, dlq
     fleet      fleet-input (cluster): fabric ticks, their     fleet      findings, actions
     (cluster)  port findings, placement; peer samples of                 (switch/link verdicts,
                nodes in jobs                                             job stragglers)
     health     findings, events.node, actions (target)        health     proposals, node-state,
                                                                          policy-input, zone-input,
-                                                                         announce-input
+                                                                         announce-input,
+                                                                         capacity-input
     zone       events.capacity, zone-input (zone)             zones      policy-input,
-                                                                         announce-input
+                                                                         announce-input,
+                                                                         capacity-input
     policy     policy-input (pool), events.policy (guard)     policy     actions, alerts,
                                                                          withheld
+    capacity   capacity-input (fleet): inventory, tombstones, capacity   capacity,
+               utilization, node states, capacity events                 capacity.advice,
+                                                                         alerts
 
 Adding a stage: a module here with its key, state and `on_item` (and `STAGE`), its table and
 any internal topic in pipeline/wire/internal.py, and its row below.
@@ -27,7 +33,7 @@ any internal topic in pipeline/wire/internal.py, and its row below.
 
 from __future__ import annotations
 
-from pipeline.stages import cluster, health, policy, telemetry, zone
+from pipeline.stages import capacity, cluster, health, policy, telemetry, zone
 from pipeline.stages.base import Stage
 
 
@@ -43,6 +49,7 @@ STAGES: tuple[Stage, ...] = (
     health.STAGE,
     zone.STAGE,
     policy.STAGE,
+    capacity.STAGE,
 )
 # Which stage reads a topic: every topic has at most one reader inside the pipeline.
 READER: dict[str, Stage] = reader_of(STAGES)

@@ -29,6 +29,8 @@ from pipeline.stages.base import Out, Part, Stage, control_door, expect_key, tag
 from pipeline.stages.keys import announcement_key, pool_key, pool_name
 from pipeline.wire.internal import (
     ANNOUNCE_INPUT,
+    CAPACITY_INPUT,
+    CAPACITY_KEY,
     DEAD_LETTERS,
     POLICY_INPUT,
     ZONE_INPUT,
@@ -109,6 +111,7 @@ def on_item(part: Part, event: NodeState | CapacityEvent, key: str) -> list[Out]
     part.put(key, state)
     announced = announcement_key(event)
     outs = [] if announced is None else [Out(ANNOUNCE_INPUT, announced, event)]
+    outs.append(Out(CAPACITY_INPUT, CAPACITY_KEY, event))  # once, not per pool
     return outs + [Out(POLICY_INPUT, pool, event) for pool in pools]
 
 
@@ -119,5 +122,5 @@ STAGE = Stage(
     table=ZONE_TABLE,
     key=key,
     on_item=on_item,
-    outputs=(POLICY_INPUT, ANNOUNCE_INPUT, DEAD_LETTERS),
+    outputs=(POLICY_INPUT, ANNOUNCE_INPUT, CAPACITY_INPUT, DEAD_LETTERS),
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.config import KafkaSettings
-from pipeline.wire.internal import INTERNAL, POLICY_INPUT, POLICY_TABLE
+from pipeline.wire.internal import INTERNAL, ONE_PARTITION
 from pipeline.wire.internal import TABLES as TABLES
 
 
@@ -36,11 +36,11 @@ def group_name(kafka: KafkaSettings, group_id: str = "") -> str:
 
 
 def internal_partitions(kafka: KafkaSettings, name: str) -> int:
-    return 1 if name == POLICY_INPUT else kafka.partitions
+    return 1 if name in ONE_PARTITION else kafka.partitions
 
 
 def table_partitions(kafka: KafkaSettings, table: str) -> int:
-    return 1 if table == POLICY_TABLE else kafka.partitions
+    return 1 if table in ONE_PARTITION else kafka.partitions
 
 
 def changelog_name(group: str, table: str) -> str:

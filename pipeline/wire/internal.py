@@ -20,11 +20,17 @@ ANNOUNCE_INPUT = "announce-input"
 # The fleet stage's input keyed by cluster: what it takes to see across nodes (fabric samples'
 # times and port findings, their nodes' placement; peer samples of nodes running jobs).
 FLEET_INPUT = "fleet-input"
+# The capacity stage's input, one fleet-wide key on one partition (like the policy's):
+# inventory records (a tombstone: the member left, keyed by it), utilization rows, node states
+# and capacity events, each once.
+CAPACITY_INPUT = "capacity-input"
+CAPACITY_KEY = "fleet"
 INTERNAL: dict[str, type[Event]] = {
     POLICY_INPUT: Event,
     ZONE_INPUT: NodeState,
     ANNOUNCE_INPUT: Event,
     FLEET_INPUT: Event,
+    CAPACITY_INPUT: Event,
 }
 DEAD_LETTERS = "dlq"
 # In the order that equal timestamps are processed in (the simulator's and the embedded
@@ -52,4 +58,7 @@ ZONE_TABLE = "zones"
 # The policy stage decides every removal in the fleet in one order: its input topic and its
 # table (and so the table's changelog) have one partition.
 POLICY_TABLE = "policy"
-TABLES = (TELEMETRY_TABLE, FLEET_TABLE, HEALTH_TABLE, ZONE_TABLE, POLICY_TABLE)
+# The capacity view is fleet-wide: one key, one partition.
+CAPACITY_TABLE = "capacity"
+TABLES = (TELEMETRY_TABLE, FLEET_TABLE, HEALTH_TABLE, ZONE_TABLE, POLICY_TABLE, CAPACITY_TABLE)
+ONE_PARTITION = frozenset({POLICY_INPUT, POLICY_TABLE, CAPACITY_INPUT, CAPACITY_TABLE})

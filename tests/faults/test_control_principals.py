@@ -32,7 +32,7 @@ from kafka.structs import OffsetAndMetadata
 from pipeline.config import KafkaSettings
 from pipeline.wire.acl import ROLES, Role, may_write
 from pipeline.wire.group_topics import changelog_name, group_name
-from pipeline.wire.internal import POLICY_INPUT
+from pipeline.wire.internal import CAPACITY_INPUT, POLICY_INPUT
 from pipeline.wire.kafka import client_kwargs
 from pipeline.wire.topics import TOPICS, topic_name
 from tests.faults import reliability
@@ -67,6 +67,8 @@ WRITERS: dict[str, set[str]] = {
     "dlq": _DEAD_LETTERING,
     f"worker-{POLICY_INPUT}": {"worker"},
     "worker-policy-changelog": {"worker"},
+    f"worker-{CAPACITY_INPUT}": {"worker"},  # the capacity stage's input, one partition
+    "worker-capacity-changelog": {"worker"},
 }
 # What each consumer reads in its group, and one topic it must not read.
 READS = {
@@ -78,10 +80,10 @@ READS = {
 
 
 def _topic(kafka: KafkaSettings, column: str) -> str:
-    if column == f"worker-{POLICY_INPUT}":
-        return f"{group_name(kafka)}-{POLICY_INPUT}"
-    if column == "worker-policy-changelog":
-        return changelog_name(group_name(kafka), "policy")
+    if column in (f"worker-{POLICY_INPUT}", f"worker-{CAPACITY_INPUT}"):
+        return f"{group_name(kafka)}-{column.removeprefix('worker-')}"
+    if column in ("worker-policy-changelog", "worker-capacity-changelog"):
+        return changelog_name(group_name(kafka), column.split("-")[1])
     return topic_name(kafka, column)
 
 

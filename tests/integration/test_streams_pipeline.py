@@ -20,12 +20,20 @@ import msgspec
 import pytest
 
 from pipeline.config import KafkaSettings, Settings, load_settings
-from pipeline.model import Action, DeadLetter, Event, Finding, NodeState, Utilization
+from pipeline.model import (
+    Action,
+    CapacitySnapshot,
+    DeadLetter,
+    Event,
+    Finding,
+    NodeState,
+    Utilization,
+)
 from pipeline.sim.engine import Simulation
 from pipeline.sim.faults import InjectedFault
 from pipeline.wire.batches import is_batch, partition_of, unpack
 from pipeline.wire.codec import decode
-from pipeline.wire.topics import scoped, topic_name
+from pipeline.wire.topics import capacity_key, scoped, topic_name
 from streams.app import LAG_INTERVAL_S
 from streams.testing import (
     TopicReader,
@@ -85,7 +93,7 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     env = worker_env(settings, workdir)
     create_topics(env)
     worker = WorkerProcess(env, workdir / "worker.log").start()
-    outputs = ["actions", "dlq", "node-state", "findings", "alerts", "utilization"]
+    outputs = ["actions", "dlq", "node-state", "findings", "alerts", "utilization", "capacity"]
     reader = TopicReader(kafka_bootstrap, [topic_name(kafka, s) for s in outputs])
     try:
         worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=120)
@@ -198,6 +206,24 @@ def test_node_states_end_where_the_embedded_ones_end(run: Run) -> None:
     embedded = [s for s in run.expected["node-state"] if isinstance(s, NodeState)]
     assert kafka_states == last_by_target(embedded)
     assert {s.state for s in kafka_states.values()} >= {"healthy", "draining"}
+
+
+def test_the_capacity_stage_publishes_the_fleets_capacity_as_embedded(run: Run) -> None:
+    """fleet.capacity from the worker's capacity agent (one partition, fed by the telemetry,
+    health and zone agents through capacity-input): a snapshot for every key the embedded
+    runtime publishes, counting the inventory's devices as it does. (Allocation and the
+    publish times follow arrival order through Kafka, so only the inventory is compared.)"""
+    records = [r for r in run.reader.records[run.topic("capacity")] if r.value]
+    snapshots = [decode(r.value, CapacitySnapshot) for r in records]
+    assert snapshots, "no fleet.capacity from the worker"
+    assert all(r.key is not None and r.key.decode() == capacity_key(s)
+               for r, s in zip(records, snapshots, strict=True))  # fmt: skip
+    embedded = [s for s in run.expected["capacity"] if isinstance(s, CapacitySnapshot)]
+
+    def devices(values: list[CapacitySnapshot]) -> dict[str, int]:
+        return {capacity_key(s): s.devices for s in sorted(values, key=lambda s: s.ts)}
+
+    assert devices(snapshots) == devices(embedded)
 
 
 def test_a_poison_record_in_every_input_topic_is_dead_lettered(run: Run) -> None:

@@ -13,7 +13,7 @@ from pipeline.config import load_settings
 from pipeline.model import Event, Finding, GpuSample, NodeEvent, XidEvent
 from pipeline.runtime.embedded import EmbeddedRuntime, collect
 from pipeline.schemas_tool import SCHEMA_DIR, file_name
-from pipeline.stages import cluster, health, keys, policy, telemetry, topology, zone
+from pipeline.stages import capacity, cluster, health, keys, policy, telemetry, topology, zone
 from pipeline.wire import codec, internal
 from pipeline.wire.topics import TOPICS
 
@@ -25,7 +25,7 @@ def _sample(cls: type[Event]) -> Event:
 
 
 def test_the_table_is_each_stage_modules_row_and_the_wire_names_its_tables() -> None:
-    modules = (telemetry, cluster, health, zone, policy)
+    modules = (telemetry, cluster, health, zone, policy, capacity)
     assert tuple(module.STAGE for module in modules) == topology.STAGES
     assert tuple(stage.table for stage in topology.STAGES) == internal.TABLES
     public = {spec.suffix for spec in TOPICS}
