@@ -2,9 +2,12 @@
 quota to exhaustion (with a stock-out wave) and reserves part of the fleet; the stand-ins serve
 it; `fleetpulse ingest capacity --once` (a real subprocess, the real client libraries) puts it on
 a real Kafka; the embedded runtime makes the same run's utilization and node states; the
-capacity fold (pipeline/capacity, what the capacity stage will run) takes all of it in event
+capacity fold (pipeline/capacity, what the capacity stage runs) takes all of it in event
 time and raises FleetPulseCapacityCrunch for the zone's region and type before the quota runs
-out, naming the other region's zone with healthy spare H100s and its price.
+out, naming the other region's zone with healthy spare H100s and its price. Then the real
+worker (`fleetpulse worker`, its capacity agent) reads the same capacity events and inventory
+and the run's telemetry from Kafka and publishes the crunch alert naming the spare zone on
+fleet.alerts, and snapshots on fleet.capacity.
 """
 
 from __future__ import annotations
@@ -21,13 +24,22 @@ from kafka import KafkaConsumer
 from pipeline.capacity import crunch, view
 from pipeline.capacity.prices import catalog_book
 from pipeline.config import CapacitySettings, Settings, SimSettings
-from pipeline.model import CapacityEvent, Event, Inventory, NodeState, Utilization
+from pipeline.model import (
+    Alert,
+    CapacityEvent,
+    CapacitySnapshot,
+    Event,
+    Inventory,
+    NodeState,
+    Utilization,
+)
 from pipeline.runtime.embedded import collect
 from pipeline.sim.endpoints.fleet import SimEndpoints
 from pipeline.sim.engine import Simulation
 from pipeline.wire.admin import create_topics
 from pipeline.wire.codec import decode
 from pipeline.wire.topics import topic_name
+from streams.testing import TopicReader, WorkerProcess, produce_events, worker_env
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
@@ -134,6 +146,41 @@ def test_the_crunch_names_the_spare_zone_before_the_quota_runs_out(
     assert spare.usd_per_hour is not None and spare.price_basis == "on-demand"
     description = crunch.alert_annotations(named)["description"]
     assert f"{SPARE_ZONE} nvidia-h100-80gb on-demand: {spare.healthy_free} healthy free" in description
+    through_the_worker(settings, events, tmp_path)
+
+
+def through_the_worker(settings: Settings, events: list[Event], tmp_path: Path) -> None:
+    """The worker's capacity agent on the same input: the adapter's capacity events and
+    inventory already on Kafka, the simulator's telemetry produced now."""
+    env = worker_env(settings, tmp_path / "worker", FLEETPULSE_CAPACITY__CRUNCH_FREE_BELOW="0")
+    (tmp_path / "worker").mkdir()
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    alerts, snapshots = topic_name(settings.kafka, "alerts"), topic_name(settings.kafka, "capacity")
+    reader = TopicReader(settings.kafka.bootstrap, [alerts, snapshots])
+    try:
+        worker.wait_for(r"^fleetpulse worker: assigned .*capacity", timeout=120)
+        telemetry = [e for e in events if not isinstance(e, CapacityEvent | Inventory)]
+        produce_events(settings, telemetry)
+
+        def named() -> bool:
+            return any(_crunch_naming(a, SPARE_ZONE) for a in reader.values(alerts, Alert))
+
+        reader.until(named, timeout=150, what=f"a crunch alert naming {SPARE_ZONE}")
+        assert any(s.zone == CRUNCH_ZONE for s in reader.values(snapshots, CapacitySnapshot))
+    finally:
+        reader.close()
+        code = worker.stop()
+    assert code == 0, worker.tail()
+
+
+def _crunch_naming(alert: Alert, zone: str) -> bool:
+    labels = alert.labels
+    return (
+        labels.get("alertname") == crunch.ALERTNAME
+        and labels.get("region") == "us-central1"
+        and labels.get("accelerator_type") == "nvidia-h100-80gb"
+        and f"{zone} nvidia-h100-80gb" in alert.annotations.get("description", "")
+    )
 
 
 def _names(found: crunch.Crunch, zone: str) -> bool:
