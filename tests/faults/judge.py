@@ -15,12 +15,22 @@ from dataclasses import dataclass
 
 import msgspec
 
+from pipeline.capacity.crunch import ALERTNAME
 from pipeline.config import Settings
 from pipeline.model import Action, Alert, Event, Finding, NodeState
+from pipeline.stages.capacity import OVERDUE_ALERT
 from pipeline.wire.topics import topic_name
 from streams.testing import INPUT_SUFFIX, TopicReader, WorkerProcess, embedded_outputs, metric_sum
 
 OUTPUTS = ("actions", "findings", "node-state", "alerts")
+# The capacity stage's alerts are left out: its one partition takes the other stages' outputs
+# in arrival order, so when a crunch starts, is re-sent or ends follows Kafka's timing, not
+# the embedded cascade's (streams/README.md, Known limits); the capacity tests judge them.
+CAPACITY_ALERTS = frozenset({ALERTNAME, OVERDUE_ALERT})
+
+
+def judged(alert: Event) -> bool:
+    return isinstance(alert, Alert) and alert.labels.get("alertname") not in CAPACITY_ALERTS
 
 
 def alert_id(alert: Alert) -> str:
@@ -50,7 +60,7 @@ class Expected:
         return cls(
             actions={a.action_id: a for a in out.get("actions", []) if isinstance(a, Action)},
             findings={f.finding_id for f in out.get("findings", []) if isinstance(f, Finding)},
-            alerts={alert_id(a) for a in out.get("alerts", []) if isinstance(a, Alert)},
+            alerts={alert_id(a) for a in out.get("alerts", []) if judged(a)},
             states=last_by_target([s for s in out.get("node-state", [])
                                    if isinstance(s, NodeState)]),
         )
@@ -78,7 +88,7 @@ class Seen:
         return [f for f in self._values("findings", Finding) if isinstance(f, Finding)]
 
     def alerts(self) -> list[Alert]:
-        return [a for a in self._values("alerts", Alert) if isinstance(a, Alert)]
+        return [a for a in self._values("alerts", Alert) if isinstance(a, Alert) and judged(a)]
 
     def states(self) -> dict[str, NodeState]:
         return last_by_target([s for s in self._values("node-state", NodeState)
