@@ -203,7 +203,7 @@ def _xids(reader: TopicReader, topic: str) -> Counter[tuple[object, ...]]:
                    for x in reader.values(topic, XidEvent) if x.node == XID_NODE)
 
 
-SIM = ["simulate", "--to", "kafka", "--duration", "1800", "--gpu-nodes", "8", "--tpu-slices",
+SIM = ["simulate", "--to", "kafka", "--duration", "7200", "--gpu-nodes", "8", "--tpu-slices",
        "1", "--seed", "9", "--quiet"]
 
 

@@ -272,7 +272,7 @@ def test_sigkill_of_the_capacity_ingest_adapter(
             serving.join(SERVED_S + 30)
             want = {(e.zone, e.quota.metric, e.kind, e.ts) for e in served
                     if isinstance(e, CapacityEvent) and e.quota is not None
-                    and e.kind != "QUOTA_CHANGED"}
+                    and e.kind not in ("QUOTA_CHANGED", "RESERVATION_CHANGED")}  # no reservations feed
             seen = _drain(reader, lambda: _quota_ids(reader, capacity), want, 60)
             members = {r.key for r in reader.records[inventory]}
         finally:
