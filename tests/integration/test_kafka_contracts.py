@@ -85,7 +85,7 @@ def _assert_changelogs(kafka: KafkaSettings, group: str) -> None:
         described = {t["name"]: t for t in admin.describe_topics(names)}
         partitions = {name: len(described[name]["partitions"]) for name in names}
         assert partitions == {
-            name: 1 if table == "policy" else kafka.partitions
+            name: 1 if table in ("policy", "capacity") else kafka.partitions  # one order each
             for name, table in zip(names, TABLES, strict=True)
         }
         resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
