@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Start the real services the tests need, run the given command, stop them even on failure.
-# Services started here: Apache Kafka (KRaft, deploy/kafka/kafka.sh) and a Kubernetes API server
+# Services started here: Apache Kafka (KRaft, deploy/kafka/kafka.sh), an S3-API object store
+# (s3proxy, deploy/s3/s3.sh: the Iceberg lake's tests find it through S3_PORT, S3_ACCESS_KEY
+# and S3_SECRET_KEY) and a Kubernetes API server
 # with etcd (deploy/kubernetes/kube.sh), and Slurm (slurmctld, slurmd, munged: deploy/slurm/slurm.sh;
 # tests find it through SLURM_CONF). helm (deploy/kubernetes/helm.sh) and Toxiproxy
 # (deploy/toxiproxy/toxiproxy.sh; the network fault tests start their own) are only built here.
@@ -17,6 +19,13 @@ trap cleanup EXIT
 if ! bash "$root/deploy/kafka/kafka.sh" status >/dev/null 2>&1; then
   bash "$root/deploy/kafka/kafka.sh" start
   started+=(kafka/kafka.sh)
+fi
+# the credentials s3.sh gives s3proxy (its defaults), for the tests to sign with
+export S3_PORT="${S3_PORT:-19645}" S3_ACCESS_KEY="${S3_ACCESS_KEY:-fleetpulse}"
+export S3_SECRET_KEY="${S3_SECRET_KEY:-fleetpulse-secret}"
+if ! bash "$root/deploy/s3/s3.sh" status >/dev/null 2>&1; then
+  bash "$root/deploy/s3/s3.sh" start
+  started+=(s3/s3.sh)
 fi
 bash "$root/deploy/toxiproxy/toxiproxy.sh" fetch
 export KUBE_API_PORT="${KUBE_API_PORT:-26443}" KUBE_ETCD_PORT="${KUBE_ETCD_PORT:-23790}"
