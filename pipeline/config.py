@@ -761,7 +761,9 @@ class CapacitySettings(Section, frozen=True):
     # FleetPulseCapacityCrunch, per accelerator type and region: healthy free devices under
     # crunch_free_below, or quota out within crunch_quota_within_s (at a forecast confidence
     # of at least crunch_confidence), or crunch_stockouts stock-outs in the last hour.
-    crunch_free_below: Annotated[int, Meta(ge=0)] = 8
+    # crunch_free_below 0 (the default) turns the free rule off: a fleet kept full is healthy,
+    # and unmet demand shows as quota and stock-outs; set it to the spare you keep (hot spares).
+    crunch_free_below: Annotated[int, Meta(ge=0)] = 0
     crunch_quota_within_s: PositiveInt = 6 * 3600
     crunch_confidence: Fraction = 0.5
     crunch_stockouts: PositiveInt = 3

@@ -23,13 +23,18 @@ from pipeline.model import (
     Action,
     Alert,
     CapacityEvent,
+    CapacitySnapshot,
     Entity,
     Evidence,
     Finding,
     MaintenanceWindow,
     NodeState,
+    OutOfService,
+    PriceUsed,
     QuotaInfo,
+    QuotaOutlook,
     Reason,
+    Reservations,
     Target,
     Utilization,
     WithheldRecord,
@@ -194,10 +199,34 @@ WITHHELD = [
     withheld(T0 + 3 * HOUR, "g1", "budget", G1_PROPOSAL),
 ]
 
+
+def snapshot(at: int, zone: str, free: int, *, quota: bool = True) -> CapacitySnapshot:
+    outlook = QuotaOutlook(metric="NVIDIA_H100_GPUS", limit=64.0, usage=50.0, headroom=14.0,
+                           trend_per_h=2.0, exhausts_at=at + 7 * HOUR, confidence=0.8,
+                           points=12)  # fmt: skip
+    return CapacitySnapshot(
+        ts=at, region="z", zone=zone, accelerator_type="nvidia-h100-80gb",
+        provisioning_model="on-demand", devices=8, healthy=7, healthy_free=free,
+        allocated=7 - free, allocated_idle=1, out_of_service=OutOfService(cordoned=1),
+        quota=outlook if quota else None,
+        reservations=Reservations(count=1, reserved=4, in_use=3, unused=1), stockouts_1h=2,
+        useful_pct=60.0, usd_per_useful_hour=18.33,
+        price=PriceUsed(usd_per_hour=11.0, basis="on-demand", source="test", location=zone),
+    )  # fmt: skip
+
+
+# Not in EVERYTHING (tests add them): the capacity stage's snapshots.
+# z-a: three snapshots, the last 5 minutes before the end; z-c: one, hours before (gone since)
+CAPACITY_SNAPSHOTS = [snapshot(END - 15 * MINUTE, "z-a", 5), snapshot(END - 10 * MINUTE, "z-a", 4),
+             snapshot(END - 5 * MINUTE, "z-a", 3, quota=False),
+             snapshot(T0 + HOUR, "z-c", 6)]  # fmt: skip
+
+
 EVERYTHING = {
     "utilization": utilization, "findings": lambda: FINDINGS, "node_state": lambda: NODE_STATES,
     "actions": lambda: ACTIONS, "xid": lambda: XIDS, "capacity": lambda: CAPACITY,
     "alerts": lambda: ALERTS, "withheld": lambda: WITHHELD,
+    "capacity_snapshots": list,  # none: capacity over this lake is the fold's (tests add some)
 }
 
 

@@ -6,9 +6,12 @@ crunch and where the spare capacity of the same type or family is.
     fleetpulse capacity --json             # one capacity_snapshot/1 per line
     fleetpulse capacity --until 2026-01-01T12:00 --type nvidia-h100-80gb
 
-Figures come from the same fold as the worker's fleet.capacity (pipeline/capacity) run over the
-lake (pipeline/report/capacity.py says what the lake can and cannot tell it); prices from the
-dated catalog, or [capacity] negotiated_prices; each cost names the price it used.
+Figures are the capacity stage's own snapshots (fleet.capacity, the lake's capacity_snapshots
+table), the latest per key, when the lake has them at that time; otherwise the same fold as the
+stage's (pipeline/capacity) run over the lake's other tables (pipeline/report/capacity.py says
+what those can and cannot tell it). Which of the two it used is said after the table (on
+stderr with --json). Prices from the dated catalog, or [capacity] negotiated_prices; each cost
+names the price it used.
 """
 
 from __future__ import annotations
@@ -43,20 +46,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _handle(args: argparse.Namespace, settings: Settings) -> int:
-    root = require_lake(args.lake or settings.lake.path)
+    root = require_lake(args.lake or settings.lake.path, settings.lake)
     with Lake(root, settings.lake) as lake:
         until = parse_time(args.until) if args.until else lake.latest()
         if until is None:
             print("fleetpulse: the lake holds no data yet", file=sys.stderr)
             return 1
-        shown = lake_snapshots(lake, until, settings.capacity)
+        found = lake_snapshots(lake, until, settings.capacity)
+    shown = found.snapshots
     if args.accelerator_type:
         shown = [s for s in shown if s.accelerator_type == args.accelerator_type]
     if args.json:
         for snapshot in shown:
             sys.stdout.write(msgspec.json.encode(snapshot).decode() + "\n")
+        print(f"fleetpulse: capacity {found.words()}", file=sys.stderr)
         return 0
     write_table(shown, sys.stdout)
+    print(f"\nCapacity {found.words()}.")
     for found in crunch.crunches(shown, settings.capacity, equivalents):
         notes = crunch.alert_annotations(found)
         print(f"\n{crunch.ALERTNAME} {found.scope}: {notes['description']}")

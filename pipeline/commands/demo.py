@@ -90,7 +90,8 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     if not args.no_report:
         from pipeline.report.html import write_report  # DuckDB only when a report is wanted
 
-        result.report_file = write_report(result.lake_dir, args.out / "report.html", settings.lake)
+        result.report_file = write_report(result.lake_dir, args.out / "report.html", settings.lake,
+                                          capacity=settings.capacity)
     _summary(console, result, time.monotonic() - started)
     return 0
 

@@ -34,7 +34,8 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
 
     with Lake(require_lake(args.lake or settings.lake.path), settings.lake) as lake:
         window = window_params(args, lake)
-        html = build_report(lake, window["since"], window["until"], args.pool)
+        html = build_report(lake, window["since"], window["until"], args.pool,
+                            settings.capacity)
         skipped = len(lake.skipped)
     with open(args.out, "w", encoding="utf-8") as out:
         out.write(html)

@@ -29,6 +29,7 @@ from pipeline.model import (
     Action,
     Alert,
     CapacityEvent,
+    CapacitySnapshot,
     Event,
     Finding,
     NodeState,
@@ -225,6 +226,19 @@ CAPACITY = TableSpec(
     once_in_views=True,
 )
 
+# fleet.capacity (capacity_snapshot/1): the capacity stage's snapshots, each key again every
+# capacity.snapshot_interval_s and on change. Not `capacity`: that name is the capacity events'.
+CAPACITY_SNAPSHOTS = TableSpec(
+    name="capacity_snapshots",
+    topic_suffix="capacity",
+    event=CapacitySnapshot,
+    version=1,
+    time=attrgetter("ts"),
+    columns=columns_of(CapacitySnapshot),
+    key=("ts", "region", "zone", "accelerator_type", "provisioning_model"),
+    once_in_views=True,  # small: a few rows per key per interval
+)
+
 XID = TableSpec(
     name="xid",
     topic_suffix="events.xid",
@@ -237,7 +251,8 @@ XID = TableSpec(
 
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
-    for spec in (UTILIZATION, FINDINGS, ACTIONS, NODE_STATE, ALERTS, WITHHELD, CAPACITY, XID)
+    for spec in (UTILIZATION, FINDINGS, ACTIONS, NODE_STATE, ALERTS, WITHHELD, CAPACITY,
+                 CAPACITY_SNAPSHOTS, XID)
 }
 TABLE_BY_TOPIC_SUFFIX: dict[str, TableSpec] = {spec.topic_suffix: spec for spec in TABLES.values()}
 _TABLE_BY_EVENT: dict[type[Event], TableSpec] = {spec.event: spec for spec in TABLES.values()}

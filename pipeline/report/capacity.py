@@ -1,5 +1,9 @@
-"""Capacity over the lake: the capacity view's fold run on what the lake holds, for `fleetpulse
-capacity` and the report's "Capacity" section.
+"""Capacity over the lake, for `fleetpulse capacity` and the report's "Capacity" section.
+
+When the lake holds the capacity stage's own snapshots (the `capacity_snapshots` table, from
+fleet.capacity) recent enough at the end (`FRESH_INTERVALS` snapshot intervals: every key is
+re-sent each interval), those are shown: the latest per key, the keys heard in those intervals
+(`lake_snapshots`). Otherwise the capacity view's fold runs on what the lake holds:
 
 The lake keeps utilization, node states and capacity events, not the inventory; so the members
 here are the nodes and slices heard in the last `MEMBERS_LOOKBACK` before the end (their
@@ -13,8 +17,12 @@ and gives one capacity_snapshot/1 per region/zone/type/model at the end of the d
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from html import escape
+from typing import Any
+
+import msgspec
 
 from pipeline.capacity import crunch, repair
 from pipeline.capacity.prices import PriceBook, catalog_book
@@ -38,6 +46,20 @@ from pipeline.report.charts import Series, line_chart
 
 MEMBERS_LOOKBACK = timedelta(hours=24)
 USAGE_LOOKBACK = timedelta(hours=1)
+FRESH_INTERVALS = 2  # snapshots this many intervals old at the end are current; older: fold
+FROM_SNAPSHOTS = "snapshots"
+FROM_FOLD = "fold"
+# the struct fields of capacity_snapshot/1 that the lake flattens into prefixed columns
+_NESTED = ("out_of_service", "quota", "reservations", "price")
+_SNAPSHOTS = """
+SELECT epoch_ms(ts) AS ts, epoch_ms(quota_exhausts_at) AS quota_exhausts_at,
+       * EXCLUDE (ts, quota_exhausts_at, out_of_service, date, hour)
+FROM capacity_snapshots
+WHERE ts >= $since AND ts <= $until
+QUALIFY row_number() OVER (
+    PARTITION BY region, zone, accelerator_type, provisioning_model ORDER BY ts DESC) = 1
+ORDER BY region, zone, accelerator_type, provisioning_model
+"""
 
 _MEMBERS = """
 SELECT cluster, coalesce(slice, node) AS name, slice IS NOT NULL AS is_slice,
@@ -83,12 +105,52 @@ def lake_state(lake: Lake, until: datetime, settings: CapacitySettings) -> Capac
     return state
 
 
+@dataclass(frozen=True)
+class Shown:
+    """The capacity shown at `until`, and where it came from (FROM_SNAPSHOTS or FROM_FOLD)."""
+
+    snapshots: list[CapacitySnapshot]
+    source: str
+    until: datetime
+
+    def words(self) -> str:
+        if self.source == FROM_SNAPSHOTS:
+            newest = max(s.ts for s in self.snapshots)
+            at = datetime.fromtimestamp(newest / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            return (f"from the capacity stage's snapshots (fleet.capacity, lake table "
+                    f"capacity_snapshots), the latest per key, newest at {at} UTC")
+        return (f"folded from the lake's utilization, node states and capacity events at "
+                f"{self.until:%Y-%m-%d %H:%M:%S} UTC (no fleet.capacity snapshot there in the "
+                f"last {FRESH_INTERVALS} snapshot intervals)")
+
+
 def lake_snapshots(
     lake: Lake, until: datetime, settings: CapacitySettings, prices: PriceBook | None = None
-) -> list[CapacitySnapshot]:
+) -> Shown:
+    """The stage's latest snapshots when the lake has them fresh at `until`, else the fold's."""
+    fresh = timedelta(seconds=FRESH_INTERVALS * settings.snapshot_interval_s)
+    params = {"since": until - fresh, "until": until}
+    stored = [_snapshot(row) for row in lake.sql(_SNAPSHOTS, params).records()]
+    if stored:
+        return Shown(stored, FROM_SNAPSHOTS, until)
     state = lake_state(lake, until, settings)
     book = prices or catalog_book(settings.negotiated_prices, settings.price_basis)
-    return snapshots(state, settings, book)
+    return Shown(snapshots(state, settings, book), FROM_FOLD, until)
+
+
+def _snapshot(row: dict[str, Any]) -> CapacitySnapshot:
+    """A capacity_snapshots row back into its capacity_snapshot/1 (the nested structs from their
+    prefixed columns; an optional one absent when all its columns are NULL)."""
+    value: dict[str, Any] = {}
+    for name, cell in row.items():
+        nest = next((n for n in _NESTED if name.startswith(n + "_")), None)
+        if nest is None:
+            value[name] = cell
+        elif cell is not None:
+            value.setdefault(nest, {})[name.removeprefix(nest + "_")] = cell
+    value.setdefault("out_of_service", {})
+    value.setdefault("reservations", {})
+    return msgspec.convert(value, CapacitySnapshot)
 
 
 def _time(value: Event) -> int:
@@ -219,12 +281,12 @@ def capacity_section(lake: Lake, until: datetime,
     long. (The report adds the canned analyses after it: types compared, reservations, quota
     outlook, time back in service.)"""
     settings = settings or CapacitySettings()
-    state = lake_state(lake, until, settings)
-    book = catalog_book(settings.negotiated_prices, settings.price_basis)
-    shown = snapshots(state, settings, book)
+    shown = lake_snapshots(lake, until, settings)
+    state = lake_state(lake, until, settings)  # the outages (time back in service) are its
     parts = [
-        _snapshot_table(shown),
-        _crunch_list(crunch.crunches(shown, settings, equivalents)),
+        f'<p data-source="{shown.source}">Capacity {escape(shown.words())}.</p>',
+        _snapshot_table(shown.snapshots),
+        _crunch_list(crunch.crunches(shown.snapshots, settings, equivalents)),
         _repairs(state, settings),
     ]
     return (f'<section data-table="capacity-section" id="capacity"><h2>Capacity</h2>'

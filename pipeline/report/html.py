@@ -32,7 +32,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import LakeSettings
+from pipeline.config import CapacitySettings, LakeSettings
 from pipeline.lake.query import Lake, Result
 from pipeline.report.capacity import capacity_section, free_over_time_chart
 from pipeline.report.charts import (
@@ -60,11 +60,11 @@ def pick_bucket(since: datetime, until: datetime) -> timedelta:
 
 def write_report(root: Path | str, out: Path | str, settings: LakeSettings | None = None,
                  since: datetime | None = None, until: datetime | None = None,
-                 pool: str | None = None) -> Path:
+                 pool: str | None = None, capacity: CapacitySettings | None = None) -> Path:
     """Render the report for the lake at `root` into `out`; returns the path written."""
     out = Path(out)
     with Lake(root, settings) as lake:
-        html = build_report(lake, since, until, pool)
+        html = build_report(lake, since, until, pool, capacity)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(html, encoding="utf-8")
@@ -73,7 +73,8 @@ def write_report(root: Path | str, out: Path | str, settings: LakeSettings | Non
 
 
 def build_report(lake: Lake, since: datetime | None = None, until: datetime | None = None,
-                 pool: str | None = None) -> str:
+                 pool: str | None = None, capacity: CapacitySettings | None = None) -> str:
+    """`capacity`: the [capacity] settings of the Capacity section (its crunch rules)."""
     until = until or lake.latest() or datetime(1970, 1, 2)
     if since is None:
         # the last day, or less when the lake holds less: no empty half-chart
@@ -111,7 +112,7 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
                run("cost_per_useful_hour")),
         _table("MTBF per pool (node- or slice-hours per failure)", run("mtbf_by_pool")),
         _table("Quota headroom", run("quota_headroom")),
-        capacity_section(lake, until),
+        capacity_section(lake, until, capacity),
         _figure("capacity_time", "Healthy free devices over time, per region and accelerator "
                 "type (free at some point in each bucket, not out of service at its end)",
                 free_over_time_chart(run("capacity_timeline"), since, until)),

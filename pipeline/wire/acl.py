@@ -36,7 +36,7 @@ WORKER_WRITES = ("findings", "proposals", "actions", "node-state", "alerts", "wi
                  "utilization", "capacity", "capacity.advice", DLQ)  # fmt: skip
 # The lake sink's tables (pipeline/lake/tables.py).
 LAKE_READS = ("utilization", "findings", "actions", "node-state", "alerts", "withheld",
-              "events.capacity", "events.xid")  # fmt: skip
+              "events.capacity", "events.xid", "capacity")  # fmt: skip
 WORKER_GROUP = "<worker group>"  # group_name(): "<prefix>-worker" unless worker.group_id says
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,16 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fx.build_lake(tmp_path_factory.mktemp("capacity-cli") / "lake")
 
 
-def capacity(lake: Path, *args: str) -> subprocess.CompletedProcess[str]:
+# the free rule is off by default (a fleet kept full is healthy): the fixture's is on
+FREE_RULE = {"FLEETPULSE_CAPACITY__CRUNCH_FREE_BELOW": "8"}
+
+
+def capacity(lake: Path, *args: str, env: dict[str, str] | None = None,
+             ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "capacity", "--lake", str(lake), *args],
         capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, **(env or {})},
     )  # fmt: skip
 
 
@@ -47,12 +54,34 @@ def test_json_records_are_capacity_snapshots_with_the_price_they_used(lake: Path
 
 
 def test_the_table_and_the_crunch_naming_what_is_short(lake: Path) -> None:
-    done = capacity(lake, "--type", "nvidia-a100-80gb")
+    done = capacity(lake, "--type", "nvidia-a100-80gb", env=FREE_RULE)
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.splitlines()[:2]
     assert header.split()[:3] == ["Zone", "Type", "Bought"]
     assert row.split()[:5] == ["z-b", "nvidia-a100-80gb", "on-demand", "2", "2"]
     assert "FleetPulseCapacityCrunch z/nvidia-a100-80gb: 2 healthy free devices" in done.stdout
+    # no snapshots in the fixture lake: the fold, and it says so
+    assert "Capacity folded from the lake's utilization, node states and capacity" in done.stdout
+    assert "FleetPulseCapacityCrunch" not in capacity(lake).stdout  # the default: rule off
+
+
+def test_the_stage_s_snapshots_are_shown_when_the_lake_has_them(tmp_path: Path) -> None:
+    from pipeline.config import LakeSettings
+    from pipeline.lake.writer import LakeWriter
+
+    root = fx.build_lake(tmp_path / "lake")
+    writer = LakeWriter(root, LakeSettings())
+    for offset, value in enumerate(fx.CAPACITY_SNAPSHOTS):
+        writer.add("capacity_snapshots", value, ("t.capacity", 0, offset))
+    writer.checkpoint()
+    done = capacity(root, "--json")
+    assert done.returncode == 0, done.stderr
+    shown = [codec.decode(line.encode(), CapacitySnapshot) for line in done.stdout.splitlines()]
+    assert shown == [fx.CAPACITY_SNAPSHOTS[2]]  # z-a's latest; z-c's is hours old
+    assert "capacity from the capacity stage's snapshots (fleet.capacity" in done.stderr
+    table = capacity(root)
+    assert table.stdout.splitlines()[1].split()[:3] == ["z-a", "nvidia-h100-80gb", "on-demand"]
+    assert "newest at 2026-01-01 03:55:00 UTC" in table.stdout
 
 
 def test_a_folder_without_a_lake_is_a_clear_error(tmp_path: Path) -> None:

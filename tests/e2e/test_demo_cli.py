@@ -31,6 +31,13 @@ def test_demo_writes_lake_actions_report_and_a_scored_summary(tmp_path: Path) ->
     assert len({a.action_id for a in actions}) == len(actions), "action ids repeat"
     report = (tmp_path / "demo" / "report.html").read_text()
     assert report.startswith("<!DOCTYPE html>") or report.lower().startswith("<!doctype html>")
+    # the capacity stage's snapshots (fleet.capacity) are in the lake, and what people see
+    assert list((lake / "capacity_snapshots").rglob("*.parquet")), "no capacity snapshots"
+    assert '<p data-source="snapshots">' in report
+    shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "capacity", "--lake", str(lake)],
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "Capacity from the capacity stage's snapshots" in shown.stdout
 
 
 def test_same_seed_same_actions(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ the crunch, the type comparison, reservations, the quota outlook and time back i
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def test_the_capacity_section_renders_every_part(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "report", "--lake", str(lake), "--out", str(page)],
         capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "FLEETPULSE_CAPACITY__CRUNCH_FREE_BELOW": "8"},  # off by default
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     dom = dump_dom(tmp_path, page)

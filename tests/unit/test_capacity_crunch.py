@@ -13,7 +13,7 @@ from pipeline.model import CapacitySnapshot, OutOfService, PriceUsed, QuotaOutlo
 
 T0 = 1_767_225_600_000
 HOUR = 3_600_000
-SETTINGS = CapacitySettings()
+SETTINGS = CapacitySettings(crunch_free_below=8)  # the free rule on (off by default)
 
 
 def snap(
@@ -45,6 +45,16 @@ def quota_out_in(hours: float, confidence: float = 0.9, headroom: float = 24.0) 
 
 def test_no_crunch_with_room() -> None:
     assert crunch.crunches([snap("us-central1-a", 40)], SETTINGS) == []
+
+
+def test_a_full_healthy_fleet_is_no_crunch_by_default() -> None:
+    # every device allocated in every region, no quota pressure, no stock-outs: a fleet kept
+    # full is the goal, not an alert (the free rule is off unless crunch_free_below is set)
+    full = [snap(zone, 0) for zone in ("us-central1-a", "us-east4-b", "europe-west4-a")]
+    assert crunch.crunches(full, CapacitySettings()) == []
+    assert [c.region for c in crunch.crunches(full, SETTINGS)] == [
+        "europe-west4", "us-central1", "us-east4"
+    ]  # fmt: skip
 
 
 def test_few_healthy_free_is_a_crunch_naming_the_spare_zone_and_its_price() -> None:

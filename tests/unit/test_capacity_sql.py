@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from pipeline.config import LakeSettings
+from pipeline.config import CapacitySettings, LakeSettings
 from pipeline.lake.query import Lake
 from pipeline.lake.writer import LakeWriter
 from pipeline.model import CapacityEvent, QuotaInfo
+from pipeline.report.capacity import FROM_FOLD, FROM_SNAPSHOTS, lake_snapshots
 from tests import lake_fixture as fx
 
 START = datetime.fromtimestamp(fx.T0 / 1000, UTC).replace(tzinfo=None)
@@ -90,3 +91,47 @@ def test_capacity_timeline_splits_devices_by_status(lake: Path) -> None:
                for r in first}  # fmt: skip
     assert by_zone[("z-a", fx.H100)] == (0, 4, 0)
     assert by_zone[("z-b", fx.A100)] == (0, 0, 2)
+
+
+# --- the capacity stage's snapshots (fleet.capacity → capacity_snapshots) ------------------
+
+@pytest.fixture(scope="module")
+def snap_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = fx.build_lake(tmp_path_factory.mktemp("snapshots") / "lake")
+    writer = LakeWriter(root, LakeSettings())
+    for offset, value in enumerate(fx.CAPACITY_SNAPSHOTS):
+        writer.add("capacity_snapshots", value, ("t.capacity", 0, offset))
+    writer.checkpoint()
+    return root
+
+
+def test_the_stage_s_latest_snapshot_per_key_is_what_capacity_shows(snap_lake: Path) -> None:
+    with Lake(snap_lake) as lake:
+        shown = lake_snapshots(lake, END, CapacitySettings())
+        latest = {r["zone"]: r for r in lake.run("capacity_now", since=START, until=END).records()}
+        older = lake_snapshots(lake, END - timedelta(hours=2), CapacitySettings())
+    # read back exactly as published (nested structs from their columns; no quota: None)
+    assert (shown.source, shown.snapshots) == (FROM_SNAPSHOTS, [fx.CAPACITY_SNAPSHOTS[2]])
+    assert "newest at 2026-01-01 03:55:00 UTC" in shown.words()
+    # the canned query: each key's latest in the period, z-c's too (its only one)
+    now = latest["z-a"]
+    assert (now["healthy_free"], now["out_of_service"], latest["z-c"]["healthy_free"]) == (3, 1, 6)
+    assert now["quota_headroom"] is None and now["price_basis"] == "on-demand"
+    # two hours before the end, the newest snapshot is 1 h old (over 2 intervals): the fold
+    assert older.source == FROM_FOLD and "folded from" in older.words()
+    assert {s.zone for s in older.snapshots} == {"z-a", "z-b"}
+
+
+def test_capacity_timeline_reads_snapshots_when_there_are_any(snap_lake: Path) -> None:
+    with Lake(snap_lake) as lake:
+        rows = lake.run("capacity_timeline", since=START, until=END).records()
+        pool = lake.run("capacity_timeline", since=START, until=END, pool="train").records()
+    assert {r["source"] for r in rows} == {"snapshots"}
+    by_bucket = {(r["bucket"].hour, r["zone"]): (r["devices"], r["out_of_service"], r["free"])
+                 for r in rows}  # fmt: skip
+    # each key's last snapshot in its bucket: z-c at 01:00, z-a at 03:55
+    assert by_bucket == {(1, "z-c"): (8, 1, 6), (3, "z-a"): (8, 1, 3)}
+    assert rows[0]["accelerator"] == "nvidia-h100-80gb"
+    # snapshots have no pool: a pool's timeline is utilization's
+    assert {r["source"] for r in pool} == {"utilization"}
+    assert {r["zone"] for r in pool} == {"z-a"}

@@ -89,6 +89,25 @@ WRITTEN: dict[str, tuple[int, tuple[str, ...]]] = {
             "schema:string",
         ),
     ),
+    "capacity_snapshots": (
+        1,
+        (
+            "ts:timestamp[ms]", "region:string", "zone:string", "accelerator_type:string",
+            "provisioning_model:string", "devices:int32", "healthy:int32",
+            "healthy_free:int32", "allocated:int32", "allocated_idle:int32", "suspect:int32",
+            "out_of_service_cordoned:int32", "out_of_service_draining:int32",
+            "out_of_service_repairing:int32", "out_of_service_maintenance:int32",
+            "out_of_service_silent:int32", "maintenance_announced:int32",
+            "quota_metric:string", "quota_limit:double", "quota_usage:double",
+            "quota_headroom:double", "quota_trend_per_h:double",
+            "quota_exhausts_at:timestamp[ms]", "quota_confidence:double", "quota_points:int64",
+            "reservations_count:int64", "reservations_reserved:int32",
+            "reservations_in_use:int32", "reservations_unused:int32", "stockouts_1h:int32",
+            "queued_waits_1h:int32", "preemptions_1h:int32", "useful_pct:double",
+            "usd_per_useful_hour:double", "price_usd_per_hour:double", "price_basis:string",
+            "price_source:string", "price_location:string", "schema:string",
+        ),
+    ),
     "xid": (
         2,
         (
