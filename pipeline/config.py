@@ -197,6 +197,29 @@ class LakeSettings(Section, frozen=True):
     prices: dict[str, Annotated[float, Meta(gt=0)]] = {}
     # A device-window below this mean utilization counts as idle in the canned analyses.
     idle_util_pct: Annotated[float, Meta(ge=0.0, le=100.0)] = 5.0
+    # Iceberg tables on an S3-API store instead of the local Parquet lake (docs/lake-iceberg.md):
+    # uri = "s3://bucket/prefix" switches the sink and every reader to the tables of the SQL
+    # catalog `catalog` (a SQLAlchemy URL: sqlite:////var/lib/fleetpulse/catalog.db on one
+    # machine, postgresql+psycopg2://… for many). Empty uri: the local lake at `path`.
+    uri: str = ""
+    catalog: str = ""
+    namespace: str = "fleetpulse"
+    s3_endpoint: str = ""  # empty: AWS itself; else e.g. http://127.0.0.1:19645
+    s3_region: str = "us-east-1"
+    # empty: the AWS SDK's own chain (AWS_ACCESS_KEY_ID…, instance roles)
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    # snapshots older than this are expired by `lake compact` (the newest is always kept)
+    snapshot_keep_s: Annotated[int, Meta(ge=0)] = 7 * 86400
+
+    def __post_init__(self) -> None:
+        if self.uri and not self.uri.startswith("s3://"):
+            raise ValueError(f"lake.uri: expected s3://bucket/prefix or empty, got {self.uri!r}")
+        if self.uri and not self.catalog:
+            raise ValueError("lake.uri is set: lake.catalog (a SQLAlchemy URL) must be too")
+
+    def __repr__(self) -> str:
+        return _masked_repr(self, frozenset({"s3_secret_access_key"}))
 
 
 class AggregateSettings(Section, frozen=True):

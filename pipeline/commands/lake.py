@@ -1,4 +1,5 @@
-"""`fleetpulse lake compact|status`: maintain the Parquet lake."""
+"""`fleetpulse lake compact|status`: maintain the lake (local Parquet, or Iceberg tables when
+lake.uri is set: docs/lake-iceberg.md)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def _compact(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.lake.check import QUARANTINE_DIR
     from pipeline.lake.compact import compact
 
+    if settings.lake.uri:
+        return _compact_iceberg(args, settings)
     root = Path(args.lake or settings.lake.path)
     report = compact(root, settings.lake, args.table, verify=args.verify)
     for moved in report.quarantined:
@@ -53,13 +56,40 @@ def _compact(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _compact_iceberg(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import UTC, datetime
+
+    from pipeline.lake import iceberg
+
+    report = iceberg.compact(settings.lake, args.table, now=datetime.now(UTC))
+    print(f"{report.partitions} day partitions: merged {report.files_merged} files into "
+          f"{report.files_written} ({report.rows} rows); expired {report.snapshots_expired} "
+          f"snapshots older than {settings.lake.snapshot_keep_s} s; {report.conflicts} "
+          "commits lost to writers and retried")
+    return 0
+
+
+def _status_iceberg(settings: Settings) -> int:
+    from pipeline.lake import iceberg
+
+    print(f"Iceberg tables in {settings.lake.namespace} at {settings.lake.uri}")
+    print(f"{'table':18} {'snapshots':>9} {'files':>7} {'rows':>12} {'bytes':>13}  days")
+    for table in iceberg.status(settings.lake):
+        days = f"{table.oldest_day} .. {table.newest_day}" if table.oldest_day else "-"
+        print(f"{table.name:18} {table.snapshots:9} {table.files:7} {table.rows:12} "
+              f"{table.bytes:13}  {days}")
+    return 0
+
+
 def _status(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.lake.uri:
+        return _status_iceberg(settings)
     import pyarrow.parquet as pq
 
     from pipeline.lake.check import QUARANTINE_DIR, quarantined_files, readable_files
     from pipeline.lake.query import require_lake
 
-    root = require_lake(args.lake or settings.lake.path)
+    root = require_lake(args.lake or settings.lake.path, settings.lake)
     unreadable = []
     for name in TABLES:
         files, broken = readable_files(root, name, deep=args.verify)

@@ -32,7 +32,7 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.lake.query import Lake, require_lake
     from pipeline.report.html import build_report
 
-    with Lake(require_lake(args.lake or settings.lake.path), settings.lake) as lake:
+    with Lake(require_lake(args.lake or settings.lake.path, settings.lake), settings.lake) as lake:
         window = window_params(args, lake)
         html = build_report(lake, window["since"], window["until"], args.pool,
                             settings.capacity)

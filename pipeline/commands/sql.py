@@ -107,7 +107,7 @@ def _handle(args: argparse.Namespace, settings: Settings) -> int:
     if bool(args.text) == bool(args.query):
         raise QueryError("give either SQL text or --query NAME (see --list)")
     # a canned analysis runs locked like `report`; ad-hoc SQL has the user's own rights
-    root = require_lake(args.lake or settings.lake.path)
+    root = require_lake(args.lake or settings.lake.path, settings.lake)
     with Lake(root, settings.lake, locked=bool(args.query)) as lake:
         query = _query(args)
         given = {k: v for k, v in window_params(args, lake).items() if v is not None}

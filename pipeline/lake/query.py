@@ -52,6 +52,7 @@ from pipeline.catalog.accelerators import accelerator_types
 from pipeline.config import LakeSettings
 from pipeline.errors import FleetPulseError
 from pipeline.lake.check import QUARANTINE_DIR, check_file, readable_files
+from pipeline.lake.iceberg import IcebergSource
 from pipeline.lake.tables import TABLES, TableSpec
 from pipeline.lake.writer import partition_dirs, visible_files
 
@@ -190,12 +191,14 @@ def parse_time(text: str) -> datetime:
     return when.astimezone(UTC).replace(tzinfo=None) if when.tzinfo else when
 
 
-def require_lake(root: Path | str) -> Path:
+def require_lake(root: Path | str, settings: LakeSettings | None = None) -> Path:
     """`root` as a Path when it holds a lake: at least one Parquet file of a table (readable
     or not, or quarantined). A folder holding none is a QueryError naming the folder and what
     was expected: `sql`, `report` and `lake status` answered such a folder (a typo, the wrong
     --lake) with empty results and exit 0, a report dated 1970."""
     root = Path(root)
+    if settings is not None and settings.uri:  # the Iceberg tables: their catalog decides
+        return root
     if not root.is_dir():
         raise QueryError(f"lake folder {root} does not exist (see lake.path or --lake)")
     for name in TABLES:
@@ -217,9 +220,13 @@ class Lake:
         self, root: Path | str, settings: LakeSettings | None = None, *, locked: bool = True
     ) -> None:
         self.root = Path(root)
-        if not self.root.is_dir():
-            raise QueryError(f"lake folder {self.root} does not exist (see lake.path or --lake)")
         self.settings = settings or LakeSettings()
+        # lake.uri set: the Iceberg tables (pipeline/lake/iceberg.py), not the folder
+        self._iceberg: IcebergSource | None = None
+        if self.settings.uri:
+            self._iceberg = IcebergSource(self.settings)
+        elif not self.root.is_dir():
+            raise QueryError(f"lake folder {self.root} does not exist (see lake.path or --lake)")
         self.skipped: dict[Path, str] = {}  # unreadable files left out of the views, and why
         self._files: dict[str, list[Path]] = {}  # the files each raw_<table> reads
         self.con = duckdb.connect(":memory:")
@@ -354,6 +361,8 @@ class Lake:
 
     def tables(self) -> dict[str, int]:
         """Visible files per table."""
+        if self._iceberg is not None:
+            return {name: len(self._iceberg.data_files(spec)) for name, spec in TABLES.items()}
         return {name: len(visible_files(self.root, name)) for name in TABLES}
 
     # --- registration ----------------------------------------------------------------------
@@ -375,6 +384,8 @@ class Lake:
                 raise QueryError(f"cannot open the lake: {_first_line(exc)}") from None
 
     def _raw_relation(self, spec: TableSpec) -> duckdb.DuckDBPyRelation:
+        if self._iceberg is not None:
+            return self._iceberg_relation(self._iceberg, spec)
         paths, bad = readable_files(self.root, spec.name)
         for damaged in bad:
             self._skip(damaged.path, damaged.reason)
@@ -388,6 +399,20 @@ class Lake:
         found = set(relation.columns)
         extras = [c for c in ("date", "hour") if c in found]
         return relation.project(", ".join([_projection(spec, found), *extras]))
+
+    def _iceberg_relation(self, source: IcebergSource, spec: TableSpec) -> duckdb.DuckDBPyRelation:
+        """The table's current snapshot as a pyarrow dataset: DuckDB pushes the projection and
+        the filters into its scan (pyarrow reads the store; DuckDB itself stays locked). The
+        local lake's date/hour partition columns are computed from the time column."""
+        dataset = source.dataset(spec)
+        if dataset is None:
+            empty = self.con.from_arrow(spec.schema.empty_table())
+            return empty.project(f"{_projection(spec, set())}, "
+                                 "NULL::DATE AS date, NULL::BIGINT AS hour")
+        found = set(dataset.schema.names)
+        first = f'"{spec.columns[0].name}"'
+        partitions = f"CAST({first} AS DATE) AS date, hour({first})::BIGINT AS hour"
+        return self.con.from_arrow(dataset).project(f"{_projection(spec, found)}, {partitions}")
 
     def _skip(self, path: Path, reason: str) -> None:
         if path not in self.skipped:

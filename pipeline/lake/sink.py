@@ -32,6 +32,7 @@ from typing import Any
 
 from pipeline.config import Settings
 from pipeline.errors import DecodeError, SinkError
+from pipeline.lake.iceberg import IcebergWriter
 from pipeline.lake.tables import TABLES, TableSpec
 from pipeline.lake.writer import LakeWriter, Positions, read_committed
 from pipeline.selfmetrics import Readiness, serve_stats
@@ -58,7 +59,9 @@ class LakeSink:
 
     def __init__(self, settings: Settings, root: Path | str) -> None:
         self.settings = settings
-        self.writer = LakeWriter(root, settings.lake)
+        # lake.uri set: Iceberg tables, each append holding its offsets (pipeline/lake/iceberg.py)
+        self.writer: LakeWriter | IcebergWriter = (
+            IcebergWriter(settings.lake) if settings.lake.uri else LakeWriter(root, settings.lake))
         self.stats = LakeStats()
         self.tables: dict[str, TableSpec] = {
             topic_name(settings.kafka, spec.topic_suffix): spec for spec in TABLES.values()
@@ -68,11 +71,16 @@ class LakeSink:
         }
         self._unmarked: Positions = {}  # committed, not yet recorded under lake/_offsets
         # the next offset per partition that the lake does not hold yet (lake/_offsets)
-        self._in_lake: Positions = read_committed(self.writer.root)
+        self._in_lake: Positions = self._read_in_lake()
+
+    def _read_in_lake(self) -> Positions:
+        if isinstance(self.writer, IcebergWriter):
+            return self.writer.committed()
+        return read_committed(self.writer.root)
 
     def assigned(self) -> None:
         """Another member may have committed these partitions into the lake since we read it."""
-        self._in_lake = read_committed(self.writer.root)
+        self._in_lake = self._read_in_lake()
 
     def add(self, record: Any) -> None:
         spec = self.tables[record.topic]

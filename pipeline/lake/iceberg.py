@@ -1,0 +1,479 @@
+"""The lake as Apache Iceberg tables on an S3-API object store (`lake.uri = "s3://…"`).
+
+Every table of pipeline/lake/tables.py (TABLES) is an Iceberg table `<lake.namespace>.<name>`
+in a SQL catalog (`lake.catalog`: SQLite for one machine, PostgreSQL for many), its schema the
+table's Arrow schema (derived from the event model: nothing written here by hand), partitioned
+by the day of its time column. Event-time columns are Iceberg `timestamp` (microseconds): the
+local lake's millisecond columns are widened on write.
+
+Exactly once with several writers (`fleetpulse sink lake` processes in one consumer group):
+every append records, in its snapshot's summary under `fleetpulse.offsets`, the next Kafka
+offset per topic-partition that the table holds (the last value carried forward, as Iceberg's
+own Kafka Connect sink does). Before committing, a writer reads those offsets from the table's
+current snapshot and drops the rows the table already holds; a commit another writer got in
+first fails (the catalog checks the table's metadata did not move) and is tried again on the
+new snapshot. So a replay after a crash or a rebalance never adds a row twice, and no commit
+overwrites another's.
+
+The S3 client (pyarrow's AWS SDK) is told to compute and check request/response checksums only
+when the store requires them (AWS_REQUEST_CHECKSUM_CALCULATION / AWS_RESPONSE_CHECKSUM_VALIDATION
+= WHEN_REQUIRED, unless set otherwise): stores other than AWS (s3proxy, Ceph, GCS's S3 API)
+refuse the SDK's default flexible checksums.
+
+Readers (pipeline/lake/query.py) get each table as a pyarrow dataset over the data files of
+its current snapshot, which DuckDB scans with projection and filter pushdown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from pipeline.config import LakeSettings
+from pipeline.errors import SinkError
+from pipeline.lake.columns import TIMESTAMP
+from pipeline.lake.tables import TABLES, TableSpec
+from pipeline.model import Event
+
+Positions = dict[tuple[str, int], int]  # (topic, partition) -> next offset (as in writer.py)
+
+OFFSETS_KEY = "fleetpulse.offsets"
+CHECKSUM_ENV = {
+    "AWS_REQUEST_CHECKSUM_CALCULATION": "WHEN_REQUIRED",
+    "AWS_RESPONSE_CHECKSUM_VALIDATION": "WHEN_REQUIRED",
+}
+ICEBERG_TIMESTAMP = pa.timestamp("us")
+DAY_FIELD_ID = 1000  # Iceberg numbers partition fields from 1000
+COMMIT_ATTEMPTS = 20
+# pyiceberg retries a lost commit itself by replaying it onto the new snapshot, with the summary
+# it had: the offsets another writer just committed would be dropped from it. So it may not;
+# IcebergWriter retries, reading the offsets again.
+OWN_RETRIES = {"commit.retry.num-retries": "0"}
+log = logging.getLogger(__name__)
+
+
+def configure_s3_client() -> None:
+    """The checksum settings every S3-API store accepts (see the module doc), unless the
+    environment says otherwise. Before the first S3 client is made: the SDK reads them once."""
+    for name, value in CHECKSUM_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def catalog_properties(settings: LakeSettings) -> dict[str, str]:
+    """pyiceberg's SQL catalog properties for `settings` (warehouse = lake.uri)."""
+    properties = {"uri": settings.catalog, "warehouse": settings.uri.rstrip("/"),
+                  "s3.region": settings.s3_region}
+    if settings.s3_endpoint:
+        properties["s3.endpoint"] = settings.s3_endpoint
+    if settings.s3_access_key_id:
+        properties["s3.access-key-id"] = settings.s3_access_key_id
+        properties["s3.secret-access-key"] = settings.s3_secret_access_key
+    return properties
+
+
+def open_catalog(settings: LakeSettings) -> Any:
+    """The SQL catalog (its tables are created on first use, by `table`)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    if not settings.uri:
+        raise SinkError("lake: lake.uri is empty: the lake is the local Parquet one")
+    configure_s3_client()
+    catalog = SqlCatalog("fleetpulse", **catalog_properties(settings))
+    catalog.create_namespace_if_not_exists(settings.namespace)
+    return catalog
+
+
+def s3_filesystem(settings: LakeSettings, *, create_buckets: bool = False) -> pafs.S3FileSystem:
+    """pyarrow's S3 client for the lake's store (FleetPulse's own: the checksum settings)."""
+    configure_s3_client()
+    options: dict[str, Any] = {"region": settings.s3_region,
+                               "allow_bucket_creation": create_buckets}
+    if settings.s3_endpoint:
+        endpoint = urlsplit(settings.s3_endpoint)
+        options["endpoint_override"] = endpoint.netloc or settings.s3_endpoint
+        options["scheme"] = endpoint.scheme or "https"
+    if settings.s3_access_key_id:
+        options["access_key"] = settings.s3_access_key_id
+        options["secret_key"] = settings.s3_secret_access_key
+    return pafs.S3FileSystem(**options)
+
+
+def create_bucket(settings: LakeSettings) -> None:
+    """Create lake.uri's bucket if it is missing (a test store, a first deployment)."""
+    bucket = urlsplit(settings.uri).netloc
+    s3_filesystem(settings, create_buckets=True).create_dir(bucket)
+
+
+def arrow_schema(spec: TableSpec) -> pa.Schema:
+    """The table's Arrow schema as stored in Iceberg: timestamps in microseconds."""
+    return pa.schema([
+        pa.field(f.name, ICEBERG_TIMESTAMP if f.type == TIMESTAMP else f.type)
+        for f in spec.schema
+    ])
+
+
+def iceberg_schema(spec: TableSpec) -> Any:
+    """The Iceberg schema of a lake table, derived from its Arrow schema (field ids 1…n)."""
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow_schema(spec)))
+
+
+def partition_spec(spec: TableSpec, schema: Any) -> Any:
+    """Partitioned by the day of the table's time column (its first)."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform
+
+    source = schema.find_field(spec.columns[0].name).field_id
+    return PartitionSpec(PartitionField(source_id=source, field_id=DAY_FIELD_ID,
+                                        transform=DayTransform(), name="day"))
+
+
+def table(catalog: Any, settings: LakeSettings, spec: TableSpec, *, create: bool = True) -> Any:
+    """The Iceberg table of `spec`, created if missing (when `create`), its schema evolved
+    to the spec's (a new column of a new table version is added; none is ever removed).
+    None when it does not exist and `create` is false."""
+    from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+
+    name = f"{settings.namespace}.{spec.name}"
+    try:
+        found = catalog.load_table(name)
+    except NoSuchTableError:
+        if not create:
+            return None
+        schema = iceberg_schema(spec)
+        try:
+            return catalog.create_table(
+                name, schema=schema, partition_spec=partition_spec(spec, schema),
+                properties={"fleetpulse.table": spec.name,
+                            "fleetpulse.version": str(spec.version), **OWN_RETRIES})
+        except TableAlreadyExistsError:  # another writer created it meanwhile
+            return catalog.load_table(name)
+    if create and any(found.properties.get(k) != v for k, v in OWN_RETRIES.items()):
+        with found.transaction() as change:
+            change.set_properties(OWN_RETRIES)
+        found = catalog.load_table(name)
+    if create:
+        have = {f.name for f in found.schema().fields}
+        if any(f.name not in have for f in spec.schema):
+            with found.update_schema() as update:
+                update.union_by_name(arrow_schema(spec))
+            found = catalog.load_table(name)
+    return found
+
+
+def committed_offsets(found: Any) -> Positions:
+    """The offsets an Iceberg table holds: `fleetpulse.offsets` of its newest snapshot that
+    has them (a snapshot made by another engine may lack them)."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    for snapshot in ancestors_of(found.current_snapshot(), found.metadata):
+        text = (snapshot.summary.additional_properties if snapshot.summary else {}).get(OFFSETS_KEY)
+        if text is not None:
+            return decode_offsets(text)
+    return {}
+
+
+def encode_offsets(positions: Mapping[tuple[str, int], int]) -> str:
+    return json.dumps({f"{topic}:{partition}": offset
+                       for (topic, partition), offset in sorted(positions.items())})
+
+
+def decode_offsets(text: str) -> Positions:
+    positions: Positions = {}
+    for key, offset in json.loads(text).items():
+        topic, _, partition = key.rpartition(":")
+        positions[(topic, int(partition))] = int(offset)
+    return positions
+
+
+@dataclass
+class _Chunk:
+    """Rows of one topic-partition waiting for the next commit."""
+
+    events: list[Event] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+
+class IcebergWriter:
+    """LakeWriter's interface (add/extend/flush/discard/mark_committed/checkpoint) over Iceberg
+    tables: `flush` commits one append per table, each row once (see the module doc)."""
+
+    def __init__(self, settings: LakeSettings, catalog: Any | None = None) -> None:
+        self.settings = settings
+        self.catalog = open_catalog(settings) if catalog is None else catalog
+        self._tables: dict[str, Any] = {}
+        self._pending: dict[tuple[str, str, int], _Chunk] = {}
+        self.pending_rows = 0
+        self.rows_written = 0
+        self.files_written = 0
+        self.commits = 0
+        self.commit_conflicts = 0  # commits another writer got in first (retried)
+        self.rows_already_in_lake = 0  # replayed rows the table held already (dropped)
+        for name in TABLES:  # every table exists from the first writer on (other engines see them)
+            self.table(name)
+
+    def add(self, name: str, event: Event, source: tuple[str, int, int]) -> None:
+        topic, partition, offset = source
+        self.extend(name, [event], topic, partition, [offset])
+
+    def extend(self, name: str, events: Sequence[Event], topic: str, partition: int,
+               offsets: Sequence[int]) -> None:
+        if len(events) != len(offsets):
+            raise SinkError(f"lake: {len(events)} events but {len(offsets)} offsets")
+        if not events:
+            return
+        spec = TABLES.get(name)
+        if spec is None:
+            raise SinkError(f"lake: unknown table {name!r}: expected one of {', '.join(TABLES)}")
+        wrong = sorted(t.__name__ for t in set(map(type, events)) if not issubclass(t, spec.event))
+        if wrong:
+            raise SinkError(f"lake: table {name!r} takes {spec.event.__name__}, "
+                            f"got {', '.join(wrong)}")
+        if partition < 0 or min(offsets) < 0:
+            raise SinkError(f"lake: bad source {(topic, partition, min(offsets))!r}")
+        chunk = self._pending.setdefault((name, topic, partition), _Chunk())
+        chunk.events.extend(events)
+        chunk.offsets.extend(offsets)
+        self.pending_rows += len(events)
+
+    def table(self, name: str) -> Any:
+        found = self._tables.get(name)
+        if found is None:
+            found = self._tables[name] = table(self.catalog, self.settings, TABLES[name])
+        return found
+
+    def committed(self) -> Positions:
+        """Every table's committed offsets (a topic feeds one table)."""
+        positions: Positions = {}
+        for spec in TABLES.values():
+            found = table(self.catalog, self.settings, spec, create=False)
+            if found is not None:
+                positions |= committed_offsets(found)
+        return positions
+
+    def flush(self) -> Positions:
+        """Commit every table's buffered rows; the next offset per topic-partition flushed.
+        Raises SinkError when a table cannot be committed (the buffers are kept)."""
+        by_table: dict[str, list[tuple[str, int, _Chunk]]] = {}
+        for (name, topic, partition), chunk in sorted(self._pending.items()):
+            by_table.setdefault(name, []).append((topic, partition, chunk))
+        positions: Positions = {}
+        for name, chunks in by_table.items():
+            self._commit(name, chunks)
+            for topic, partition, chunk in chunks:
+                positions[(topic, partition)] = max(chunk.offsets) + 1
+                del self._pending[(name, topic, partition)]
+                self.pending_rows -= len(chunk.events)
+        return positions
+
+    def _commit(self, name: str, chunks: list[tuple[str, int, _Chunk]]) -> None:
+        from pyiceberg.exceptions import CommitFailedException
+
+        spec = TABLES[name]
+        converted = [(topic, partition, np.asarray(chunk.offsets, dtype=np.int64),
+                      spec.to_arrow(chunk.events).cast(arrow_schema(spec)))
+                     for topic, partition, chunk in chunks]
+        found = self.table(name)
+        for attempt in range(COMMIT_ATTEMPTS):
+            found.refresh()
+            held = committed_offsets(found)
+            parts, dropped = [], 0
+            offsets = dict(held)
+            for topic, partition, numbers, arrow in converted:
+                start = held.get((topic, partition), 0)
+                keep = numbers >= start
+                dropped += int((~keep).sum())
+                if keep.any():
+                    parts.append(arrow if keep.all() else arrow.filter(pa.array(keep)))
+                    offsets[(topic, partition)] = max(start, int(numbers.max()) + 1)
+            if not parts:
+                self.rows_already_in_lake += dropped
+                return
+            rows = pa.concat_tables(parts)
+            try:
+                found.append(rows, snapshot_properties={OFFSETS_KEY: encode_offsets(offsets)})
+            except CommitFailedException as exc:
+                self.commit_conflicts += 1
+                log.info("lake: %s: commit conflict (%s); retrying on the new snapshot", name, exc)
+                time.sleep(min(0.05 * 2**attempt, 2.0))
+                continue
+            except OSError as exc:
+                raise SinkError(f"lake: cannot write table {name}: {exc}") from exc
+            self.rows_already_in_lake += dropped
+            self.rows_written += rows.num_rows
+            summary = found.current_snapshot().summary
+            self.files_written += int(summary.additional_properties.get("added-data-files", 0))
+            self.commits += 1
+            return
+        raise SinkError(f"lake: table {name}: {COMMIT_ATTEMPTS} commits in a row lost to "
+                        "other writers")
+
+    def discard(self) -> None:
+        self._pending.clear()
+        self.pending_rows = 0
+
+    def mark_committed(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """Nothing to record: the offsets are in the tables' snapshots already."""
+
+    def checkpoint(self) -> Positions:
+        return self.flush()
+
+
+# --- readers ---------------------------------------------------------------------------------
+
+
+class IcebergSource:
+    """What query.Lake reads from Iceberg: each table as a pyarrow dataset of its current
+    snapshot's data files."""
+
+    def __init__(self, settings: LakeSettings) -> None:
+        self.settings = settings
+        self.catalog = open_catalog(settings)
+        self.filesystem = s3_filesystem(settings)
+
+    def data_files(self, spec: TableSpec) -> list[Any]:
+        found = table(self.catalog, self.settings, spec, create=False)
+        if found is None:
+            return []
+        return [task.file for task in found.scan().plan_files()]
+
+    def dataset(self, spec: TableSpec) -> ds.Dataset | None:
+        """The table's rows (None when it has none): files written before a column was added
+        read it as NULL."""
+        paths = [_key(f.file_path) for f in self.data_files(spec)]
+        if not paths:
+            return None
+        return ds.dataset(paths, schema=arrow_schema(spec), format="parquet",
+                          filesystem=self.filesystem)
+
+
+def _key(path: str) -> str:
+    """`s3://bucket/key` → `bucket/key` (pyarrow's S3 paths)."""
+    return path.removeprefix("s3://").removeprefix("s3a://")
+
+
+# --- operations ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    name: str
+    snapshots: int
+    files: int
+    rows: int
+    bytes: int
+    oldest_day: str | None
+    newest_day: str | None
+
+
+def status(settings: LakeSettings) -> list[TableStatus]:
+    """Per table: snapshots, data files, rows, bytes, oldest and newest day partition."""
+    catalog = open_catalog(settings)
+    found_all = []
+    for spec in TABLES.values():
+        found = table(catalog, settings, spec, create=False)
+        if found is None:
+            found_all.append(TableStatus(spec.name, 0, 0, 0, 0, None, None))
+            continue
+        files = [task.file for task in found.scan().plan_files()]
+        days = sorted({day for day in map(_day, files) if day is not None})
+        found_all.append(TableStatus(
+            spec.name, len(found.metadata.snapshots), len(files),
+            sum(f.record_count for f in files), sum(f.file_size_in_bytes for f in files),
+            days[0] if days else None, days[-1] if days else None))
+    return found_all
+
+
+def _day(data_file: Any) -> str | None:
+    """A data file's day partition as YYYY-MM-DD (Iceberg stores days since the epoch)."""
+    value = data_file.partition[0] if len(data_file.partition) else None
+    if value is None:
+        return None
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(days=int(value))).strftime("%Y-%m-%d")
+
+
+@dataclass
+class CompactReport:
+    partitions: int = 0
+    files_merged: int = 0
+    files_written: int = 0
+    rows: int = 0
+    snapshots_expired: int = 0
+    conflicts: int = 0
+
+
+def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
+            now: datetime) -> CompactReport:
+    """Rewrite each day partition holding lake.compact_min_files data files or more as one
+    overwrite of those rows (the offsets carried forward), then expire snapshots older than
+    lake.snapshot_keep_s (the current one is always kept). A writer's commit in between makes
+    ours fail: the partition is read again and retried."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    catalog = open_catalog(settings)
+    filesystem = s3_filesystem(settings)
+    report = CompactReport()
+    for name in names or list(TABLES):
+        spec = TABLES[name]
+        found = table(catalog, settings, spec, create=False)
+        if found is None:
+            continue
+        time_column = spec.columns[0].name
+        conflicts = 0
+        while conflicts < COMMIT_ATTEMPTS:
+            found.refresh()
+            by_day: dict[str, list[Any]] = {}
+            for task in found.scan().plan_files():
+                day = _day(task.file)
+                if day is not None:
+                    by_day.setdefault(day, []).append(task.file)
+            todo = {day: files for day, files in by_day.items()
+                    if len(files) >= settings.compact_min_files}
+            if not todo:
+                break
+            day, files = min(todo.items())
+            start = datetime.strptime(day, "%Y-%m-%d")  # naive UTC, as the column
+            rows = ds.dataset([_key(f.file_path) for f in files], schema=arrow_schema(spec),
+                              format="parquet", filesystem=filesystem).to_table()
+            end = start + timedelta(days=1)  # the column names are TableSpec's: plain words
+            where = (f"{time_column} >= '{start.isoformat()}' AND "
+                     f"{time_column} < '{end.isoformat()}'")
+            offsets = {OFFSETS_KEY: encode_offsets(committed_offsets(found))}
+            try:
+                found.overwrite(rows, overwrite_filter=where, snapshot_properties=offsets)
+            except CommitFailedException:
+                conflicts += 1
+                report.conflicts += 1
+                continue
+            report.partitions += 1
+            report.files_merged += len(files)
+            report.files_written += 1
+            report.rows += rows.num_rows
+        keep = timedelta(seconds=settings.snapshot_keep_s)
+        report.snapshots_expired += _expire(found, now - keep)
+    return report
+
+
+def _expire(found: Any, before: datetime) -> int:
+    found.refresh()
+    current = found.current_snapshot()
+    old = [s.snapshot_id for s in found.metadata.snapshots
+           if s.timestamp_ms < before.timestamp() * 1000
+           and (current is None or s.snapshot_id != current.snapshot_id)]
+    if old:
+        found.maintenance.expire_snapshots().by_ids(old).commit()
+    return len(old)

@@ -1,0 +1,185 @@
+"""The lake as Iceberg tables on a real object store (s3proxy, deploy/s3/s3.sh) with a SQLite
+catalog: every table from TABLES, day partitions, offsets in snapshot summaries, replays and
+concurrent writers without duplicates, compaction and expiry, `lake status`, and the canned
+analyses of tests/unit/test_sql.py answered the same over Iceberg as over local Parquet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from pipeline.lake import iceberg
+from pipeline.lake.iceberg import IcebergWriter, committed_offsets, open_catalog
+from pipeline.lake.query import Lake
+from pipeline.lake.tables import TABLES
+from pipeline.model import XidEvent
+from tests import lake_fixture as fx
+from tests.iceberg_fixture import build_iceberg_lake, iceberg_settings, settings_env
+
+# The canned analyses, each run over the Iceberg copy of the fixture lake (the `lake` fixture
+# below replaces test_sql's). test_sql's price-override test opens a local lake by folder: not
+# repeated here.
+from tests.unit.test_sql import (  # noqa: F401
+    test_actions_and_health_timelines,
+    test_defaults_cover_the_last_day_of_data_and_durations_parse,
+    test_findings_timeline_leaves_out_heartbeats_and_all_clears,
+    test_fleet_summary,
+    test_fleet_summary_pool_filters_alerts_too,
+    test_idle_allocated_capacity,
+    test_mtbf_by_model_and_time_between_failures,
+    test_open_actions_are_those_whose_target_has_not_recovered,
+    test_quota_and_capacity_headroom,
+    test_top_offenders_rank_by_actions_then_errors,
+    test_utilization_by_dimension_per_hour,
+    test_views_exist_for_every_table_and_reference_data,
+    test_why_not_removed_gives_every_rule_that_held_a_target_back_and_what_came_of_it,
+    test_xid_frequency_and_heatmap,
+)
+
+T0 = fx.T0
+DAY = 86_400_000
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
+    folder = tmp_path_factory.mktemp("iceberg")
+    settings = build_iceberg_lake(folder)
+    with Lake(folder, settings) as opened:
+        yield opened
+
+
+def xid(offset: int, at: int) -> XidEvent:
+    return XidEvent(ts=at, cluster="c1", node=f"n{offset}", pool="train", zone="z-a",
+                    pci_bus_id="0000:53:00", gpu_index=offset, xid=79, message="NVRM: Xid 79",
+                    source="simulator")
+
+
+def xids(writer: IcebergWriter, partition: int, offsets: range, at: int = T0) -> None:
+    for offset in offsets:
+        writer.add("xid", xid(offset, at + offset), ("fleet.events.xid", partition, offset))
+
+
+def count(settings: object, table: str = "xid") -> int:
+    with Lake(Path("."), settings) as opened:  # type: ignore[arg-type]
+        return int(opened.sql(f"SELECT count(*) FROM stored_{table}").rows[0][0])
+
+
+def test_every_lake_table_is_an_iceberg_table_of_its_derived_columns_by_day(
+    tmp_path: Path,
+) -> None:
+    settings = build_iceberg_lake(tmp_path)
+    catalog = open_catalog(settings)
+    for name, spec in TABLES.items():
+        table = catalog.load_table(f"{settings.namespace}.{name}")
+        assert [f.name for f in table.schema().fields] == spec.schema.names, name
+        (day,) = table.spec().fields
+        assert str(day.transform) == "day", name
+        source = table.schema().find_field(day.source_id).name
+        assert source == spec.columns[0].name, name  # the table's time column
+
+
+def test_each_append_records_its_offsets_and_a_replay_adds_nothing(tmp_path: Path) -> None:
+    settings = iceberg_settings(tmp_path)
+    writer = IcebergWriter(settings)
+    xids(writer, 0, range(0, 100))
+    xids(writer, 1, range(0, 40))
+    assert writer.flush() == {("fleet.events.xid", 0): 100, ("fleet.events.xid", 1): 40}
+    table = writer.table("xid")
+    assert committed_offsets(table) == {("fleet.events.xid", 0): 100, ("fleet.events.xid", 1): 40}
+    # a crash before the Kafka commit: another writer replays from offset 50 and goes on
+    again = IcebergWriter(settings)
+    xids(again, 0, range(50, 130))
+    again.flush()
+    assert again.rows_already_in_lake == 50
+    assert again.rows_written == 30
+    table.refresh()
+    assert committed_offsets(table) == {("fleet.events.xid", 0): 130, ("fleet.events.xid", 1): 40}
+    assert count(settings) == 170
+    with Lake(tmp_path, settings) as opened:
+        gpus = opened.sql("SELECT gpu_index FROM stored_xid").rows
+    assert sorted(g for (g,) in gpus) == sorted([*range(130), *range(40)])
+
+
+def test_writers_racing_on_one_table_each_commit_every_row_once(tmp_path: Path) -> None:
+    settings = iceberg_settings(tmp_path)
+    IcebergWriter(settings).table("xid")  # created once, as the first writer would
+    errors: list[BaseException] = []
+    writers = [IcebergWriter(settings) for _ in range(3)]
+
+    def run(partition: int, writer: IcebergWriter) -> None:
+        try:
+            for batch in range(5):
+                xids(writer, partition, range(batch * 20, batch * 20 + 20))
+                writer.flush()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(p, w)) for p, w in enumerate(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sum(w.commits for w in writers) == 15
+    table = writers[0].table("xid")
+    table.refresh()
+    assert committed_offsets(table) == {("fleet.events.xid", p): 100 for p in range(3)}
+    assert count(settings) == 300
+
+
+def test_compaction_merges_a_days_files_keeps_rows_and_offsets_and_expires_snapshots(
+    tmp_path: Path,
+) -> None:
+    settings = iceberg_settings(tmp_path, compact_min_files=3, snapshot_keep_s=0)
+    writer = IcebergWriter(settings)
+    for batch in range(4):  # four appends into day 0, one into day 1
+        xids(writer, 0, range(batch * 10, batch * 10 + 10))
+        writer.flush()
+    xids(writer, 0, range(40, 45), at=T0 + DAY)
+    writer.flush()
+    before = {t.name: t for t in iceberg.status(settings)}["xid"]
+    assert (before.files, before.rows, before.snapshots) == (5, 45, 5)
+    assert (before.oldest_day, before.newest_day) == ("2026-01-01", "2026-01-02")
+
+    report = iceberg.compact(settings, ["xid"], now=datetime.now(UTC) + timedelta(seconds=1))
+    assert (report.partitions, report.files_merged, report.rows) == (1, 4, 40)
+    after = {t.name: t for t in iceberg.status(settings)}["xid"]
+    assert (after.files, after.rows, after.snapshots) == (2, 45, 1)
+    table = writer.table("xid")
+    table.refresh()
+    assert committed_offsets(table) == {("fleet.events.xid", 0): 45}
+    assert count(settings) == 45
+    # offsets survive compaction: a replay from the start adds nothing
+    xids(writer, 0, range(0, 45))
+    writer.flush()
+    assert count(settings) == 45
+
+
+def test_lake_status_and_sql_commands_read_the_iceberg_tables(tmp_path: Path) -> None:
+    settings = build_iceberg_lake(tmp_path)
+    env = {**os.environ, **settings_env(settings)}
+    status = subprocess.run([sys.executable, "-m", "pipeline.cli", "lake", "status"],
+                            env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert status.returncode == 0, status.stderr
+    line = next(line for line in status.stdout.splitlines() if line.startswith("utilization "))
+    assert str(len(fx.utilization())) in line.split()
+    assert "2026-01-01 .. 2026-01-01" in line
+    sql = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "sql", "--format", "csv",
+         "SELECT count(*) AS n FROM findings"],
+        env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert sql.returncode == 0, sql.stderr
+    assert sql.stdout.split() == ["n", str(len(fx.FINDINGS))]
+
+
+def test_the_s3_client_is_told_to_send_checksums_only_when_required() -> None:
+    iceberg.configure_s3_client()
+    assert os.environ["AWS_REQUEST_CHECKSUM_CALCULATION"] in {"WHEN_REQUIRED", "when_required"}
+    assert os.environ["AWS_RESPONSE_CHECKSUM_VALIDATION"] in {"WHEN_REQUIRED", "when_required"}
