@@ -1,17 +1,35 @@
 """Common causes: one check open on a large share of a pool, a zone or the fleet at once is one
 cause (an outage, a driver wave, a partition, an ingest bug), not many node faults. Judged
 here, with its FleetPulseCommonCause alert; pipeline/decide/guard.py's docstring has the rule.
+
+Silence is also judged by onset, whatever the targets' labels: `common_cause_min_targets`
+targets that the guard learned were silent within `ONSET_MS` of each other are one cause (the
+nodes behind one Prometheus server or scrape job, a rack, a partition), even when they are few
+in every pool and zone. Onset windows are fixed, 2 x ONSET_MS long, starting every ONSET_MS, so
+two marks that close always share one and a mark's windows never move; a cause opens only on a
+window no neighbour covers (one alert per outage).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 import msgspec
 
 from pipeline.config import Settings
 from pipeline.decide import alerts
-from pipeline.decide.guard_state import SCOPES, Cause, GuardState, Mark, scope_name, sizes
+from pipeline.decide.guard_state import (
+    ONSET,
+    ONSET_MS,
+    SCOPES,
+    SILENCE,
+    Cause,
+    GuardState,
+    Mark,
+    scope_name,
+    sizes,
+)
 from pipeline.model import Alert
 
 COMMON_CAUSE = "FleetPulseCommonCause"
@@ -26,6 +44,8 @@ def sync_causes(st: GuardState, settings: Settings) -> list[Alert]:
     out: list[Alert] = []
     for check in sorted(st.raised):
         groups = _group(st.raised[check].values())
+        if check == SILENCE:
+            groups |= _onset_groups(st, st.raised[check])
         for (scope, name), marks in sorted(groups.items()):
             size = max(counted.get((scope, name), 0), len(marks))
             recent = sum(1 for mark in marks if st.clock - mark.ts <= window_ms)
@@ -73,6 +93,35 @@ def _group(marks: Iterable[Mark]) -> dict[tuple[str, str], list[Mark]]:
     return groups
 
 
+def onset_names(mark: Mark) -> tuple[str, str]:
+    """The two onset windows a silent target's mark falls in (their start, ISO 8601 UTC)."""
+    k = mark.at // ONSET_MS
+    return _onset_name(k - 1), _onset_name(k)
+
+
+def _onset_name(k: int) -> str:
+    return datetime.fromtimestamp(k * ONSET_MS / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _onset_groups(st: GuardState, marks: dict[str, Mark]) -> dict[tuple[str, str], list[Mark]]:
+    """The onset windows of the silent targets: those no neighbouring window covers (the
+    earlier one wins a tie), and those a cause is already open on."""
+    windows: dict[int, dict[str, Mark]] = {}
+    for key, mark in marks.items():
+        k = mark.at // ONSET_MS
+        windows.setdefault(k - 1, {})[key] = mark
+        windows.setdefault(k, {})[key] = mark
+    groups: dict[tuple[str, str], list[Mark]] = {}
+    for k, members in windows.items():
+        name = _onset_name(k)
+        covered = members.keys() <= windows.get(k - 1, {}).keys() or (
+            members.keys() < windows.get(k + 1, {}).keys()
+        )
+        if not covered or f"{SILENCE}|{ONSET}|{name}" in st.causes:
+            groups[(ONSET, name)] = list(members.values())
+    return groups
+
+
 def _cause_alert(
     cause: Cause, count: int, size: int, now: int, settings: Settings
 ) -> tuple[Cause, list[Alert]]:
@@ -92,13 +141,22 @@ def _cause_alert(
         "common cause, not node faults"
     )
     held = "released by a person" if cause.released else "removals paused beyond canaries"
+    until = (
+        f"until fewer targets keep it open, or `fleetpulse policy release --check {cause.check} "
+        f"--scope {cause.scope}:{cause.name}`"
+    )
+    if cause.scope == ONSET:
+        summary = (
+            f"{count} targets fell silent together (from {cause.name}): one common cause, "
+            "not node faults"
+        )
+        until = "until fewer of them stay silent"
     annotations = {
         "summary": summary,
         "description": (
-            f"{summary}. FleetPulse {held} for this check in this scope until fewer targets "
-            f"keep it open, or `fleetpulse policy release --check {cause.check} --scope "
-            f"{cause.scope}:{cause.name}`. Look for a monitoring outage, a driver or firmware "
-            "wave, a network partition or an ingest bug."
+            f"{summary}. FleetPulse {held} for this check in this scope {until}. Look for a "
+            "monitoring outage (a Prometheus server or scrape job), a driver or firmware wave, "
+            "a network partition or an ingest bug."
         ),
         "targets": str(count),
     }

@@ -138,7 +138,9 @@ def _note_open_checks(st: GuardState, ns: NodeState) -> None:
     for check in open_now:
         marks = st.raised.setdefault(check, {})
         if key not in marks:
-            marks[key] = Mark(pool=pool_of(ns.target), zone=ns.target.zone, ts=ns.ts)
+            marks[key] = Mark(
+                pool=pool_of(ns.target), zone=ns.target.zone, ts=ns.ts, at=st.clock
+            )
     for check in list(st.raised):
         if check == MAINTENANCE_CHECK:
             continue  # a notice, not a check of the node's: the pool's plans keep it (below)
@@ -159,7 +161,9 @@ def _note_proposal(st: GuardState, proposal: Proposal) -> None:
         marks = st.raised.setdefault(check, {})
         if key not in marks:
             target = proposal.target
-            marks[key] = Mark(pool=pool_of(target), zone=target.zone, ts=proposal.ts)
+            marks[key] = Mark(
+                pool=pool_of(target), zone=target.zone, ts=proposal.ts, at=st.clock
+            )
 
 
 def note_maintenance(st: GuardState, pool: str, announced: dict[str, Mark]) -> bool:

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 from pipeline.config import Settings
 from pipeline.decide.caps import cap, maintenance_allowance
+from pipeline.decide.causes import onset_names
 from pipeline.decide.guard_state import (
     FLEET,
+    ONSET,
     SCOPES,
     SILENCE,
     GuardState,
@@ -19,6 +21,7 @@ from pipeline.decide.guard_state import (
     pool_of,
     scope_name,
 )
+from pipeline.decide.health_state import NOT_READY
 from pipeline.decide.verdicts import Hold
 from pipeline.model import Proposal, Target, target_key
 
@@ -121,8 +124,13 @@ class GuardView:
         member = Member(pool=pool_of(target), zone=target.zone)
         admitted = self.admitted if admitted is None else admitted
         checks = checks_of(proposal)
+        if SILENCE in checks and self._not_ready_alone(target_key(target), member):
+            return None  # its own evidence: Kubernetes says it is not Ready, and few others
         held = set()
         for check in checks:
+            if check == SILENCE and self._silent_together(target_key(target)):
+                held.add(check)
+                continue
             canaries = 0 if check == SILENCE else self.settings.policy.common_cause_canaries
             for scope in SCOPES:
                 cause = self.state.causes.get(f"{check}|{scope}|{scope_name(scope, member)}")
@@ -133,6 +141,27 @@ class GuardView:
                     held.add(check)
                     break
         return "common_cause" if held and held == checks else None
+
+
+    def _not_ready_alone(self, key: str, member: Member) -> bool:
+        """Kubernetes reports the target not Ready (the watcher's not_ready), and that is no
+        common cause in its scopes (a partition makes a zone's nodes silent and not Ready)."""
+        if key not in self.state.raised.get(NOT_READY, {}):
+            return False
+        return not any(
+            f"{NOT_READY}|{scope}|{scope_name(scope, member)}" in self.state.causes
+            for scope in SCOPES
+        )
+
+    def _silent_together(self, key: str) -> bool:
+        """Did the target fall silent with others: an onset cause open on one of its windows
+        (causes.py; no canaries, no release: silence of a group shows nothing of a node's)."""
+        mark = self.state.raised.get(SILENCE, {}).get(key)
+        if mark is None:
+            return False
+        return any(
+            f"{SILENCE}|{ONSET}|{name}" in self.state.causes for name in onset_names(mark)
+        )
 
 
 def checks_of(proposal: Proposal) -> set[str]:

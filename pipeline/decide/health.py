@@ -17,7 +17,9 @@ One HealthState per target (a node, or a TPU slice repaired as one unit). Signal
   cordon is proposed while its conditions persist); a drain or repair that did not happen
   stops the ladder: no repair of a node whose pods may still run (a person's turn), unless
   `repair_after_failed_drain` opts in. `repair_requested`, `ready` and `not_ready` are for
-  people and the record: the target stays where it is.
+  people and the record: the target stays where it is (a not_ready is listed among the node
+  state's open checks until its ready, as `node.not_ready`: the guard's evidence of the node's
+  own beside silence).
 - Action: our own action as published by the policy; this is how we learn a proposal was
   carried out. A dry-run action is not carried out: the state does not move, and the proposal
   is re-sent only every `dry_run_reproposal_s` (not every `reproposal_s`), so dry run cannot
@@ -82,8 +84,8 @@ from pipeline.decide import rewind
 from pipeline.decide.health_propose import propose
 from pipeline.decide.health_settle import prune, settle
 from pipeline.decide.health_signals import on_action, on_finding, on_node_event
+from pipeline.decide.health_state import NOT_READY, Logged
 from pipeline.decide.health_state import HealthState as HealthState
-from pipeline.decide.health_state import Logged
 from pipeline.model import (
     HEARTBEAT,
     Action,
@@ -215,7 +217,10 @@ def to_node_state(state: HealthState) -> NodeState:
         human_hold=state.human_hold,
         repairs=len(state.repairs),
         last_action=state.last_action,
-        open_checks=sorted({c.check for c in state.conditions.values()}),
+        open_checks=sorted(
+            {c.check for c in state.conditions.values()}
+            | ({NOT_READY} if state.not_ready else set())
+        ),
     )
 
 

@@ -116,6 +116,8 @@ def on_node_event(st: HealthState, event: NodeEvent) -> None:
             _reset(st)
     elif event.kind == "deleted" and not _our_recreate(st, event):
         _reset(st)
+    elif event.kind in ("ready", "not_ready"):
+        st.not_ready = event.kind == "not_ready"
 
 
 def _our_recreate(st: HealthState, event: NodeEvent) -> bool:

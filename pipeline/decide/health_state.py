@@ -19,6 +19,10 @@ from pipeline.model import (
 )
 
 # Rough strength of a repair, to place a recommendation on a ladder that may lack it.
+# A watcher's not_ready (the node's Ready condition went False or Unknown) until its ready: shown
+# among the node state's open checks, never a condition (it proposes nothing). The guard takes
+# it as the node's own evidence beside silence (guard_view.py).
+NOT_READY = "node.not_ready"
 RANK = {"reset_gpu": 1, "reboot": 2, "repair": 2, "repair_slice": 2, "replace": 3}
 CORDON, DRAIN, REPAIR = 1, 2, 3  # plan levels; 0 = watch only
 # Network-element repairs are for the network team's actuator (fabric localisation): on a
@@ -85,6 +89,7 @@ class HealthState(msgspec.Struct, kw_only=True):
     outstanding: Outstanding | None = None
     past: Past[Logged] | None = None  # while a proposal is in flight (pipeline/decide/rewind.py)
     ahead: list[NodeEvent] = []  # node events more than event_ahead_s ahead of the clock
+    not_ready: bool = False  # a watcher said the node is not Ready (NOT_READY), until ready
 
 
 def is_actionable(cond: Condition) -> bool:

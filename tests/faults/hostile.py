@@ -191,6 +191,13 @@ def in_pool(pool: str) -> Scope:
     return lambda event: getattr(event, "pool", None) == pool
 
 
+def in_nodes(nodes: Iterable[tuple[str, str]]) -> Scope:
+    """The records of these (cluster, node)s: the nodes behind one Prometheus server or scrape
+    job, which share no pool or zone."""
+    chosen = frozenset(nodes)
+    return lambda event: (getattr(event, "cluster", None), getattr(event, "node", None)) in chosen
+
+
 def outage(events: list[Event], start: int, end: int, scope: Scope = everywhere) -> list[Event]:
     """Every GPU node's telemetry (in `scope`) stops between `start` and `end` (a monitoring
     outage: the DCGM, kernel-log and node_exporter scrapes all go through the monitoring that

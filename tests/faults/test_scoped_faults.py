@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from pipeline.model import Event, Finding, GpuSample, Inventory
+from pipeline.model import Event, Finding, GpuSample, Inventory, NodeEvent
 from tests.faults import reliability
 from tests.faults.hostile import (
     MINUTE,
@@ -23,6 +23,7 @@ from tests.faults.hostile import (
     fatal_xid,
     first_samples,
     fleet_settings,
+    in_nodes,
     in_pool,
     in_zone,
     inventory_of,
@@ -61,18 +62,50 @@ def _record(name: str, out: Outcome, **extra: int | str) -> None:
     reliability.record("input", name, out.figures(**{"impossible values": impossible, **extra}))
 
 
-@pytest.mark.parametrize("scope", ["zone", "pool"])
+def _scrape_job(events: list[Event]) -> list[tuple[str, str]]:
+    """Every eighth node (8 of 64): behind one scrape job, at most 2 in any pool or zone."""
+    return sorted(first_samples(events))[3::8]
+
+
+@pytest.mark.parametrize("scope", ["zone", "pool", "scrape job"])
 def test_an_outage_of_one_scope_removes_nothing(
     fleet: tuple[list[Event], list[Inventory]], scope: str
 ) -> None:
     events, inventory = fleet
     zone, pool = _scopes(inventory)
-    where = in_zone(zone) if scope == "zone" else in_pool(pool)
+    job = _scrape_job(events)
+    where = {"zone": in_zone(zone), "pool": in_pool(pool)}.get(scope) or in_nodes(job)
     out = run(outage(events, _t(10), _t(25), where), inventory)
     assert out.removals == [], [(a.target.name, a.reason.checks) for a in out.removals]
     assert out.lost == 0
-    name = zone if scope == "zone" else pool
+    name = {"zone": zone, "pool": pool}.get(scope) or f"{len(job)} nodes, no pool or zone"
     _record(f"monitoring outage of one {scope} ({name}): its telemetry stops 15 min", out)
+
+
+def test_one_scrape_job_reading_zero_removes_nothing(
+    fleet: tuple[list[Event], list[Inventory]],
+) -> None:
+    events, inventory = fleet
+    job = _scrape_job(events)
+    out = run(zeroed(events, _t(10), _t(25), in_nodes(job)), inventory)
+    assert out.removals == [], [(a.target.name, a.reason.checks) for a in out.removals]
+    assert out.runtime.counts["impossible_values"] > 0
+    _record(f"one scrape job ({len(job)} nodes, no pool or zone) reads 0 for 15 min", out)
+
+
+def test_a_node_dead_alone_beside_a_scrape_job_outage_is_still_removed(
+    fleet: tuple[list[Event], list[Inventory]],
+) -> None:
+    """The node that dies on its own, minutes after a scrape job went dark, fell silent with
+    no one: its silence is its own."""
+    events, inventory = fleet
+    job = _scrape_job(events)
+    dead = sorted(first_samples(events))[4]
+    assert dead not in job
+    dark = outage(events, _t(10), _t(25), in_nodes(job))
+    out = run(outage(dark, _t(16), _t(99), in_nodes([dead])), inventory)
+    assert [a.target.name for a in out.removals] == [dead[1]]
+    _record("one scrape job dark 15 min, a node outside it dead 6 min later", out)
 
 
 def test_one_zone_reading_zero_removes_nothing_and_is_counted(
@@ -116,6 +149,25 @@ def test_a_real_fault_beside_a_zone_outage_is_still_removed(
     out = run(merge(dark, [fatal_xid(elsewhere, _t(15))]), inventory)
     assert [a.target.name for a in out.removals] == [elsewhere.node]
     _record(f"one zone ({zone}) dark 15 min, a fatal XID on a node elsewhere", out)
+
+
+def test_a_node_dead_inside_a_zone_outage_is_removed_on_kubernetes_not_ready(
+    fleet: tuple[list[Event], list[Inventory]],
+) -> None:
+    """Kubernetes says one node of the dark zone is not Ready: its own evidence beside the
+    zone's silence. Its peers, silent with it but Ready, stay."""
+    events, inventory = fleet
+    zone, _ = _scopes(inventory)
+    dead = next(s for s in first_samples(events).values() if s.zone == zone)
+    dark = outage(events, _t(10), _t(25), in_zone(zone))
+    gone = outage(dark, _t(12), _t(99), in_nodes([(dead.cluster, dead.node)]))
+    not_ready = NodeEvent(
+        ts=_t(13), cluster=dead.cluster, target_kind="node", target=dead.node, pool=dead.pool,
+        zone=dead.zone, kind="not_ready", actor="kubernetes", reason="Ready condition changed",
+    )
+    out = run(merge(gone, [not_ready]), inventory)
+    assert [a.target.name for a in out.removals] == [dead.node]
+    _record(f"one zone ({zone}) dark 15 min, one of its nodes dead and not Ready", out)
 
 
 _node = st.integers(0, 23)
