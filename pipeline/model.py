@@ -1012,8 +1012,11 @@ class Alert(Event, frozen=True, kw_only=True, tag_field="schema", tag="alert/1")
     ] = ""
 
 
-class Utilization(Event, frozen=True, kw_only=True, tag_field="schema", tag="utilization/1"):
-    """One device over one event-time window (fleet.utilization, key = node/slice)."""
+class Utilization(Event, frozen=True, kw_only=True, tag_field="schema", tag="utilization/2"):
+    """One device over one event-time window (fleet.utilization, key = node/slice).
+
+    v2: `step_compute_s`, the job's per-rank step compute time on the device over the window
+    (from gpu_sample/3). A utilization/1 value is still read, as a v2 without it."""
 
     window_start: Annotated[TimestampMs, Meta(description="Window start, Unix epoch ms.")]
     window_s: Annotated[int, Meta(ge=1, le=86_400, description="Window length, seconds.")]
@@ -1033,6 +1036,14 @@ class Utilization(Event, frozen=True, kw_only=True, tag_field="schema", tag="uti
     ]
     power_w_mean: Annotated[float | None, Meta(description="Mean power draw, watts.")] = None
     samples: Annotated[int, Meta(ge=1, description="Samples in the window.")]
+    step_compute_s: Annotated[
+        Annotated[float, Meta(ge=0, le=86_400)] | None,
+        Meta(
+            description="Mean over the window of the seconds the job's rank on this device "
+            "spent computing its latest step (gpu_sample/3 step_compute_s); null when the job "
+            "publishes none.",
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         NAMES.check(self, "cluster", "pool", "zone", "node", "slice", "job")

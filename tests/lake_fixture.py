@@ -8,6 +8,8 @@ Four hours from T0 of one-minute windows:
 - pool `tpu`, zone `z-b`: slice s1 (v5litepod-4) on hosts h0, h1 with two chips each, allocated,
   at TPU_BUSY %.
 
+The training jobs publish step times: STEP_S per rank on g1 and g2 (none on the others).
+
 Health: g1 fails twice (episodes e1 at T0+1h, e2 at T0+3h, still degraded at the end); slice s1
 is cordoned from T0+1h to T0+1h30 (episode s-e1). XIDs: g1 has XID 79 twice in hour 1; g3 has
 XID 13 three times in hour 2. Findings, actions, alerts and capacity events are listed below.
@@ -57,6 +59,10 @@ UNITS = [
 ]
 
 
+# the training jobs publish their step time (job_step_compute_seconds): seconds per rank
+STEP_S = {"g1": 0.5, "g2": 0.25}
+
+
 def util_of(node: str, device: str) -> float:
     if node == "g3":
         return 0.0
@@ -76,7 +82,8 @@ def utilization() -> list[Utilization]:
                     zone=zone, node=node, slice=slice_, device=device, accelerator=accelerator,
                     job=f"job-{node}" if allocated else None, allocated=allocated,
                     util_mean=util, util_max=min(util + 10, 100.0), mem_used_frac=0.5,
-                    power_w_mean=None if slice_ else 300.0, samples=4))
+                    power_w_mean=None if slice_ else 300.0, samples=4,
+                    step_compute_s=STEP_S.get(node)))
     return rows
 
 

@@ -148,7 +148,7 @@ UTILIZATION = TableSpec(
     name="utilization",
     topic_suffix="utilization",
     event=Utilization,
-    version=1,
+    version=2,  # v2: step_compute_s (utilization/2); NULL in v1 files
     time=attrgetter("window_start"),
     columns=columns_of(Utilization, time="window_start", int32=("samples",)),
     key=("window_start", "window_s", "cluster", "node", "slice", "device"),

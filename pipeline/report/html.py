@@ -116,7 +116,8 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
         _figure("capacity_time", "Healthy free devices over time, per region and accelerator "
                 "type (free at some point in each bucket, not out of service at its end)",
                 free_over_time_chart(run("capacity_timeline"), since, until)),
-        _table("Accelerator types compared (cost per useful device-hour and bf16 PFLOP-hour)",
+        _table("Accelerator types compared (cost per useful device-hour, per useful bf16 "
+               "PFLOP-hour, and per job step where jobs publish step times)",
                run("accelerator_roi")),
         _table("Reservations", run("reservations")),
         _table("Quota outlook (usage trend over the window)", run("quota_outlook")),

@@ -46,6 +46,8 @@ class DeviceWindow(msgspec.Struct, kw_only=True, gc=False):
     mem_n: int
     power_sum: float
     power_n: int
+    step_sum: float = 0.0  # the job's per-rank step compute time (gpu_sample/3), summed
+    step_n: int = 0
 
 
 class WindowState(msgspec.Struct, kw_only=True):
@@ -125,10 +127,14 @@ def _add_gpus(opened: dict[str, DeviceWindow], prefix: str, start: int, sample: 
         key = prefix + device
         acc = opened.get(key)
         if acc is None:
-            opened[key] = _opened(start, sample, device, gpu.model, gpu.job, util, mem,
-                                  metrics.get(GPU_POWER))
+            acc = opened[key] = _opened(start, sample, device, gpu.model, gpu.job, util, mem,
+                                        metrics.get(GPU_POWER))
         else:
             _accumulate(acc, gpu.job, util, mem, metrics.get(GPU_POWER))
+        step = gpu.step_compute_s
+        if step is not None:
+            acc.step_sum += step
+            acc.step_n += 1
     return no_util
 
 
@@ -242,4 +248,5 @@ def _row(acc: DeviceWindow, window_s: int) -> Utilization:
         mem_used_frac=acc.mem_sum / acc.mem_n if acc.mem_n else 0.0,
         power_w_mean=acc.power_sum / acc.power_n if acc.power_n else None,
         samples=acc.samples,
+        step_compute_s=acc.step_sum / acc.step_n if acc.step_n else None,
     )

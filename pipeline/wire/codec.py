@@ -39,6 +39,7 @@ from pipeline.model import (
     PeerSample,
     Proposal,
     TpuSample,
+    Utilization,
     XidEventV1,
 )
 
@@ -92,10 +93,14 @@ class FabricSampleV1(FabricSample, frozen=True, kw_only=True, tag="fabric_sample
     """fabric_sample/1: ports without `saturated` and no "unknown" link layer (v2 adds both)."""
 
 
+class UtilizationV1(Utilization, frozen=True, kw_only=True, tag="utilization/1"):
+    """utilization/1: no `step_compute_s` (v2 adds it; an upgraded row has null)."""
+
+
 # earlier versions still read, each upgraded to the current value on decode (`upgraded`)
 OLDER: tuple[type[Event], ...] = (
     GpuSampleV2, XidEventV1, ActionV2, ProposalV2, FindingV1, NodeEventV1, NodeStateV1,
-    DeadLetterV1, FabricSampleV1,
+    DeadLetterV1, FabricSampleV1, UtilizationV1,
 )  # fmt: skip
 
 

@@ -55,6 +55,8 @@ def test_the_capacity_section_renders_every_part(tmp_path: Path) -> None:
     assert "nvidia-a100-80gb in z" in crunch and "2 healthy free devices" in crunch
     roi = section(dom, "accelerator-types-compared")
     assert roi.index("tpu-v5e") < roi.index("nvidia-h100-80gb")
+    # the H100 jobs' step time (0.375 s a rank) and the cost of 1000 of their steps
+    assert ">USD per 1000 job steps<" in roi and ">0.38<" in roi
     back = re.sub(r"<td[^>]*>", "<td>", section(dom, "time-back-in-service"))
     assert "<td>tpu</td><td>cordoned</td><td>1</td><td>30.0</td>" in back
     assert ">none<" in section(dom, "reservations")  # the fixture reserves nothing

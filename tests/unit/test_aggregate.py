@@ -68,6 +68,20 @@ def test_gpu_window_mean_max_memory_power_and_allocation() -> None:
     assert list(state.open) == [f"{T0 + 60_000}/n1/0", f"{T0 + 60_000}/n1/1"]
 
 
+def test_step_compute_time_is_the_window_mean_of_the_readings_that_carry_one() -> None:
+    def with_steps(ts: int, steps: list[float | None]) -> GpuSample:
+        sample = gpu_sample(ts, [50.0] * len(steps))
+        gpus = [msgspec.structs.replace(g, step_compute_s=s) for g, s in zip(sample.gpus, steps,
+                                                                            strict=True)]
+        return msgspec.structs.replace(sample, gpus=gpus)
+
+    _, rows = run([with_steps(T0 + 1_000, [0.4, None]), with_steps(T0 + 16_000, [0.6, None]),
+                   with_steps(T0 + 31_000, [None, None]),  # a scrape the job published none in
+                   with_steps(T0 + 60_000 + 30_000, [1.0, None])])
+    assert [(r.device, r.step_compute_s) for r in rows] == [("0", pytest.approx(0.5)), ("1", None)]
+    assert decode(encode(rows[0]), Utilization) == rows[0]
+
+
 def test_window_stays_open_until_the_grace_period_has_passed() -> None:
     _, rows = run([gpu_sample(T0, [10.0]), gpu_sample(T0 + 60_000 + 29_999, [10.0])])
     assert rows == []

@@ -58,6 +58,18 @@ def test_accelerator_roi_compares_types_per_useful_pflop_hour(lake: Path) -> Non
     assert next(iter(rows)) == "tpu-v5e"  # cheapest useful compute first
 
 
+def test_accelerator_roi_costs_a_job_step_where_jobs_publish_step_times(lake: Path) -> None:
+    rows = {r["accelerator_type"]: r for r in run(lake, "accelerator_roi")}
+    h100 = rows["nvidia-h100-80gb"]
+    # job-g1: 2 ranks x 0.5 s, job-g2: 2 x 0.25 s a step: 0.75 device-seconds a job step
+    # on average, at the H100's list price; a rank computes 0.375 s a step
+    price = float(str(h100["usd_per_hour"]))
+    assert h100["step_s"] == 0.375
+    assert h100["usd_per_1000_job_steps"] == round(1000 * 0.75 * price / 3600, 4)
+    assert rows["tpu-v5e"]["step_s"] is None and rows["tpu-v5e"]["usd_per_1000_job_steps"] is None
+    assert rows["nvidia-a100-80gb"]["usd_per_1000_job_steps"] is None  # no job there
+
+
 def test_time_back_in_service_per_stage_and_end_to_end(lake: Path) -> None:
     rows = {(r["pool"], r["stage"]): r for r in run(lake, "time_back_in_service")}
     slice_out = rows[("tpu", "out of service (end to end)")]

@@ -104,9 +104,9 @@ def test_the_worker_s_utilization_batches_are_its_rows(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("bad", "says"),
     [
-        (lambda raw: raw.replace(b'"schema":"utilization/1",', b""), "$.schema"),
+        (lambda raw: raw.replace(b'"schema":"utilization/2",', b""), "$.schema"),
         (lambda raw: raw.replace(b'"samples":', b'"samples":-'), "$.samples"),
-        (lambda raw: encode(fx.XIDS[0]), "$.schema: expected 'utilization/1'"),
+        (lambda raw: encode(fx.XIDS[0]), "$.schema: expected 'utilization/2'"),
     ],
 )
 def test_one_bad_row_in_a_utilization_batch_is_named_and_the_others_kept(

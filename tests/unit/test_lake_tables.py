@@ -14,13 +14,13 @@ from pipeline.model import Action, Event
 # name -> (version, "column:arrow type" in order), as the lake wrote them before the derivation
 WRITTEN: dict[str, tuple[int, tuple[str, ...]]] = {
     "utilization": (
-        1,
+        2,
         (
             "window_start:timestamp[ms]", "window_s:int32", "cluster:string",
             "pool:string", "zone:string", "node:string", "slice:string",
             "device:string", "accelerator:string", "job:string", "allocated:bool",
             "util_mean:double", "util_max:double", "mem_used_frac:double",
-            "power_w_mean:double", "samples:int32", "schema:string",
+            "power_w_mean:double", "samples:int32", "step_compute_s:double", "schema:string",
         ),
     ),
     "findings": (
