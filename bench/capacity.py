@@ -18,6 +18,15 @@ folded row by row; then one publish (snapshots, crunch, advice) of the whole fle
 of a worker: utilization rows/s the worker makes at its measured embedded throughput
 (bench/results/throughput.json: GPU samples/s, 4 per row at 15 s scrapes into 60 s windows)
 over the fold's rows/s.
+
+Stage cost: the default simulated fleet (bench/throughput.py's, 64 GPU nodes and 4 TPU slices,
+10 min; 5 min with --quick) fed as encoded records through the embedded runtime twice in each
+round, with every stage and with the stage table less the capacity stage, rounds interleaved so
+both see the same machine; records/s of each and their ratio. Without the capacity stage the
+other stages still hand it their outputs (utilization rows, node states, capacity events),
+which the runtime drops: the ratio is the capacity stage's own cost (its fold, timer, snapshots,
+advice, alerts). Through Kafka each utilization row is also written a second time, to
+`capacity-input`: the encoding of those rows is timed on its own, as a share of the run.
 """
 
 from __future__ import annotations
@@ -26,12 +35,14 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import ROOT, write_result
+from bench.common import ROOT, measure, timing, write_result
+from pipeline import docs_markers
 from pipeline.capacity import view
 from pipeline.capacity.forecast import ForecastRules, QuotaPoint, forecast
 from pipeline.capacity.prices import catalog_book
@@ -39,6 +50,7 @@ from pipeline.capacity.state import CapacityState, fold
 from pipeline.config import CapacitySettings
 from pipeline.model import Inventory, Utilization
 
+DOCS_MARKER = "capacity-stage-cost"  # docs/capacity.md's generated paragraph
 LIMIT = 512.0
 STEP_MS = 300_000
 HOUR_MS = 3_600_000
@@ -153,6 +165,99 @@ def fold_cost(nodes: int) -> dict[str, Any]:
             "fold_share_of_worker_at_full_rate": share}  # fmt: skip
 
 
+def stage_cost(quick: bool) -> dict[str, Any]:
+    """The embedded runtime with and without the capacity stage, on the same records."""
+    from bench import broker
+    from bench.throughput import fleet
+    from pipeline.runtime.embedded import EmbeddedRuntime
+    from pipeline.sim.engine import Simulation
+    from pipeline.stages import topology
+    from pipeline.wire import codec
+
+    settings = broker.bench_settings("capacity")
+    events = list(Simulation(fleet(quick)).events())
+    batch = broker.records(settings, events)
+    prefix = settings.kafka.topic_prefix + "."
+    work = [(r.topic.removeprefix(prefix), r.value, r.key, r.content_type) for r in batch]
+    without = tuple(stage for stage in topology.STAGES if stage.name != "capacity")
+    outputs: dict[str, list[Any]] = {}
+
+    def run(stages: tuple[Any, ...], keep: bool) -> Callable[[], None]:
+        def feed() -> None:
+            emitted: dict[str, list[Any]] = {}
+            runtime = EmbeddedRuntime(
+                settings, (lambda topic, event: emitted.setdefault(topic, []).append(event))
+                if keep else None, stages=stages)  # fmt: skip
+            for offset, (suffix, value, key, content_type) in enumerate(work):
+                runtime.feed_raw(suffix, value, offset, key, content_type)
+            runtime.finish()
+            if keep:
+                outputs.update(emitted)
+        return feed
+
+    run(topology.STAGES, keep=True)()  # warm up, and count what it publishes
+    rounds = 3 if quick else 5
+    with_runs, without_runs = [], []
+    for _ in range(rounds):
+        with_runs.append(measure(run(topology.STAGES, keep=False), 1))
+        without_runs.append(measure(run(without, keep=False), 1))
+    with_all = timing([(t.wall_s, t.cpu_s) for t in with_runs])
+    no_capacity = timing([(t.wall_s, t.cpu_s) for t in without_runs])
+    rows = outputs.get("utilization", [])
+    encode = measure(lambda: [codec.encode(row) for row in rows], rounds)
+    return {
+        "records": len(work), "utilization_rows": len(rows),
+        "snapshots": len(outputs.get("capacity", [])),
+        "advice": len(outputs.get("capacity.advice", [])),
+        "with_capacity": {**with_all.summary(), "records_per_s": round(len(work) / with_all.wall_s),
+                          "records_per_cpu_s": round(len(work) / with_all.cpu_s)},
+        "without_capacity": {**no_capacity.summary(),
+                             "records_per_s": round(len(work) / no_capacity.wall_s),
+                             "records_per_cpu_s": round(len(work) / no_capacity.cpu_s)},
+        # CPU seconds with the stage over without it, in the same rounds; the runs' spread
+        # ((max - min) / median of each side's CPU seconds, the larger): the ratio's noise
+        "cpu_ratio": round(with_all.cpu_s / no_capacity.cpu_s, 3),
+        "cpu_spread": round(max(_spread(with_all.runs_cpu_s), _spread(no_capacity.runs_cpu_s)), 3),
+        "throughput_ratio": round(no_capacity.wall_s / with_all.wall_s, 3),
+        # encoding every utilization row once more (the worker's second write), over the run
+        "second_write_encode_cpu_s": round(encode.cpu_s, 4),
+        "second_write_encode_share": round(encode.cpu_s / with_all.cpu_s, 4),
+    }  # fmt: skip
+
+
+def _spread(values: list[float]) -> float:
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def stage_cost_words(figures: dict[str, Any], settings: dict[str, Any], machine: dict[str, Any],
+                     ) -> str:  # fmt: skip
+    """The docs' paragraph of the stage cost, from a result file's parts."""
+    cost = figures["stage_cost"]
+    extra = round(100 * (cost["cpu_ratio"] - 1), 1)
+    spread = round(100 * cost["cpu_spread"], 1)
+    verdict = (f"within the runs' spread of {spread} %, so not measurable here"
+               if abs(extra) <= spread else f"beyond the runs' spread of {spread} %")
+    return (
+        f"- The capacity stage in the embedded runtime ({cost['records']:,} records of the "
+        f"default simulated fleet, {cost['utilization_rows']:,} utilization rows, "
+        f"{cost['snapshots']:,} snapshots): {cost['with_capacity']['records_per_s']:,} "
+        f"records/s with it, {cost['without_capacity']['records_per_s']:,} without, in the same "
+        f"run. CPU ratio with / without {cost['cpu_ratio']} ({extra:+} %: {verdict}); "
+        f"throughput ratio {cost['throughput_ratio']} (wall time, noisier on a shared machine)."
+        f" Encoding each utilization row a second time, as the "
+        f"worker's write to `capacity-input` does, is {100 * cost['second_write_encode_share']:.1f}"
+        f" % of the run's CPU. (`python -m bench --only capacity`"
+        f"{' --quick' if settings.get('quick') else ''}, {machine.get('date')}, "
+        f"{machine.get('cores')} cores, commit {machine.get('commit')}.)"
+    )
+
+
+def _write_docs(path: Path) -> None:
+    body = json.loads(path.read_text())
+    words = stage_cost_words(body["figures"], body["settings"], body["machine"])
+    docs_markers.rewrite_section(ROOT / "docs" / "capacity.md", DOCS_MARKER, words)
+
+
 def _worker_samples_per_s() -> float | None:
     path = ROOT / "bench" / "results" / "throughput.json"
     if not path.exists():
@@ -174,11 +279,12 @@ def main(argv: list[str] | None = None) -> None:
     series, nodes = (5, 100) if args.quick else (40, 1000)
     scenarios = ramps(series)
     figures = {"ramps": scenarios, "false_alarms": false_alarms(series),
-               "fold": fold_cost(nodes)}  # fmt: skip
+               "fold": fold_cost(nodes), "stage_cost": stage_cost(args.quick)}  # fmt: skip
     path = write_result("capacity", figures, {"quick": args.quick, "series": series,
                                               "nodes": nodes})  # fmt: skip
     print(json.dumps(figures, indent=2))
     print(f"written: {path}")
+    _write_docs(path)
     lead = [r["lead_min_p50"] for r in scenarios if r["lead_min_p50"] is not None]
     if lead:
         print(f"median lead time over scenarios: {statistics.median(lead):.0f} min")
