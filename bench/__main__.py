@@ -98,6 +98,13 @@ def _compression(quick: bool) -> Any:
     return bench_compression.main(["--nodes", "16", "--minutes", "2"] if quick else [])
 
 
+def _sizing(quick: bool) -> Any:
+    """Full runs only (~1 min): a quick one would replace the measured sizes with noisier ones."""
+    from bench import sizing
+
+    return None if quick else sizing.main([])
+
+
 def _prometheus(quick: bool) -> Any:
     from bench import bench_prometheus
 
@@ -117,6 +124,7 @@ BENCHMARKS: dict[str, Runner] = {
     "capacity": _capacity,
     "compression": _compression,
     "prometheus": _prometheus,
+    "sizing": _sizing,  # after scaling: docs/sizing.md's workers come from its 1-worker run
 }
 # write one result file whatever the mode: a quick pass would overwrite their full figures
 FULL_ONLY = summary.WITHOUT_QUICK
@@ -179,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.quick or args.no_readme):
         changed = summary.write_readme()
         console.print(f"{summary.README.name}: generated sections "
+                      f"{'rewritten' if changed else 'unchanged'}")
+        from bench import sizing_doc
+
+        changed = sizing_doc.write()
+        console.print(f"{sizing_doc.DOC.name}: generated sections "
                       f"{'rewritten' if changed else 'unchanged'}")
     if failed:
         console.print(f"[red]failed: {', '.join(failed)}[/]")
