@@ -52,17 +52,17 @@ def _handle(args: argparse.Namespace, settings: Settings) -> int:
         if until is None:
             print("fleetpulse: the lake holds no data yet", file=sys.stderr)
             return 1
-        found = lake_snapshots(lake, until, settings.capacity)
-    shown = found.snapshots
+        seen = lake_snapshots(lake, until, settings.capacity)
+    shown = seen.snapshots
     if args.accelerator_type:
         shown = [s for s in shown if s.accelerator_type == args.accelerator_type]
     if args.json:
         for snapshot in shown:
             sys.stdout.write(msgspec.json.encode(snapshot).decode() + "\n")
-        print(f"fleetpulse: capacity {found.words()}", file=sys.stderr)
+        print(f"fleetpulse: capacity {seen.words()}", file=sys.stderr)
         return 0
     write_table(shown, sys.stdout)
-    print(f"\nCapacity {found.words()}.")
+    print(f"\nCapacity {seen.words()}.")
     for found in crunch.crunches(shown, settings.capacity, equivalents):
         notes = crunch.alert_annotations(found)
         print(f"\n{crunch.ALERTNAME} {found.scope}: {notes['description']}")
