@@ -40,6 +40,7 @@ from pipeline.schemas_tool import SCHEMA_DIR, file_name
 from pipeline.wire.admin import create_topics as create_kafka_topics
 from pipeline.wire.batches import BATCH_HEADER
 from pipeline.wire.codec import decode, encode
+from pipeline.wire.internal import CAPACITY_INPUT
 from pipeline.wire.topics import TOPICS, record_key, topic_name
 from streams.app import app_id
 from streams.context import INTERNAL_TOPICS
@@ -163,10 +164,6 @@ def _check_letters(
 # --- the worker ---------------------------------------------------------------------------
 
 
-# FAILING since this stop's capacity stage and batching (issue 36/37 closing note): the worker
-# does not reach the embedded runtime's dead letters, actions and findings within 240 s. In
-# `make faults` until fixed; the first thing to fix next.
-@pytest.mark.slow
 def test_the_worker_dead_letters_every_poison_and_decides_as_without_them(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -211,8 +208,11 @@ def test_the_worker_dead_letters_every_poison_and_decides_as_without_them(
         kafka_producer.flush()
         valid_at = {(f.get(60).topic, f.get(60).partition, f.get(60).offset) for f in futures}
         kafka_producer.close()
+        # a tombstone is a value on the inventory and on the capacity stage's input (a member
+        # left): skipped and counted, not a dead letter
+        takes_tombstones = {topic_name(kafka, "inventory"), f"{app_id(settings)}-{CAPACITY_INPUT}"}
         inventory_tombstone = {
-            at for at, kind in sent.items() if kind == "tombstone" and at[0].endswith(".inventory")
+            at for at, kind in sent.items() if kind == "tombstone" and at[0] in takes_tombstones
         }
         to_letter = set(sent) - inventory_tombstone
         poisoned = set(sent)
@@ -223,13 +223,28 @@ def test_the_worker_dead_letters_every_poison_and_decides_as_without_them(
         def findings() -> list[Finding]:
             return _outputs(reader, outputs[1], Finding, poisoned)
 
-        reader.until(
-            lambda: to_letter <= _letters(reader, outputs[2]).keys()
-            and want_actions <= {a.action_id for a in actions()}
-            and want_findings <= {f.finding_id for f in findings()},
-            240,
-            "a dead letter for every poison, the embedded runtime's actions and findings",
-        )
+        try:
+            reader.until(
+                lambda: to_letter <= _letters(reader, outputs[2]).keys()
+                and want_actions <= {a.action_id for a in actions()}
+                and want_findings <= {f.finding_id for f in findings()},
+                240,
+                "a dead letter for every poison, the embedded runtime's actions and findings",
+            )
+        except AssertionError as exc:  # say what is missing, not only how much came
+            letters_now = _letters(reader, outputs[2]).keys()
+            unlettered = sorted((at, sent[at]) for at in to_letter - letters_now)
+            no_action = want_actions - {a.action_id for a in actions()}
+            no_finding = want_findings - {f.finding_id for f in findings()}
+            missing = [
+                f"{f.check} {f.entity}"
+                for f in expected["findings"]
+                if isinstance(f, Finding) and f.finding_id in no_finding
+            ]
+            raise AssertionError(
+                f"{exc}; poisons without a letter: {unlettered[:20]}; "
+                f"{len(no_action)} actions and {len(no_finding)} findings missing: {missing[:20]}"
+            ) from None
         time.sleep(3)  # anything more would come now
         reader.poll()
         # the topics only we write to (findings and actions are the worker's outputs too)
@@ -237,6 +252,7 @@ def test_the_worker_dead_letters_every_poison_and_decides_as_without_them(
         pattern = "|".join(re.escape(f'topic="{t}"') for t in ours)
         consumed = metric_sum(port, "fleetpulse_worker_records_in_total", pattern)
         tombstones = metric_sum(port, "fleetpulse_worker_tombstones_total", "inventory")
+        capacity_tombstones = metric_sum(port, "fleetpulse_worker_tombstones_total", CAPACITY_INPUT)
         errors = metric_sum(port, "fleetpulse_worker_errors_total", "agent=")
         elapsed = time.monotonic() - started
     finally:
@@ -245,7 +261,7 @@ def test_the_worker_dead_letters_every_poison_and_decides_as_without_them(
     assert code == 0, worker.tail()  # it ran throughout: a crash would have ended the waits
     letters = _letters(reader, outputs[2])
     _check_letters(letters, sent, inventory_tombstone)
-    assert tombstones == 1 and errors == 0
+    assert tombstones == 1 and capacity_tombstones >= 1 and errors == 0
     # valid records: none dead-lettered but those the embedded runtime refuses too
     embedded_letters = Counter(d.error for d in expected.get("dlq", []) if isinstance(d, DeadLetter))
     assert Counter(d.error for at, d in letters.items() if at not in sent) == embedded_letters
