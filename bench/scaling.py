@@ -99,6 +99,13 @@ def split(events: list[Event], start_ms: int, measured_s: int) -> tuple[list[Eve
     return main, [ticks[t] for t in sorted(ticks)]
 
 
+def covers(owned: list[set[int]]) -> bool:
+    """Each worker owns some partitions, and together they own every partition exactly once
+    (a worker's stale line from before a rebalance makes a partition owned twice)."""
+    return (all(owned) and sum(map(len, owned)) == PARTITIONS
+            and set().union(*owned) == set(range(PARTITIONS)))
+
+
 class Group:
     """N workers of one consumer group on the private topics of `settings`."""
 
@@ -129,8 +136,7 @@ class Group:
             if worker.output().rfind("fleetpulse worker: assigned") < marks.get(id(worker), 0):
                 return False
             owned.append(worker.assignment().get(topic, set()))
-        return (all(owned) and sum(map(len, owned)) == PARTITIONS
-                and set().union(*owned) == set(range(PARTITIONS)))
+        return covers(owned)
 
     def committed(self, ends: dict[TopicPartition, int]) -> bool:
         offsets = self.admin.list_group_offsets(self.group).get(self.group, {})
