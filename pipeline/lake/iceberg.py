@@ -86,13 +86,40 @@ def catalog_properties(settings: LakeSettings) -> dict[str, str]:
 def open_catalog(settings: LakeSettings) -> Any:
     """The SQL catalog (its tables are created on first use, by `table`)."""
     from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
     if not settings.uri:
         raise SinkError("lake: lake.uri is empty: the lake is the local Parquet one")
     configure_s3_client()
     catalog = SqlCatalog("fleetpulse", **catalog_properties(settings))
-    catalog.create_namespace_if_not_exists(settings.namespace)
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            catalog.create_namespace_if_not_exists(settings.namespace)
+            break
+        except NamespaceAlreadyExistsError:  # another process made it between check and create
+            break
+        except _catalog_busy() as exc:
+            _pause(attempt, "creating the namespace", exc)
     return catalog
+
+
+def _catalog_busy() -> tuple[type[BaseException], ...]:
+    """What a commit another writer got in first raises: pyiceberg's conflict, or the SQL
+    catalog's database locked by another writer's transaction (SQLite)."""
+    from pyiceberg.exceptions import CommitFailedException
+    from sqlalchemy.exc import OperationalError
+
+    return (CommitFailedException, OperationalError)
+
+
+def _pause(attempt: int, what: str, exc: BaseException) -> None:
+    log.info("lake: %s: lost to another writer (%s); trying again", what, _first_line(exc))
+    time.sleep(min(0.05 * 2**attempt, 2.0))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def s3_filesystem(settings: LakeSettings, *, create_buckets: bool = False) -> pafs.S3FileSystem:
@@ -252,8 +279,15 @@ class IcebergWriter:
 
     def table(self, name: str) -> Any:
         found = self._tables.get(name)
-        if found is None:
-            found = self._tables[name] = table(self.catalog, self.settings, TABLES[name])
+        attempt = 0
+        while found is None:
+            try:
+                found = self._tables[name] = table(self.catalog, self.settings, TABLES[name])
+            except _catalog_busy() as exc:  # writers starting together create the same tables
+                if attempt == COMMIT_ATTEMPTS - 1:
+                    raise SinkError(f"lake: cannot create table {name}: {exc}") from exc
+                _pause(attempt, f"creating {name}", exc)
+                attempt += 1
         return found
 
     def committed(self) -> Positions:
@@ -281,15 +315,17 @@ class IcebergWriter:
         return positions
 
     def _commit(self, name: str, chunks: list[tuple[str, int, _Chunk]]) -> None:
-        from pyiceberg.exceptions import CommitFailedException
-
         spec = TABLES[name]
         converted = [(topic, partition, np.asarray(chunk.offsets, dtype=np.int64),
                       spec.to_arrow(chunk.events).cast(arrow_schema(spec)))
                      for topic, partition, chunk in chunks]
         found = self.table(name)
         for attempt in range(COMMIT_ATTEMPTS):
-            found.refresh()
+            try:
+                found.refresh()
+            except _catalog_busy() as exc:
+                _pause(attempt, f"reading {name}", exc)
+                continue
             held = committed_offsets(found)
             parts, dropped = [], 0
             offsets = dict(held)
@@ -306,10 +342,9 @@ class IcebergWriter:
             rows = pa.concat_tables(parts)
             try:
                 found.append(rows, snapshot_properties={OFFSETS_KEY: encode_offsets(offsets)})
-            except CommitFailedException as exc:
+            except _catalog_busy() as exc:  # the retry reads the offsets again: never twice
                 self.commit_conflicts += 1
-                log.info("lake: %s: commit conflict (%s); retrying on the new snapshot", name, exc)
-                time.sleep(min(0.05 * 2**attempt, 2.0))
+                _pause(attempt, f"committing {name}", exc)
                 continue
             except OSError as exc:
                 raise SinkError(f"lake: cannot write table {name}: {exc}") from exc
@@ -422,8 +457,6 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
     overwrite of those rows (the offsets carried forward), then expire snapshots older than
     lake.snapshot_keep_s (the current one is always kept). A writer's commit in between makes
     ours fail: the partition is read again and retried."""
-    from pyiceberg.exceptions import CommitFailedException
-
     catalog = open_catalog(settings)
     filesystem = s3_filesystem(settings)
     report = CompactReport()
@@ -455,7 +488,7 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
             offsets = {OFFSETS_KEY: encode_offsets(committed_offsets(found))}
             try:
                 found.overwrite(rows, overwrite_filter=where, snapshot_properties=offsets)
-            except CommitFailedException:
+            except _catalog_busy():
                 conflicts += 1
                 report.conflicts += 1
                 continue
