@@ -57,6 +57,9 @@ cmd_build() {
   [[ -x "$APISERVER" ]] && { log "kube-apiserver $KUBE_VERSION cached at $APISERVER"; return 0; }
   [[ -x "$GO" ]] || die "go not found: install Go >= 1.24 or set GO"
   mkdir -p "$BIN_CACHE"
+  # one build at a time: several test runs on one machine share the cache
+  exec 9>"$BIN_CACHE/.build.lock"; flock 9
+  [[ -x "$APISERVER" ]] && { log "kube-apiserver $KUBE_VERSION built meanwhile at $APISERVER"; return 0; }
   local t0 src moddir; t0=$(date +%s)
   log "building kube-apiserver $KUBE_VERSION from the Go module proxy (first time ~4-5 min on 2 cores, ~1.8 GB RSS)"
   moddir="$("$GO" mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
