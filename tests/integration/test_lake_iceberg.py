@@ -162,7 +162,7 @@ def test_compaction_merges_a_days_files_keeps_rows_and_offsets_and_expires_snaps
     assert count(settings) == 45
 
 
-def test_lake_status_and_sql_commands_read_the_iceberg_tables(tmp_path: Path) -> None:
+def test_lake_status_sql_and_report_commands_read_the_iceberg_tables(tmp_path: Path) -> None:
     settings = build_iceberg_lake(tmp_path)
     env = {**os.environ, **settings_env(settings)}
     status = subprocess.run([sys.executable, "-m", "pipeline.cli", "lake", "status"],
@@ -177,6 +177,13 @@ def test_lake_status_and_sql_commands_read_the_iceberg_tables(tmp_path: Path) ->
         env=env, capture_output=True, text=True, timeout=120, check=False)
     assert sql.returncode == 0, sql.stderr
     assert sql.stdout.split() == ["n", str(len(fx.FINDINGS))]
+    out = tmp_path / "report.html"
+    report = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "report", "--out", str(out),
+         "--until", "2026-01-01T04:00Z", "--since", "4h"],
+        env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert report.returncode == 0, report.stderr
+    assert "g1" in out.read_text()  # the fixture's failing node, from the Iceberg tables
 
 
 def test_the_s3_client_is_told_to_send_checksums_only_when_required() -> None:
