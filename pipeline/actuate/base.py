@@ -11,6 +11,7 @@ fleet.events.node with the action's id, so the health machine hears what was (no
 
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 import time
@@ -57,7 +58,7 @@ class Result:
     reason: str
 
 
-class BaseActuator(Generic[S]):
+class BaseActuator(abc.ABC, Generic[S]):
     """`handle` an action; subclasses carry it out on their runtime in `_on_target`.
     `section` names the settings section in messages ("kubernetes", "slurm")."""
 
@@ -121,8 +122,9 @@ class BaseActuator(Generic[S]):
                           f"before it could start (expires_at {action.expires_at})")  # fmt: skip
         return self._on_target(action)
 
+    @abc.abstractmethod
     def _on_target(self, action: Action) -> Result:
-        raise NotImplementedError
+        """Carry `action` out on the runtime (the defences passed)."""
 
     def take_removal(self, action: Action) -> Refusal | None:
         """A new removal of the target: counted against the cap, or refused by it."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipeline.decide.policy import PolicyState
-from pipeline.model import Action, Finding, Proposal, Target
+from pipeline.model import MAINTENANCE_CHECK, Action, Finding, Proposal, Target
 
 REMOVALS = frozenset(
     {"cordon", "drain", "reset_gpu", "reboot", "repair", "replace", "repair_slice"}
@@ -57,8 +57,6 @@ HOLD_RULES = frozenset(
         "inventory_mismatch",
     }
 )
-
-MAINTENANCE_CHECK = "maintenance"
 
 Key = tuple[str, str, str]
 # runtime outputs after which the policy state (and so what it withholds) may have changed

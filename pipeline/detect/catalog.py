@@ -11,6 +11,7 @@ from typing import NoReturn
 
 import msgspec
 
+from pipeline import model
 from pipeline.config import DetectSettings
 from pipeline.detect.spec import CheckSpec, Detector, Persistence
 from pipeline.errors import ConfigError
@@ -74,7 +75,7 @@ LINK_OF_PORT = {
 }
 GPU_FLAP, TPU_FLAP = "gpu", "tpu.chip"  # the flap checks' prefix per device kind
 FLAP_PREFIXES = (GPU_FLAP, TPU_FLAP)
-HEARTBEAT = "heartbeat"
+HEARTBEAT = model.HEARTBEAT  # a catalog check, its word shared through the model
 CLOCK_SKEW = "clock_skew"
 
 SAMPLES_GRAY = Persistence(open_after="gray_persist_samples")
