@@ -114,7 +114,8 @@ def build_report(lake: Lake, since: datetime | None = None, until: datetime | No
         _table("Quota headroom", run("quota_headroom")),
         capacity_section(lake, until, capacity),
         _figure("capacity_time", "Healthy free devices over time, per region and accelerator "
-                "type (free at some point in each bucket, not out of service at its end)",
+                "type (the capacity stage's last snapshot in each bucket; a lake without "
+                "snapshots: free at some point in the bucket, not out of service at its end)",
                 free_over_time_chart(run("capacity_timeline"), since, until)),
         _table("Accelerator types compared (cost per useful device-hour, per useful bf16 "
                "PFLOP-hour, and per job step where jobs publish step times)",
