@@ -113,16 +113,27 @@ def detect_tpu(
 
 
 def check_stale_tpu(
-    state: TpuSliceState, now_ms: int, settings: DetectSettings
+    state: TpuSliceState,
+    now_ms: int,
+    settings: DetectSettings,
+    offsets: dict[str, int] | None = None,
 ) -> tuple[TpuSliceState, list[Finding]]:
     """Called as event time advances: a host that went silent while the rest of its slice
     kept reporting is stale (its machine failed). A slice whose hosts all went silent is being
     taken down or maintained as a whole (GKE recreates slices atomically): one watch finding,
-    not a repair."""
+    not a repair. `offsets`: how far behind the clock each host stamps (ms; negative: ahead),
+    so that a host whose records keep arriving stamped late is not silent, and one stamping
+    ahead does not make its siblings look silent (liveness from arrival). A host is never
+    judged more silent for being ahead (a stream resuming looks ahead for a moment)."""
     out: list[Finding] = []
-    newest = max((host.last_ts for host in state.hosts.values()), default=0)
+    offsets = offsets or {}
+    # the hosts' last reports in the partition's time base
+    heard = {node: host.last_ts + offsets.get(node, 0) for node, host in state.hosts.items()}
+    newest = max(heard.values(), default=0)
     limits = {node: _limit_ms(host, settings) for node, host in state.hosts.items()}
     for node, host in state.hosts.items():
+        if offsets.get(node, 0) > 0:  # stamping behind: its silence in the partition's time
+            host = msgspec.structs.replace(host, last_ts=heard[node])
         became_stale = host.last_ts + limits[node]
         if not host.last_ts or now_ms <= became_stale:
             continue

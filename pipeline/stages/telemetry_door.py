@@ -11,11 +11,24 @@ import msgspec
 
 from pipeline.config import Settings
 from pipeline.detect.skew import skew_finding
-from pipeline.model import FabricSample, Finding, GpuSample, Inventory, Target, XidEvent
+from pipeline.model import (
+    FabricSample,
+    Finding,
+    GpuSample,
+    Inventory,
+    Target,
+    TpuSample,
+    XidEvent,
+)
 from pipeline.stages.base import Refusal
 from pipeline.stages.clock import RobustClock
 from pipeline.stages.keys import record_key
-from pipeline.stages.telemetry_state import CLOCK_MOVERS, Telemetry, TelemetryState
+from pipeline.stages.telemetry_state import (
+    CLOCK_MOVERS,
+    Telemetry,
+    TelemetryState,
+    host_offset,
+)
 
 
 def door(
@@ -44,6 +57,10 @@ def door(
         # record past the clock is a stream resuming (the clock follows), or a host ahead,
         # whose records already look fresh
         state.offset_ms = max(0, reference - event.ts)
+    elif isinstance(event, TpuSample) and reference is not None:
+        # the same per host, ahead too: the hosts of a slice are judged against each other
+        # (detect/tpu.check_stale_tpu), so one ahead must not make its siblings look silent
+        state.host_offsets[event.node] = reference - event.ts
     refusal = _identity(state.inventory, event)
     if refusal is not None:
         if settings.inventory.on_mismatch == "dead_letter":
@@ -53,7 +70,10 @@ def door(
             event, pool=state.inventory.pool, zone=state.inventory.zone
         )
     window = state.window
-    if isinstance(event, CLOCK_MOVERS) and window is not None and event.ts < window.closed_before:
+    # a TPU host stamping behind is judged in its own time base: the slice's windows are closed
+    # by its other hosts (telemetry_state.on_telemetry moves its samples into them)
+    ts = event.ts + (host_offset(state, event.node) if isinstance(event, TpuSample) else 0)
+    if isinstance(event, CLOCK_MOVERS) and window is not None and ts < window.closed_before:
         late = Refusal(
             "late",
             f"$.ts: expected an event time at or after {window.closed_before} (the windows "

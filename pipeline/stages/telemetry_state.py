@@ -67,6 +67,9 @@ class TelemetryState(msgspec.Struct, kw_only=True):
     # how far the node's GPU samples are stamped behind the partition's clock when they arrive,
     # so its silence is measured in its own time base (on_time)
     offset_ms: int = 0
+    # the same per host of a TPU slice, signed (the slice's hosts share its key, not their
+    # clocks; detect/tpu.check_stale_tpu says how it is used)
+    host_offsets: dict[str, int] = {}
     skew_since: int | None = None  # open clock_skew episode (reference time it opened)
     in_job: bool = False  # the last GPU sample ran a job (fleet_inputs: job peers)
     placed: bool = False  # the fleet stage has this inventory record (fleet_inputs)
@@ -94,7 +97,11 @@ def on_telemetry(
         state.fabric, findings = detect.detect_fabric(state.fabric, event, settings.detect)
     elif isinstance(event, TpuSample):
         state.tpu, findings = detect.detect_tpu(state.tpu, event, settings.detect)
-        state.window, rows = windows.aggregate(state.window, event, settings.aggregate)
+        # the slice's windows are in the partition's time base: a host stamping off is moved
+        # there (one ahead would close its siblings' windows, one behind find them closed)
+        offset = host_offset(state, event.node)
+        placed = msgspec.structs.replace(event, ts=event.ts + offset) if offset else event
+        state.window, rows = windows.aggregate(state.window, placed, settings.aggregate)
     else:
         state.ici, findings = detect.detect_ici(state.ici, event, settings.detect)
     return state, findings, rows
@@ -162,13 +169,22 @@ def on_time(
         state.xid, closed = detect.expire_xid(state.xid, now_ms, settings.detect)
         findings += closed
     if state.tpu is not None:
-        state.tpu, stale = detect.check_stale_tpu(state.tpu, now_ms, settings.detect)
+        # each host's silence in its own time base, as a GPU node's
+        offsets = {host: host_offset(state, host) for host in state.host_offsets}
+        state.tpu, stale = detect.check_stale_tpu(state.tpu, now_ms, settings.detect, offsets)
         findings += stale
     return state, findings
 
 
 def own_offset(state: TelemetryState) -> int:
     return state.offset_ms if abs(state.offset_ms) > OFFSET_MIN_MS else 0
+
+
+def host_offset(state: TelemetryState, host: str) -> int:
+    """How far a TPU slice's host stamps behind the partition's clock (negative: ahead; 0
+    within the tick)."""
+    offset = state.host_offsets.get(host, 0)
+    return offset if abs(offset) > OFFSET_MIN_MS else 0
 
 
 def close_silent_windows(

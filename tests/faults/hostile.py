@@ -22,7 +22,9 @@ from pipeline.model import (
     Event,
     FabricSample,
     GpuSample,
+    IciSample,
     Inventory,
+    TpuSample,
     XidEvent,
 )
 from pipeline.runtime.embedded import EmbeddedRuntime
@@ -170,7 +172,8 @@ def skew_host(events: list[Event], node: str, from_ts: int, by_ms: int) -> list[
     """From `from_ts` on, every record of `node` carries its clock's time, off by `by_ms`."""
     out: list[Event] = []
     for event in events:
-        if isinstance(event, GpuSample | XidEvent) and event.node == node and event.ts >= from_ts:
+        own = isinstance(event, GpuSample | XidEvent | TpuSample | IciSample)
+        if own and event.node == node and event.ts >= from_ts:
             event = msgspec.structs.replace(event, ts=event.ts + by_ms)
         out.append(event)
     return out

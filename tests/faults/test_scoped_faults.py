@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from pipeline.model import Event, Finding, GpuSample, Inventory, NodeEvent
+from pipeline.model import Event, Finding, GpuSample, Inventory, NodeEvent, TpuSample
 from tests.faults import reliability
 from tests.faults.hostile import (
     MINUTE,
@@ -138,6 +139,34 @@ def test_a_host_skewed_within_the_door_is_not_silent(
     _record(f"a host whose clock is {name}, reporting on time", out)
 
 
+@pytest.fixture(scope="module")
+def tpu_fleet() -> tuple[list[Event], list[Inventory]]:
+    sim_settings = msgspec.structs.replace(fleet_settings(gpu_nodes=8), tpu_slices=6)
+    sim, events = simulate(sim_settings)
+    return events, inventory_of(sim.fleet, sim_settings.start_ms)
+
+
+@pytest.mark.parametrize(("name", "skew_ms"), [
+    ("100 s behind", -100_000), ("240 s behind", -240_000), ("200 s ahead", 200_000),
+])
+def test_a_tpu_host_skewed_within_the_door_is_not_silent(
+    tpu_fleet: tuple[list[Event], list[Inventory]], name: str, skew_ms: int
+) -> None:
+    """A slice's hosts share its key but not their clocks: each is judged in its own time
+    base, and one ahead does not make its siblings look silent or late."""
+    events, inventory = tpu_fleet
+    host, slice_name = sorted({(e.node, e.slice) for e in events if isinstance(e, TpuSample)})[1]
+    out = run(skew_host(events, host, _t(10), skew_ms), inventory)
+    assert out.removals == [], [(a.target.name, a.reason.checks) for a in out.removals]
+    assert out.dead_letters == []
+    opened = {
+        f.check for f in out.of("findings")
+        if isinstance(f, Finding) and not f.healthy and f.entity.target.name == slice_name
+    }
+    assert opened == {"clock_skew"}, opened
+    _record(f"a TPU host whose clock is {name}, reporting on time", out)
+
+
 def test_a_real_fault_beside_a_zone_outage_is_still_removed(
     fleet: tuple[list[Event], list[Inventory]],
 ) -> None:
@@ -173,10 +202,10 @@ def test_a_node_dead_inside_a_zone_outage_is_removed_on_kubernetes_not_ready(
 _node = st.integers(0, 23)
 _minute = st.integers(2, SMALL_MINUTES - 4)
 _ops = st.one_of(
-    st.tuples(st.just("outage"), st.sampled_from(["zone", "pool", "fleet"]), _node, _minute,
-              st.integers(1, 12)),
-    st.tuples(st.just("zeroed"), st.sampled_from(["zone", "pool", "fleet"]), _node, _minute,
-              st.integers(1, 12)),
+    st.tuples(st.just("outage"), st.sampled_from(["zone", "pool", "job", "fleet"]), _node,
+              _minute, st.integers(1, 12)),
+    st.tuples(st.just("zeroed"), st.sampled_from(["zone", "pool", "job", "fleet"]), _node,
+              _minute, st.integers(1, 12)),
     st.tuples(st.just("skew"), _node, _minute, st.sampled_from([-240_000, -100_000, 200_000])),
 )
 _SEEN: Counter[str] = Counter()
@@ -196,7 +225,9 @@ def test_no_mix_of_outage_scopes_and_skews_removes_a_healthy_node(ops: list[tupl
             events = skew_host(events, nodes[op[1]][1], start + op[2] * MINUTE, op[3])
             continue
         like = samples[nodes[op[2]]]
-        scope = {"zone": in_zone(like.zone), "pool": in_pool(like.pool)}.get(op[1])
+        # a scrape job: every fifth node from this one, across pools and zones
+        job = in_nodes(nodes[op[2] % 5::5])
+        scope = {"zone": in_zone(like.zone), "pool": in_pool(like.pool), "job": job}.get(op[1])
         begin, end = start + op[3] * MINUTE, start + (op[3] + op[4]) * MINUTE
         fault = outage if op[0] == "outage" else zeroed
         events = fault(events, begin, end, scope) if scope else fault(events, begin, end)

@@ -148,3 +148,31 @@ def test_state_round_trip_and_determinism() -> None:
     restored = msgspec.json.decode(msgspec.json.encode(state), type=TpuSliceState)
     _, rest = run(10, duty, state=restored, start=10)
     assert [f.finding_id for f in first + rest] == [f.finding_id for f in straight]
+
+
+def _skewed_run(by_ms: int, offsets: dict[str, int]) -> list[Finding]:
+    """Host 2 stamps `by_ms` off (negative: behind) from step 10 on, reporting on time."""
+    state, _ = run(10)
+    found: list[Finding] = []
+    for step in range(10, 40):
+        for host in range(HOSTS):
+            sample = tpu_sample(step, host)
+            if host == 2:
+                sample = msgspec.structs.replace(sample, ts=sample.ts + by_ms)
+            state, out = detect_tpu(state, sample, SETTINGS)
+            found += out
+        state, out = check_stale_tpu(state, T0 + step * STEP_MS, DOWN_SETTINGS, offsets)
+        found += out
+    return found
+
+
+def test_a_host_stamping_behind_is_silent_only_without_its_offset() -> None:
+    assert {f.check for f in unhealthy(_skewed_run(-240_000, {}))} >= {"tpu.host.down"}
+    assert unhealthy(_skewed_run(-240_000, {"s1-w2": 240_000})) == []
+
+
+def test_a_host_stamping_ahead_is_not_judged_silent_for_it() -> None:
+    # (its siblings' records were refused as late behind the slice's windows it closed: the
+    # door and the windows now place its samples in the partition's time base, tested in
+    # tests/faults/test_scoped_faults.py)
+    assert unhealthy(_skewed_run(200_000, {"s1-w2": -200_000})) == []
