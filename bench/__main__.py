@@ -56,6 +56,12 @@ def _lake(quick: bool) -> Any:
     return lake.run(quick)
 
 
+def _lake_iceberg(quick: bool) -> Any:
+    from bench import lake_iceberg
+
+    return lake_iceberg.run(quick)
+
+
 def _profile(quick: bool) -> Any:
     from bench import profile
 
@@ -117,6 +123,7 @@ BENCHMARKS: dict[str, Runner] = {
     "latency-take": _latency_take,
     "detection": _detection,
     "lake": _lake,
+    "lake-iceberg": _lake_iceberg,
     "profile": _profile,
     "sim": _sim,
     "remediation": _remediation,
@@ -129,8 +136,9 @@ BENCHMARKS: dict[str, Runner] = {
 # write one result file whatever the mode: a quick pass would overwrite their full figures
 FULL_ONLY = summary.WITHOUT_QUICK
 # run only when named (--only): the worker.take variant of the latency benchmark, and the
-# Prometheus adapter's poll cost (it starts its own Prometheus over generated exporters: minutes)
-OPTIONAL = frozenset({"latency-take", "prometheus"})
+# Prometheus adapter's poll cost (it starts its own Prometheus over generated exporters: minutes),
+# and the Iceberg lake on s3proxy against the local lake (bench/lake_iceberg.py: minutes)
+OPTIONAL = frozenset({"latency-take", "prometheus", "lake-iceberg"})
 
 
 def chosen(only: list[str], quick: bool) -> list[str]:

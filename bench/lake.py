@@ -250,6 +250,9 @@ def build_day(root: Path, devices: int) -> int:
             "samples": pa.array(np.full(len(ids), 4), pa.int32()),
             "schema": pa.array(["utilization/1"] * len(ids)),
         }
+        # columns the model added since (step_compute_s, …): NULL, as a source without them
+        columns |= {f.name: pa.nulls(len(ids), f.type) for f in UTILIZATION.schema
+                    if f.name not in columns}
         table = pa.table(columns, schema=UTILIZATION.schema)
         directory = partition_dir(root, "utilization", (T0 + hour * HOUR) // HOUR)
         directory.mkdir(parents=True, exist_ok=True)
