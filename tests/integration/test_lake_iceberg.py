@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from pipeline.lake import iceberg
-from pipeline.lake.iceberg import IcebergWriter, committed_offsets, open_catalog
+from pipeline.lake.iceberg import IcebergWriter, arrow_schema, committed_offsets, open_catalog
 from pipeline.lake.query import Lake
 from pipeline.lake.tables import TABLES
 from pipeline.model import XidEvent
@@ -160,6 +161,31 @@ def test_compaction_merges_a_days_files_keeps_rows_and_offsets_and_expires_snaps
     xids(writer, 0, range(0, 45))
     writer.flush()
     assert count(settings) == 45
+
+
+def test_a_column_the_model_adds_is_added_to_the_table_and_old_files_read_it_as_null(
+    tmp_path: Path,
+) -> None:
+    settings = iceberg_settings(tmp_path)
+    spec = TABLES["xid"]
+    newest = "source"  # as if the model had added it: the table starts without it
+    older = [f for f in arrow_schema(spec) if f.name != newest]
+    catalog = open_catalog(settings)
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    schema = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(pa.schema(older)))
+    table = catalog.create_table(f"{settings.namespace}.xid", schema=schema)
+    rows = spec.to_arrow([xid(n, T0 + n) for n in range(5)]).cast(arrow_schema(spec))
+    table.append(rows.drop_columns([newest]))
+    writer = IcebergWriter(settings)  # a sink of the newer version starts
+    assert newest in [f.name for f in writer.table("xid").schema().fields]
+    xids(writer, 0, range(5, 8))
+    writer.flush()
+    with Lake(tmp_path, settings) as opened:
+        got = opened.sql(f'SELECT "{newest}" IS NULL, count(*) FROM stored_xid GROUP BY 1 '
+                         "ORDER BY 1").rows
+    assert got == [(False, 3), (True, 5)]
 
 
 def test_lake_status_sql_and_report_commands_read_the_iceberg_tables(tmp_path: Path) -> None:
