@@ -1,7 +1,7 @@
 """Scale-out: 1, 2 and 3 `fleetpulse worker` processes on one broker, twelve partitions.
 
-    python -m bench --only scaling        # writes bench/results/scaling.json (~4 min)
-    python -m bench.scaling --quick       # 2 simulated minutes instead of 5
+    python -m bench --only scaling        # writes bench/results/scaling.json (~5 min)
+    python -m bench.scaling --quick       # 2 simulated minutes instead of 5, one round
 
 For each group size N (1, then 2, then 3), on private topics of its own (twelve partitions),
 with the same input each time: the default fleet (64 GPU nodes, 4 TPU slices) for 5 simulated
@@ -28,7 +28,10 @@ so that the decisions do not depend on arrival order; 6 s session, 1 s heartbeat
 default alignment grace. On a machine with fewer cores than workers (this project's has 2 cores,
 shared), 3 workers cannot scale linearly: the ratio says how much of a worker's time is spent
 waiting on the broker that another worker can use, not how far the pipeline scales on 3 cores.
-Read it with `cores` and `load_average` in the result file. Nothing here passes or fails; the
+Read it with `cores` and the load averages in the result file. The sizes run in rounds (1, 2,
+3 workers, then again: two rounds, one for --quick), so that each size sees about the same
+background load; each size's figures are its median run (the faster of two), with every run's
+wall in `runs_wall_s`; the rebalance is timed in the first round. Nothing here passes or fails; the
 correctness of a scaled group mid-stream is tested in tests/faults/test_infra_scaling.py.
 """
 
@@ -274,9 +277,10 @@ def rebalance(group: Group, probe: list[Event], join: bool) -> dict[str, float]:
     return figures
 
 
-def group_run(settings: Settings, inputs: list[Event], probes: list[list[Event]], n: int,
+def group_run(settings: Settings, inputs: list[Event], probes: list[list[Event]] | None, n: int,
               workdir: Path) -> dict[str, Any]:
-    """One group of `n` workers on fresh private topics: throughput, decisions, rebalance."""
+    """One group of `n` workers on fresh private topics: throughput, decisions, and with
+    `probes` (n > 1) a worker leaving and one joining."""
     row: dict[str, Any] = {}
     with broker.private_topics(settings):
         group = Group(settings, workdir)
@@ -300,7 +304,7 @@ def group_run(settings: Settings, inputs: list[Event], probes: list[list[Event]]
             ]
             row["records"] = sum(ends.values())
             row |= decisions(settings)
-            if n > 1:
+            if probes and n > 1:
                 row["rebalance"] = {"leave": rebalance(group, probes[0], join=False),
                                     "join": rebalance(group, probes[1], join=True)}
         finally:
@@ -318,7 +322,9 @@ def rates(row: dict[str, Any], samples: int, value_bytes: int) -> None:
         worker["records_per_s"] = round(worker["records"] / wall)
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, repeat: int | None = None) -> dict[str, Any]:
+    repeat = repeat or (1 if quick else 2)
+    load_before = load_average()
     sim_settings = fleet(quick)
     sim = Simulation(sim_settings, list(FAULTS))
     inputs, probes = split(list(sim.events()), sim.start_ms, sim_settings.duration_s - PROBE_S)
@@ -338,22 +344,40 @@ def run(quick: bool) -> dict[str, Any]:
     if unreachable is not None:
         figures["kafka_skipped"] = unreachable
     else:
+        runs: dict[int, list[dict[str, Any]]] = {n: [] for n in WORKERS}
         with tempfile.TemporaryDirectory() as tmp:
-            for n in WORKERS:
-                settings = broker.bench_settings(f"scaling{n}")
-                settings = msgspec.structs.replace(settings, kafka=msgspec.structs.replace(
-                    settings.kafka, partitions=PARTITIONS))
-                row = group_run(settings, inputs, probes, n, Path(tmp) / f"n{n}")
-                rates(row, samples, value_bytes)
-                figures[f"workers_{n}"] = row
-                print(f"{n} worker(s): {row['wall_s']} s, {row['records_per_s']} records/s",
-                      flush=True)
+            for round_ in range(repeat):  # 1, 2, 3, 1, 2, 3: each size sees the same load
+                for n in WORKERS:
+                    settings = broker.bench_settings(f"scaling{n}")
+                    settings = msgspec.structs.replace(settings, kafka=msgspec.structs.replace(
+                        settings.kafka, partitions=PARTITIONS))
+                    row = group_run(settings, inputs, probes if round_ == 0 else None, n,
+                                    Path(tmp) / f"r{round_}n{n}")
+                    rates(row, samples, value_bytes)
+                    runs[n].append(row)
+                    print(f"{n} worker(s): {row['wall_s']} s, {row['records_per_s']} records/s",
+                          flush=True)
+        for n, rows in runs.items():
+            figures[f"workers_{n}"] = median_run(rows)
         judge(figures)
     options = {"quick": quick, "fleet": msgspec.to_builtins(sim_settings),
                "forced_faults": [msgspec.to_builtins(f) for f in FAULTS],
-               "workers": list(WORKERS), "load_average": load_average()}
+               "workers": list(WORKERS), "repeat": repeat, "load_average_before": load_before,
+               "load_average": load_average()}
     path = _write(result_name("scaling", quick), figures, options)
     return {"figures": figures, "settings": options, "path": str(path)}
+
+
+def median_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median wall (the lower of two), with every run's wall, the first run's
+    rebalance, and whether every run wrote the same decisions."""
+    chosen = dict(sorted(rows, key=lambda r: r["wall_s"])[(len(rows) - 1) // 2])
+    chosen["runs_wall_s"] = [r["wall_s"] for r in rows]
+    if "rebalance" in rows[0]:
+        chosen["rebalance"] = rows[0]["rebalance"]
+    chosen["runs_agree"] = all(
+        (r["actions"], r["findings"]) == (rows[0]["actions"], rows[0]["findings"]) for r in rows)
+    return chosen
 
 
 def judge(figures: dict[str, Any]) -> None:
@@ -361,8 +385,9 @@ def judge(figures: dict[str, Any]) -> None:
     one = figures["workers_1"]
     for n in WORKERS:
         row = figures[f"workers_{n}"]
-        row["same_actions_as_1_worker"] = row["actions"] == one["actions"]
-        row["same_findings_as_1_worker"] = row["findings"] == one["findings"]
+        agree = row["runs_agree"] and one["runs_agree"]
+        row["same_actions_as_1_worker"] = agree and row["actions"] == one["actions"]
+        row["same_findings_as_1_worker"] = agree and row["findings"] == one["findings"]
         row["same_actions_as_embedded"] = row["actions"] == figures["embedded"]["actions"]
         row["same_findings_as_embedded"] = row["findings"] == figures["embedded"]["findings"]
         row["ratio_vs_1"] = ratio(row["samples_per_s"], one["samples_per_s"])
@@ -373,8 +398,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 simulated minutes, not 5")
+    parser.add_argument("--repeat", type=int, help="rounds of 1, 2, 3 workers (2; quick: 1)")
     args = parser.parse_args()
-    result = run(args.quick)
+    result = run(args.quick, args.repeat)
     print(json.dumps(result["figures"], indent=1))
     print(f"results in {result['path']}")
 

@@ -145,6 +145,9 @@ def lake_bytes(outputs: dict[str, list[Event]], inputs: dict[str, list[Event]],
 
 
 def measure_fleet(kind: str, hours: float, bytes_minutes: float) -> dict[str, Any]:
+    """One fleet (`FLEETS[kind]`) simulated for `hours`, through the embedded pipeline: per
+    topic its values per second per accelerator and bytes per value, and the lake's bytes per
+    row of each table."""
     settings = load_settings(environ={})
     kafka = msgspec.structs.replace(settings.kafka, partitions=PARTITIONS, telemetry_batch=True,
                                     topic_prefix="fleet")  # fmt: skip

@@ -176,8 +176,10 @@ def fleet_table(sizing: dict[str, Any], per_core_s: float | None,
             lines.append("| " + " | ".join(cells) + " |")
     per_core = ("not measured yet (run `python -m bench --only scaling`)" if per_core_s is None
                 else f"{num(per_core_s)} metric samples per CPU second")
+    single = ", ".join(f"`{s.suffix}`" for s in TOPICS if s.single)
     lines += ["", f"One worker process: {per_core} (bench/results/scaling.json, the 1-worker "
-              "run); workers are sized to half of that."]
+              "run); workers are sized to half of that. Every topic has the partitions shown "
+              f"except {single} (one partition: read in one order)."]
     return "\n".join(lines)
 
 
@@ -233,7 +235,7 @@ def scaling_table(scaling: dict[str, Any]) -> str:
     f = scaling["figures"]
     if "workers_1" not in f:
         return f"Not measured: {f.get('kafka_skipped', 'no result')}."
-    lines = ["| workers | wall | input records/s | metric samples/s | MB/s | vs 1 worker | "
+    lines = ["| workers | wall (every run) | input records/s | metric samples/s | MB/s | vs 1 worker | "
              "each worker: records/s (CPU s) | workers' CPU in all | "
              "actions, findings as 1 worker's | a worker leaves: assigned / consuming | "
              "one joins: assigned / consuming |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -252,19 +254,21 @@ def scaling_table(scaling: dict[str, Any]) -> str:
                      f"{num(join['assigned_s'])} / {num(join['consuming_s'])} s "
                      f"({num(join['after_startup_s'])} s after its start-up)"]
         cpu = sum(w["cpu_s"] for w in row["per_worker"])
-        lines.append(f"| {n} | {num(row['wall_s'])} s | {num(row['records_per_s'])} | "
+        walls = ", ".join(num(w) for w in row.get("runs_wall_s", [row["wall_s"]]))
+        lines.append(f"| {n} | {num(row['wall_s'])} s ({walls}) | {num(row['records_per_s'])} | "
                      f"{num(row['samples_per_s'])} | {num(row['mb_per_s'])} | "
                      f"{num(row['ratio_vs_1'])} | {each} | {num(cpu)} s | {same} | "
                      f"{' | '.join(moves)} |")
     one = f["workers_1"]
     embedded = "equal" if one["same_actions_as_embedded"] else "**not equal**"
     machine = scaling.get("machine", {})
-    load = scaling.get("settings", {}).get("load_average")
+    options = scaling.get("settings", {})
+    load = f"{options.get('load_average_before', '?')} before, {options.get('load_average')} after"
     lines += ["", f"Input: {f['events']:,} events ({num(f['value_bytes'] / 1e6)} MB of values, "
               f"{f['metric_samples']:,} metric samples), {f['partitions']} partitions, "
               f"{len(one['actions'])} actions; the 1-worker run's actions are {embedded} to the "
               f"embedded runtime's. Measured on {machine.get('cores', '?')} cores "
-              f"({machine.get('cpu', '?')}), load average {load} at the end, "
+              f"({machine.get('cpu', '?')}), load averages {load}, "
               f"{machine.get('date', '?')}."]
     return "\n".join(lines)
 
