@@ -453,10 +453,12 @@ class CompactReport:
 
 def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
             now: datetime) -> CompactReport:
-    """Rewrite each day partition holding lake.compact_min_files data files or more as one
-    overwrite of those rows (the offsets carried forward), then expire snapshots older than
-    lake.snapshot_keep_s (the current one is always kept). A writer's commit in between makes
-    ours fail: the partition is read again and retried."""
+    """Merge the small data files of each day partition: once a day holds
+    lake.compact_min_files files under lake.compact_rows rows, they are replaced, in one
+    commit, by files of their rows (at most about compact_rows rows read at a time; big files
+    are left as they are; the offsets carried forward). A writer's commit in between makes
+    ours fail: the partition is listed again and retried. Then snapshots older than
+    lake.snapshot_keep_s are expired (the current one is always kept)."""
     catalog = open_catalog(settings)
     filesystem = s3_filesystem(settings)
     report = CompactReport()
@@ -465,40 +467,70 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
         found = table(catalog, settings, spec, create=False)
         if found is None:
             continue
-        time_column = spec.columns[0].name
         conflicts = 0
         while conflicts < COMMIT_ATTEMPTS:
             found.refresh()
-            by_day: dict[str, list[Any]] = {}
-            for task in found.scan().plan_files():
-                day = _day(task.file)
-                if day is not None:
-                    by_day.setdefault(day, []).append(task.file)
-            todo = {day: files for day, files in by_day.items()
-                    if len(files) >= settings.compact_min_files}
-            if not todo:
+            batch = _small_files(found, settings)
+            if not batch:
                 break
-            day, files = min(todo.items())
-            start = datetime.strptime(day, "%Y-%m-%d")  # naive UTC, as the column
-            rows = ds.dataset([_key(f.file_path) for f in files], schema=arrow_schema(spec),
+            rows = ds.dataset([_key(f.file_path) for f in batch], schema=arrow_schema(spec),
                               format="parquet", filesystem=filesystem).to_table()
-            end = start + timedelta(days=1)  # the column names are TableSpec's: plain words
-            where = (f"{time_column} >= '{start.isoformat()}' AND "
-                     f"{time_column} < '{end.isoformat()}'")
-            offsets = {OFFSETS_KEY: encode_offsets(committed_offsets(found))}
             try:
-                found.overwrite(rows, overwrite_filter=where, snapshot_properties=offsets)
+                written = _replace_files(found, batch, rows)
             except _catalog_busy():
                 conflicts += 1
                 report.conflicts += 1
                 continue
             report.partitions += 1
-            report.files_merged += len(files)
-            report.files_written += 1
+            report.files_merged += len(batch)
+            report.files_written += written
             report.rows += rows.num_rows
         keep = timedelta(seconds=settings.snapshot_keep_s)
         report.snapshots_expired += _expire(found, now - keep)
     return report
+
+
+def _small_files(found: Any, settings: LakeSettings) -> list[Any]:
+    """The oldest day's small files to merge next, up to about compact_rows rows; none when
+    no day holds compact_min_files of them."""
+    by_day: dict[str, list[Any]] = {}
+    for task in found.scan().plan_files():
+        day = _day(task.file)
+        if day is not None and task.file.record_count < settings.compact_rows:
+            by_day.setdefault(day, []).append(task.file)
+    for day in sorted(by_day):
+        files = sorted(by_day[day], key=lambda f: str(f.file_path))
+        if len(files) < settings.compact_min_files:
+            continue
+        batch, rows = [], 0
+        for data_file in files:
+            if batch and rows + data_file.record_count > settings.compact_rows:
+                break
+            batch.append(data_file)
+            rows += data_file.record_count
+        if len(batch) >= 2:
+            return batch
+    return []
+
+
+def _replace_files(found: Any, old: list[Any], rows: pa.Table) -> int:
+    """One commit that removes `old` and adds files holding `rows` (the same rows); the
+    number of files written. Raises what a lost commit raises (see _catalog_busy)."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    offsets = {OFFSETS_KEY: encode_offsets(committed_offsets(found))}
+    written = 0
+    change = found.transaction()
+    with change, change.update_snapshot(snapshot_properties=offsets).overwrite() as rewrite:
+        for data_file in old:
+            rewrite.delete_data_file(data_file)
+        for data_file in _dataframe_to_data_files(
+            table_metadata=change.table_metadata, df=rows, io=found.io,
+            write_uuid=rewrite.commit_uuid,
+        ):
+            rewrite.append_data_file(data_file)
+            written += 1
+    return written
 
 
 def _expire(found: Any, before: datetime) -> int:
