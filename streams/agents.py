@@ -113,6 +113,8 @@ def send_all(ctx: Context, outs: list[Out], record: Record | None) -> Futures:
             assert record is not None  # only a record can be refused
             futures.append(ctx.send_dead_letter(record, event.message, event.reason))
         elif event is None:  # a member left: its tombstone, to the capacity stage
+            if out.topic in BATCHED:  # after the values queued before it (one partition)
+                futures.extend(ctx.write_queued())
             futures.append(ctx.send_tombstone(out.topic, out.key))
         elif out.topic in BATCHED:  # written with the batch, at the next flush
             ctx.queue(out.topic, out.key, event)

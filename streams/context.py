@@ -223,9 +223,14 @@ class Context:
         self.dirty.clear()
         for replays in self.journal.values():
             replays.clear()
-        for topic, batch_key, packed in self.queued.take():
-            futures.append(self._produce(topic, batch_key, packed, batches.headers()))
+        futures.extend(self.write_queued())
         return futures
+
+    def write_queued(self) -> Futures:
+        """Produce the values queued for the batched topics now (at a flush, or before a
+        tombstone that must follow them)."""
+        return [self._produce(topic, batch_key, packed, batches.headers())
+                for topic, batch_key, packed in self.queued.take()]
 
     def forget_unsettled(self) -> None:
         """Partitions were revoked: states changed by records not yet settled are dropped, not

@@ -8,6 +8,9 @@ per settled batch (Context.flush), as one record whose `fleetpulse-batch` header
 msgpack array of [content type, value] pairs, each value encoded as it would be on its own.
 The fleet stage holds every signal until all live nodes of its cluster have reported up to its
 time anyway, so waiting for the batch costs it nothing; records on the XID path are never held.
+The capacity stage's input (one partition, one fleet-wide key, a value per utilization row)
+is batched the same way; a member's tombstone on it is written after the values queued
+before it (agents.send_all), so the stage sees them in the order they were produced.
 
 The topic is internal (created and read by the worker alone); the embedded runtime calls the
 fleet stage directly and has no such records.
@@ -32,11 +35,13 @@ from pipeline.config import KafkaSettings
 from pipeline.errors import DecodeError
 from pipeline.model import Event
 from pipeline.wire.codec import encode_as, header_of, record_headers
-from pipeline.wire.internal import FLEET_INPUT, TELEMETRY_TOPICS
+from pipeline.wire.internal import CAPACITY_INPUT, FLEET_INPUT, TELEMETRY_TOPICS
 from pipeline.wire.topics import TOPICS, record_key, topic_name
 
 BATCH_HEADER = "fleetpulse-batch"
-BATCHED = frozenset({FLEET_INPUT})  # topic suffixes whose values the driver batches
+# topic suffixes whose values the driver batches: the fleet stage's input, and the capacity
+# stage's (a value per utilization row, node state and inventory record, all of one key)
+BATCHED = frozenset({FLEET_INPUT, CAPACITY_INPUT})
 # output topics the driver batches per partition when `kafka.utilization_batch` is set: a
 # record per partition and flush instead of a record per device and window
 OUTPUT_BATCHED = frozenset({"utilization"})
