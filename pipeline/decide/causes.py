@@ -37,36 +37,50 @@ _MS = 1000
 
 
 def sync_causes(st: GuardState, settings: Settings) -> list[Alert]:
-    policy = settings.policy
     counted = sizes(st, settings)
-    window_ms = policy.common_cause_window_s * _MS
     seen_now: set[str] = set()
     out: list[Alert] = []
     for check in sorted(st.raised):
-        groups = _group(st.raised[check].values())
-        if check == SILENCE:
-            groups |= _onset_groups(st, st.raised[check])
-        for (scope, name), marks in sorted(groups.items()):
-            size = max(counted.get((scope, name), 0), len(marks))
-            recent = sum(1 for mark in marks if st.clock - mark.ts <= window_ms)
-            key = f"{check}|{scope}|{name}"
-            cause = st.causes.get(key)
-            share = policy.common_cause_share * size
-            if cause is None and recent >= policy.common_cause_min_targets and recent > share:
-                cause = Cause(check=check, scope=scope, name=name, since=st.clock)
-            elif cause is not None:
-                cause = _quieten(cause, len(marks), share, st.clock, settings)
-            if cause is None:
-                continue
-            seen_now.add(key)
-            cause, alert = _cause_alert(cause, len(marks), size, st.clock, settings)
-            st.causes[key] = cause
-            out += alert
+        for (scope, name), marks in sorted(_group(st.raised[check].values()).items()):
+            out += _judge(st, check, scope, name, marks, counted, settings, seen_now)
+        if check == SILENCE:  # after the pools' and zones': what they explain is theirs
+            onset = _onset_groups(st, st.raised[check], seen_now)
+            for (scope, name), marks in sorted(onset.items()):
+                out += _judge(st, check, scope, name, marks, counted, settings, seen_now)
     for key in sorted(set(st.causes) - seen_now):
         gone = st.causes.pop(key)
         if gone.alert is not None:
             out.append(alerts.resolve(gone.alert, st.clock))
     return out
+
+
+def _judge(
+    st: GuardState,
+    check: str,
+    scope: str,
+    name: str,
+    marks: list[Mark],
+    counted: dict[tuple[str, str], int],
+    settings: Settings,
+    seen_now: set[str],
+) -> list[Alert]:
+    """Open, keep or quieten the cause of `check` in one scope; its alert when it changed."""
+    policy = settings.policy
+    size = max(counted.get((scope, name), 0), len(marks))
+    recent = sum(1 for mark in marks if st.clock - mark.ts <= policy.common_cause_window_s * _MS)
+    key = f"{check}|{scope}|{name}"
+    cause = st.causes.get(key)
+    share = policy.common_cause_share * size
+    if cause is None and recent >= policy.common_cause_min_targets and recent > share:
+        cause = Cause(check=check, scope=scope, name=name, since=st.clock)
+    elif cause is not None:
+        cause = _quieten(cause, len(marks), share, st.clock, settings)
+    if cause is None:
+        return []
+    seen_now.add(key)
+    cause, alert = _cause_alert(cause, len(marks), size, st.clock, settings)
+    st.causes[key] = cause
+    return alert
 
 
 def _quieten(
@@ -103,11 +117,18 @@ def _onset_name(k: int) -> str:
     return datetime.fromtimestamp(k * ONSET_MS / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _onset_groups(st: GuardState, marks: dict[str, Mark]) -> dict[tuple[str, str], list[Mark]]:
-    """The onset windows of the silent targets: those no neighbouring window covers (the
-    earlier one wins a tie), and those a cause is already open on."""
+def _onset_groups(
+    st: GuardState, marks: dict[str, Mark], open_now: set[str]
+) -> dict[tuple[str, str], list[Mark]]:
+    """The onset windows of the silent targets: those a cause is already open on, and those no
+    neighbouring window covers (the earlier one wins a tie), of the targets no silence cause
+    of their pool, zone or fleet (`open_now`) explains already (one outage, one alert)."""
     windows: dict[int, dict[str, Mark]] = {}
     for key, mark in marks.items():
+        if f"{SILENCE}|{ONSET}|{_onset_name(mark.at // ONSET_MS)}" not in st.causes and (
+            f"{SILENCE}|{ONSET}|{_onset_name(mark.at // ONSET_MS - 1)}" not in st.causes
+        ) and any(f"{SILENCE}|{scope}|{scope_name(scope, mark)}" in open_now for scope in SCOPES):
+            continue  # its pool's, zone's or the fleet's silence
         k = mark.at // ONSET_MS
         windows.setdefault(k - 1, {})[key] = mark
         windows.setdefault(k, {})[key] = mark

@@ -32,6 +32,13 @@ one partition, so every removal in the fleet passes through it in one order):
   half the share, or under the minimum) for a whole window, or a person releases it
   (PolicyRelease). Anchors:
   medik8s NHC minHealthy, NVSentinel's circuit breaker, Karpenter's disruption budgets.
+- **Silence** is no evidence of a node fault while others are silent with it: a silence cause
+  lets no canary through, and silence has one scope more than pool, zone and fleet, its onset
+  (causes.py): `common_cause_min_targets` targets that fell silent within 30 s of each other
+  (the nodes behind one Prometheus server or scrape job, whatever their pools and zones) are
+  one cause. A silent node is still removed on evidence of its own: another check, or
+  Kubernetes saying it is not Ready (the watcher's not_ready, `node.not_ready` in its node
+  state) unless that is itself a common cause of its scopes (a partition).
 
 Pure: no I/O, no clock; `observe`, `note_maintenance` and `settle` change the state they are
 given and return it (the driver keeps the snapshot to roll back to). The state and its sizes
