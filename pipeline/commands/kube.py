@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from pipeline.config import Settings
-from pipeline.selfmetrics import Readiness, serve_stats
+from pipeline.selfmetrics import serve_stats
 from pipeline.wire.edge import stop_on_signals
 
 
@@ -71,36 +71,29 @@ def _cluster(settings: Settings) -> str:
 
 
 def _actuate(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.kube.actuator import Actuator, ActuatorStats
+    from pipeline.actuate.process import run_actuator_process, summary
+    from pipeline.kube.actuator import Actuator
     from pipeline.kube.client import connect
-    from pipeline.kube.kafka import ActuatorSink, Producer, run_actuator
     from pipeline.kube.release import Releaser, ReleaseStats
-    from pipeline.wire.edge import EdgeStats
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cluster = _cluster(settings)
-    group = settings.kubernetes.group_id or f"fleetpulse-actuator-{cluster}"
-    stats, edge_stats, readiness = ActuatorStats(), EdgeStats(), Readiness()
     release_stats = ReleaseStats()
-    serve_stats("actuate_kubernetes", edge_stats, settings.metrics, readiness,
-                extra=[stats, release_stats])
-    apis = connect(settings.kubernetes)
-    actuator = Actuator(apis.core, settings.kubernetes, cluster, stats=stats)
-    producer = Producer(settings, f"{settings.kafka.client_id}-actuator")
-    sink = ActuatorSink(actuator, producer.send, settings.kafka.max_value_bytes)
-    stop = _stop_on_signals()
-    # people win: a node a person uncordons is released of FleetPulse's marks at once
-    releaser = Releaser(apis.core, settings.kubernetes, stats=release_stats)
-    threading.Thread(target=releaser.run, args=(stop,), name="releaser", daemon=True).start()
-    try:
-        run_actuator(settings, group, sink, stop=stop, idle_exit_s=args.idle_exit,
-                     readiness=readiness, stats=edge_stats)
-    finally:
-        stop.set()
-        producer.close()
-    print(f"actuator: {edge_stats.records} records, {stats.actions} actions for {cluster}: "
-          f"{_counts(stats.outcomes)}; {stats.dry_run} dry run, {stats.replayed} replayed; "
-          f"refused: {_counts(stats.refusals)}; {release_stats.releases} released by people")
+    apis: Any = None
+
+    def make(stats: Any) -> Actuator:
+        nonlocal apis
+        apis = connect(settings.kubernetes)
+        return Actuator(apis.core, settings.kubernetes, cluster, stats=stats)
+
+    def release(stop: threading.Event) -> None:  # people win: a person's uncordon frees the node
+        Releaser(apis.core, settings.kubernetes, stats=release_stats).run(stop)
+
+    stats, edge_stats = run_actuator_process(
+        settings, name="kubernetes", client="actuator", make=make, idle_exit_s=args.idle_exit,
+        group=settings.kubernetes.group_id or f"fleetpulse-actuator-{cluster}",
+        extra_stats=[release_stats], alongside=release)  # fmt: skip
+    print(f"{summary(stats, edge_stats, cluster)}; {release_stats.releases} released by people")
     return 0
 
 
@@ -130,6 +123,3 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
           f"{stats.inventory_records} inventory records, {stats.relists} re-lists")
     return 0
 
-
-def _counts(outcomes: dict[str, int]) -> str:
-    return ", ".join(f"{n} {kind}" for kind, n in sorted(outcomes.items())) or "none"

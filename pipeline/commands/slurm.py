@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from pipeline.config import Settings
-from pipeline.selfmetrics import Readiness, serve_stats
+from pipeline.selfmetrics import serve_stats
 from pipeline.wire.edge import stop_on_signals
 
 
@@ -66,31 +66,20 @@ def _cluster(settings: Settings) -> str:
 
 
 def _actuate(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.actuate.base import ActuatorStats
-    from pipeline.actuate.kafka import ActuatorSink, Producer, run_actuator
+    from pipeline.actuate.process import run_actuator_process, summary
     from pipeline.slurm.actuator import SlurmActuator
     from pipeline.slurm.commands import Slurm
-    from pipeline.wire.edge import EdgeStats
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cluster = _cluster(settings)
-    group = settings.slurm.group_id or f"fleetpulse-actuator-{cluster}"
-    stats, edge_stats, readiness = ActuatorStats(), EdgeStats(), Readiness()
-    serve_stats("actuate_slurm", edge_stats, settings.metrics, readiness, extra=[stats])
-    actuator = SlurmActuator(Slurm(settings.slurm), settings.slurm, cluster, stats=stats)
-    producer = Producer(settings, f"{settings.kafka.client_id}-slurm-actuator")
-    sink = ActuatorSink(actuator, producer.send, settings.kafka.max_value_bytes)
-    stop = threading.Event()
-    stop_on_signals(stop)
-    try:
-        run_actuator(settings, group, sink, stop=stop, idle_exit_s=args.idle_exit,
-                     readiness=readiness, stats=edge_stats)  # fmt: skip
-    finally:
-        stop.set()
-        producer.close()
-    print(f"actuator: {edge_stats.records} records, {stats.actions} actions for {cluster}: "
-          f"{_counts(stats.outcomes)}; {stats.dry_run} dry run, {stats.replayed} replayed; "
-          f"refused: {_counts(stats.refusals)}")  # fmt: skip
+
+    def make(stats: Any) -> SlurmActuator:
+        return SlurmActuator(Slurm(settings.slurm), settings.slurm, cluster, stats=stats)
+
+    stats, edge_stats = run_actuator_process(
+        settings, name="slurm", client="slurm-actuator", make=make, idle_exit_s=args.idle_exit,
+        group=settings.slurm.group_id or f"fleetpulse-actuator-{cluster}")  # fmt: skip
+    print(summary(stats, edge_stats, cluster))
     return 0
 
 
@@ -115,6 +104,3 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
           f"{stats.node_events} node events, {stats.inventory_records} inventory records")
     return 0
 
-
-def _counts(outcomes: dict[str, Any]) -> str:
-    return ", ".join(f"{n} {kind}" for kind, n in sorted(outcomes.items())) or "none"
