@@ -211,6 +211,9 @@ class LakeSettings(Section, frozen=True):
     s3_secret_access_key: str = ""
     # snapshots older than this are expired by `lake compact` (the newest is always kept)
     snapshot_keep_s: Annotated[int, Meta(ge=0)] = 7 * 86400
+    # readers copy the Iceberg data files they read here once (they never change), so DuckDB
+    # scans them at local speed; empty: <path>/_iceberg_cache. Safe to wipe at any time.
+    cache_path: str = ""
 
     def __post_init__(self) -> None:
         if self.uri and not self.uri.startswith("s3://"):

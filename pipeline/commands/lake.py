@@ -65,7 +65,8 @@ def _compact_iceberg(args: argparse.Namespace, settings: Settings) -> int:
     print(f"{report.partitions} day partitions: merged {report.files_merged} files into "
           f"{report.files_written} ({report.rows} rows); expired {report.snapshots_expired} "
           f"snapshots older than {settings.lake.snapshot_keep_s} s; {report.conflicts} "
-          "commits lost to writers and retried")
+          f"commits lost to writers and retried; {report.cache_files_removed} files no "
+          "snapshot lists removed from the readers' cache")
     return 0
 
 

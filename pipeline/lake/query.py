@@ -243,7 +243,10 @@ class Lake:
         folder stays allowed for writes too (DuckDB has no read-only directory), so a COPY
         into it would pass; our queries have none, and their parameters are bound."""
         lake = str(self.root.resolve()) + "/"
-        self.con.execute("SET allowed_directories = $dirs", {"dirs": [lake]})
+        dirs = [lake]
+        if self._iceberg is not None:  # the local copies of the Iceberg tables' files
+            dirs = [str(self._iceberg.cache.resolve()) + "/"]
+        self.con.execute("SET allowed_directories = $dirs", {"dirs": dirs})
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
 
@@ -401,18 +404,19 @@ class Lake:
         return relation.project(", ".join([_projection(spec, found), *extras]))
 
     def _iceberg_relation(self, source: IcebergSource, spec: TableSpec) -> duckdb.DuckDBPyRelation:
-        """The table's current snapshot as a pyarrow dataset: DuckDB pushes the projection and
-        the filters into its scan (pyarrow reads the store; DuckDB itself stays locked). The
-        local lake's date/hour partition columns are computed from the time column."""
-        dataset = source.dataset(spec)
-        if dataset is None:
+        """The table's current data files, from their local copies (IcebergSource), read as
+        the local lake's are; `date` and `hour` are computed from the time column."""
+        paths = source.local_files(spec)
+        self._files[spec.name] = paths
+        files = [str(path) for path in paths]
+        first = f'"{spec.columns[0].name}"'
+        if not files:
             empty = self.con.from_arrow(spec.schema.empty_table())
             return empty.project(f"{_projection(spec, set())}, "
                                  "NULL::DATE AS date, NULL::BIGINT AS hour")
-        found = set(dataset.schema.names)
-        first = f'"{spec.columns[0].name}"'
+        relation = self.con.read_parquet(files, hive_partitioning=False, union_by_name=True)
         partitions = f"CAST({first} AS DATE) AS date, hour({first})::BIGINT AS hour"
-        return self.con.from_arrow(dataset).project(f"{_projection(spec, found)}, {partitions}")
+        return relation.project(f"{_projection(spec, set(relation.columns))}, {partitions}")
 
     def _skip(self, path: Path, reason: str) -> None:
         if path not in self.skipped:

@@ -138,7 +138,8 @@ def test_writers_racing_on_one_table_each_commit_every_row_once(tmp_path: Path) 
 def test_compaction_merges_a_days_files_keeps_rows_and_offsets_and_expires_snapshots(
     tmp_path: Path,
 ) -> None:
-    settings = iceberg_settings(tmp_path, compact_min_files=3, snapshot_keep_s=0)
+    settings = iceberg_settings(tmp_path, compact_min_files=3, snapshot_keep_s=0,
+                                compact_keep_s=0)
     writer = IcebergWriter(settings)
     for batch in range(4):  # four appends into day 0, one into day 1
         xids(writer, 0, range(batch * 10, batch * 10 + 10))
@@ -147,16 +148,21 @@ def test_compaction_merges_a_days_files_keeps_rows_and_offsets_and_expires_snaps
     writer.flush()
     before = {t.name: t for t in iceberg.status(settings)}["xid"]
     assert (before.files, before.rows, before.snapshots) == (5, 45, 5)
+    assert count(settings) == 45  # a reader copies the five data files into its cache
+    cache = iceberg.cache_dir(settings)
+    assert len(list(cache.rglob("*.parquet"))) == 5
     assert (before.oldest_day, before.newest_day) == ("2026-01-01", "2026-01-02")
 
-    report = iceberg.compact(settings, ["xid"], now=datetime.now(UTC) + timedelta(seconds=1))
+    report = iceberg.compact(settings, now=datetime.now(UTC) + timedelta(seconds=1))
     assert (report.partitions, report.files_merged, report.rows) == (1, 4, 40)
+    assert report.cache_files_removed == 4  # the merged ones: no snapshot lists them now
     after = {t.name: t for t in iceberg.status(settings)}["xid"]
     assert (after.files, after.rows, after.snapshots) == (2, 45, 1)
     table = writer.table("xid")
     table.refresh()
     assert committed_offsets(table) == {("fleet.events.xid", 0): 45}
     assert count(settings) == 45
+    assert len(list(cache.rglob("*.parquet"))) == 2
     # offsets survive compaction: a replay from the start adds nothing
     xids(writer, 0, range(0, 45))
     writer.flush()
