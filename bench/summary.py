@@ -136,6 +136,12 @@ def take_rows(p: dict[str, Any]) -> list[Row]:
     rows.append(Row("throughput", f"worker per core against the embedded runtime: {label}",
                     " / ".join(_x(a) for a in against), _n(p["embedded"]["samples_per_core_s"]),
                     goal="≥ 0.8×", met=max(against) >= 0.8))
+    same = r.get("kafka_pipeline_producer_batched_vs_embedded_batched_per_core")
+    if same is not None:  # both runtimes driving the same batch records through Stage.items
+        rows.append(Row(
+            "throughput", "worker per core against the embedded runtime fed the same batch "
+            "records (EmbeddedRuntime.feed_batch)", _x(same),
+            _n(p["embedded_batched"]["samples_per_core_s"]), goal="≥ 0.6×", met=same >= 0.6))
     return rows
 
 

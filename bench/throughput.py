@@ -13,7 +13,9 @@ produced once into private topics of the real broker, then measured on one proce
   committed the offset of the last input record (it commits only past acknowledged outputs);
   once one event at a time (the default) and once with `worker.take = TAKE` (each agent takes
   batches of up to TAKE records from faust);
-- embedded: the in-process runtime on the same encoded records (decode included), no Kafka.
+- embedded: the in-process runtime on the same encoded records (decode included), no Kafka;
+  and (embedded_batched) on the producer-batched records, each batch record's values through
+  their stage in one `Stage.items` call, as the worker runs them (`EmbeddedRuntime.feed_batch`).
 
 A metric sample is one value of one device (bench.sim.metric_samples). Rates are per wall
 second and per CPU second of the measuring process ("per core"); the pipeline's figures are
@@ -47,7 +49,8 @@ from pipeline.model import Event
 from pipeline.runtime.embedded import EmbeddedRuntime
 from pipeline.sim.engine import Simulation
 from pipeline.stages.base import encode_state
-from pipeline.wire.codec import content_type_of, decode
+from pipeline.wire.batches import BATCH_HEADER, unpack
+from pipeline.wire.codec import content_type_of, decode, header_of
 from pipeline.wire.topics import TOPICS, topic_name
 
 SCALE_GPUS = (1_000, 10_000, 100_000)
@@ -109,6 +112,31 @@ def run_embedded(settings: Settings, batch: list[broker.Record], repeat: int) ->
     return measure(feed, repeat)
 
 
+def run_embedded_batched(settings: Settings, batch: list[broker.Record], repeat: int) -> Timing:
+    """The embedded runtime on the records the producer-batched worker reads (a batch record
+    per partition and scrape, `broker.wire_records`): each batch record's values decoded and
+    run through their stage in one `Stage.items` call (`EmbeddedRuntime.feed_batch`), as the
+    worker runs them."""
+    prefix = settings.kafka.topic_prefix + "."
+    types = {spec.suffix: spec.value for spec in TOPICS}
+    limit = settings.kafka.max_value_bytes
+    work = [(topic.removeprefix(prefix), key, value, content_type_of(headers),
+             header_of(headers, BATCH_HEADER) is not None)
+            for topic, key, value, headers, _ in broker.wire_records(settings, batch, True)]
+
+    def feed() -> None:
+        runtime = EmbeddedRuntime(settings)
+        for offset, (suffix, key, value, content_type, packed) in enumerate(work):
+            if packed:
+                runtime.feed_batch(suffix, [(decode(raw, types[suffix], limit, kind), None)
+                                            for kind, raw in unpack(value)])
+            else:
+                runtime.feed_raw(suffix, value, offset, key, content_type)
+        runtime.finish()
+
+    return measure(feed, repeat)
+
+
 def rates(t: Timing, records: int, samples: int) -> dict[str, Any]:
     return {
         **t.summary(),
@@ -127,6 +155,8 @@ def bench_pipeline(quick: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {"records": len(batch), "metric_samples": samples,
                                "mix": _mix(events)}
     figures["embedded"] = rates(run_embedded(settings, batch, repeat), len(batch), samples)
+    figures["embedded_batched"] = rates(run_embedded_batched(settings, batch, repeat),
+                                        len(batch), samples)
     unreachable = broker.reachable(settings)
     if unreachable is not None:
         figures["kafka_skipped"] = unreachable
@@ -150,6 +180,10 @@ def bench_pipeline(quick: bool) -> dict[str, Any]:
     figures["ratios"] = {
         "kafka_pipeline_producer_batched_vs_embedded_per_core": ratio(
             batched["samples_per_core_s"], emb["samples_per_core_s"]),
+        "kafka_pipeline_producer_batched_vs_embedded_batched_per_core": ratio(
+            batched["samples_per_core_s"], figures["embedded_batched"]["samples_per_core_s"]),
+        "embedded_batched_vs_embedded_per_core": ratio(
+            figures["embedded_batched"]["samples_per_core_s"], emb["samples_per_core_s"]),
         "kafka_pipeline_producer_batched_vs_limit_per_core": ratio(
             batched["samples_per_core_s"], limit["samples_per_core_s"]),
         "kafka_pipeline_producer_batched_vs_per_record_per_core": ratio(

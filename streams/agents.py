@@ -162,7 +162,7 @@ def entries_of(ctx: Context, stage: Stage, record: Record) -> tuple[list[Entry],
     wrongly keyed: no state touched) is a dead letter of the record, naming the value in a
     batch record (pipeline/wire/batches.py), and the others go on."""
     if not is_batch(record):
-        ctx.metrics.values_in.labels(record.topic).inc()
+        ctx.count("values_in", record.topic)
         try:
             event = _value(ctx, record)
             return [Entry(record, event, stage.key(event, key_text(record)))], []
@@ -173,7 +173,7 @@ def entries_of(ctx: Context, stage: Stage, record: Record) -> tuple[list[Entry],
         pairs, first = held if held is not None else (unpack(record.value), None)
     except DecodeError as exc:
         return [], [ctx.send_dead_letter(record, str(exc), exc.reason)]
-    ctx.metrics.values_in.labels(record.topic).inc(len(pairs))
+    ctx.count("values_in", record.topic, len(pairs))
     own = record.topic in ctx.producer_batched  # each value keyed by its own target
     limit = ctx.settings.kafka.max_value_bytes
     entries: list[Entry] = []
@@ -308,7 +308,7 @@ def _value(ctx: Context, record: Record) -> Event | None:
     value = ctx.decoded.pop((record.topic, record.partition, record.offset), None)
     if value is None and record.value is None and record.topic in ctx.tombstoned:
         # normal on a compacted topic: the target left the inventory
-        ctx.metrics.tombstones.labels(record.topic).inc()
+        ctx.count("tombstones", record.topic)
         return None
     if value is None:
         limit = ctx.settings.kafka.max_value_bytes
@@ -352,7 +352,7 @@ class Agent:
         """What may be processed now that `record` came: itself, or what the Aligner
         releases (it holds records of its inputs while a partition catches up)."""
         ctx = self.ctx
-        ctx.metrics.records_in.labels(record.topic).inc()
+        ctx.count("records_in", record.topic)
         if self.aligner is None or record.topic not in self.aligner.rank:
             return [(record, ack)]
         try:

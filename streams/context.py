@@ -29,6 +29,7 @@ agents.run_batch), in one of two ways:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import zlib
@@ -102,6 +103,16 @@ class Context:
     backlog_at: float = 0.0  # monotonic time the lag timer last measured it
     # values for the internal topics the driver batches, written at the next flush (batches.py)
     queued: batches.Batches = field(default_factory=batches.Batches)
+    # the labelled children of the per-topic counters, looked up once (`count`)
+    children: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+    def count(self, counter: str, topic: str, amount: int = 1) -> None:
+        """Add to one of the metrics' per-topic counters (`records_in`, `values_in`,
+        `tombstones`), its child for `topic` (a full name) looked up once."""
+        child = self.children.get((counter, topic))
+        if child is None:
+            child = self.children[(counter, topic)] = getattr(self.metrics, counter).labels(topic)
+        child.inc(amount)
 
     def behind(self, topics: list[str], partition: int) -> bool:
         """Is this partition catching up on a backlog in any of `topics`?"""
@@ -111,7 +122,7 @@ class Context:
         name: str = self.topics[suffix].get_topic_name()
         return name
 
-    @property
+    @functools.cached_property
     def tombstoned(self) -> frozenset[str]:
         """Full names of the topics whose tombstones are values (a member left the inventory):
         the inventory, and the capacity stage's input the telemetry stage passes them on to."""
@@ -278,7 +289,11 @@ class Context:
         self, topic: str, key: str, value: bytes | None, headers: list[tuple[str, bytes]] | None
     ) -> Awaitable[Any]:
         channel = self.topics[topic]
-        self.metrics.records_out.labels(channel.get_topic_name()).inc()
+        counted = self.children.get(("out", topic))  # by the name it has here, labelled in full
+        if counted is None:
+            counted = self.children[("out", topic)] = self.metrics.records_out.labels(
+                channel.get_topic_name())
+        counted.inc()
         fut: Awaitable[Any] = channel.send_soon(key=key.encode(), value=value, headers=headers)
         return fut
 

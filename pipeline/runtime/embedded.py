@@ -16,7 +16,7 @@ reader is not among them is counted (`ignored`) and dropped, and so are outputs.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from pipeline.config import Settings
@@ -155,6 +155,33 @@ class EmbeddedRuntime:
         assert suffix is not None
         self._run([(suffix, record_key(event) if key is None else key, event)])
 
+    def feed_batch(self, topic_suffix: str, items: Sequence[tuple[Event, str | None]]) -> None:
+        """Values of one input topic that came together — a producer's batch record
+        (pipeline/wire/batches.py) — as the worker runs them: through their stage in one
+        `Stage.items` call, then each one's outputs, in order, breadth-first. (One at a time,
+        `feed`, each value's outputs go through the stages before the next value is read.)
+        `items`: (event, the record's key; None: the event's own)."""
+        stage = self._reader.get(topic_suffix)
+        if topic_suffix not in _INPUTS or stage is None:
+            for event, key in items:
+                self.feed(event, key)
+            return
+        keyed: list[tuple[Event, str]] = []
+        for event, key in items:
+            cls = type(event)
+            self.counts[_IN_COUNT.get(cls) or f"in.{cls.__name__}"] += 1
+            try:
+                keyed.append((event, stage.key(event, record_key(event) if key is None else key)))
+            except DecodeError as exc:
+                self.counts[f"dead.{exc.reason}"] += 1
+                self._dead_letter(topic_suffix, encode(event), self._offset, key, str(exc),
+                                  exc.reason)  # fmt: skip
+        queue: deque[tuple[str, str | None, Event | None]] = deque()
+        results = stage.items(self._parts[stage.name], keyed) if keyed else []
+        for (event, _), outs in zip(keyed, results, strict=True):
+            self._route(outs, queue, (topic_suffix, event))
+        self._drain(queue)
+
     def deliver(self, topic: str, key: str, event: Event) -> None:
         """An event put straight onto a topic the stages read, internal ones included (a
         backtest running the telemetry stage alone hands it the announcements)."""
@@ -205,7 +232,9 @@ class EmbeddedRuntime:
     def _run(self, work: list[tuple[str, str | None, Event | None]]) -> None:
         # Breadth-first, like records travelling through topics: a stage's outputs are handled
         # after the inputs already queued, and actions flow back into the health machine.
-        queue = deque(work)
+        self._drain(deque(work))
+
+    def _drain(self, queue: deque[tuple[str, str | None, Event | None]]) -> None:
         while queue:
             topic, key, event = queue.popleft()
             stage = self._reader.get(topic)
