@@ -3,7 +3,8 @@ cause (an outage, a driver wave, a partition, an ingest bug), not many node faul
 here, with its FleetPulseCommonCause alert; pipeline/decide/guard.py's docstring has the rule.
 
 Silence is also judged by onset, whatever the targets' labels: `common_cause_min_targets`
-targets that the guard learned were silent within `ONSET_MS` of each other are one cause (the
+targets whose silence showed within `ONSET_MS` of each other (the event time of the node state
+that first said so) are one cause (the
 nodes behind one Prometheus server or scrape job, a rack, a partition), even when they are few
 in every pool and zone. Onset windows are fixed, 2 x ONSET_MS long, starting every ONSET_MS, so
 two marks that close always share one and a mark's windows never move; a cause opens only on a
@@ -109,7 +110,7 @@ def _group(marks: Iterable[Mark]) -> dict[tuple[str, str], list[Mark]]:
 
 def onset_names(mark: Mark) -> tuple[str, str]:
     """The two onset windows a silent target's mark falls in (their start, ISO 8601 UTC)."""
-    k = mark.at // ONSET_MS
+    k = mark.ts // ONSET_MS
     return _onset_name(k - 1), _onset_name(k)
 
 
@@ -125,11 +126,11 @@ def _onset_groups(
     of their pool, zone or fleet (`open_now`) explains already (one outage, one alert)."""
     windows: dict[int, dict[str, Mark]] = {}
     for key, mark in marks.items():
-        if f"{SILENCE}|{ONSET}|{_onset_name(mark.at // ONSET_MS)}" not in st.causes and (
-            f"{SILENCE}|{ONSET}|{_onset_name(mark.at // ONSET_MS - 1)}" not in st.causes
+        if f"{SILENCE}|{ONSET}|{_onset_name(mark.ts // ONSET_MS)}" not in st.causes and (
+            f"{SILENCE}|{ONSET}|{_onset_name(mark.ts // ONSET_MS - 1)}" not in st.causes
         ) and any(f"{SILENCE}|{scope}|{scope_name(scope, mark)}" in open_now for scope in SCOPES):
             continue  # its pool's, zone's or the fleet's silence
-        k = mark.at // ONSET_MS
+        k = mark.ts // ONSET_MS
         windows.setdefault(k - 1, {})[key] = mark
         windows.setdefault(k, {})[key] = mark
     groups: dict[tuple[str, str], list[Mark]] = {}

@@ -34,7 +34,7 @@ one partition, so every removal in the fleet passes through it in one order):
   medik8s NHC minHealthy, NVSentinel's circuit breaker, Karpenter's disruption budgets.
 - **Silence** is no evidence of a node fault while others are silent with it: a silence cause
   lets no canary through, and silence has one scope more than pool, zone and fleet, its onset
-  (causes.py): `common_cause_min_targets` targets that fell silent within 30 s of each other
+  (causes.py): `common_cause_min_targets` targets whose silence showed within 30 s of each other
   (the nodes behind one Prometheus server or scrape job, whatever their pools and zones) are
   one cause. A silent node is still removed on evidence of its own: another check, or
   Kubernetes saying it is not Ready (the watcher's not_ready, `node.not_ready` in its node
@@ -145,9 +145,7 @@ def _note_open_checks(st: GuardState, ns: NodeState) -> None:
     for check in open_now:
         marks = st.raised.setdefault(check, {})
         if key not in marks:
-            marks[key] = Mark(
-                pool=pool_of(ns.target), zone=ns.target.zone, ts=ns.ts, at=st.clock
-            )
+            marks[key] = Mark(pool=pool_of(ns.target), zone=ns.target.zone, ts=ns.ts)
     for check in list(st.raised):
         if check == MAINTENANCE_CHECK:
             continue  # a notice, not a check of the node's: the pool's plans keep it (below)
@@ -168,9 +166,7 @@ def _note_proposal(st: GuardState, proposal: Proposal) -> None:
         marks = st.raised.setdefault(check, {})
         if key not in marks:
             target = proposal.target
-            marks[key] = Mark(
-                pool=pool_of(target), zone=target.zone, ts=proposal.ts, at=st.clock
-            )
+            marks[key] = Mark(pool=pool_of(target), zone=target.zone, ts=proposal.ts)
 
 
 def note_maintenance(st: GuardState, pool: str, announced: dict[str, Mark]) -> bool:

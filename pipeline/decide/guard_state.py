@@ -16,9 +16,9 @@ SCOPES = ("pool", "zone", "fleet")
 # Every stage of silence is one signal: a monitoring outage first makes nodes stale, then down.
 SILENCE = "silence"
 # Silence has one scope more, whatever the labels: the targets that fell silent together (the
-# nodes behind one Prometheus server or scrape job, a rack's power, a partition). Targets the
-# guard learned were silent within ONSET_MS of each other share an onset group
-# (causes.onset_groups), judged as a scope of its own for silence only.
+# nodes behind one Prometheus server or scrape job, a rack's power, a partition). Targets whose
+# silence showed within ONSET_MS of each other (event time) share an onset group (causes.py),
+# judged as a scope of its own for silence only.
 ONSET = "onset"
 ONSET_MS = 30_000
 _SILENCE_CHECKS = frozenset(
@@ -32,13 +32,12 @@ class Member(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Mark(msgspec.Struct, frozen=True, kw_only=True):
-    """A target with a check open, since `ts`; `at`: the guard's clock when it learned so (the
-    fleet's time, whatever the target's clock says: the onset of a silence)."""
+    """A target with a check open, since `ts` (event time: the onset of a silence, the same
+    whichever order the partitions' records reach the guard in)."""
 
     pool: str
     zone: str
     ts: int
-    at: int = 0
 
 
 class Cause(msgspec.Struct, frozen=True, kw_only=True):
