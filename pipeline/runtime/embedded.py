@@ -7,7 +7,9 @@ stage that reads its topic, breadth-first, like records travelling through topic
 fleet is one partition. Outputs on FleetPulse's topics go to an `emit(topic_suffix, event)`
 callback — the demo writes them to the lake; tests collect them.
 
-Input is fed in event-time order, so nothing needs aligning. Stages mutate the states they
+A producer's batch record (pipeline/wire/batches.py) may be fed as one (`feed_batch`): its values
+go through their stage in one `Stage.items` call, as the worker runs them, then their outputs
+in order. Input is fed in event-time order, so nothing needs aligning. Stages mutate the states they
 are given (stages/base.py); this driver keeps no snapshot: a stage that raises stops the run.
 `stages` may be part of the table (a backtest runs the telemetry stage alone): an input whose
 reader is not among them is counted (`ignored`) and dropped, and so are outputs.
