@@ -51,6 +51,10 @@ class LakeStats:
     tombstones: int = 0  # null values on a compacted topic (node-state): skipped, not errors
     # records at offsets the lake already holds (a consumer-group reset): skipped, not written
     already_in_lake: int = 0
+    # the Iceberg lake (lake.uri): rows a replay brought that the table's snapshot already held
+    # (dropped at commit), and commits another writer got in first (retried)
+    iceberg_rows_already_in_lake: int = 0
+    iceberg_commit_retries: int = 0
     tables: dict[str, int] = field(default_factory=dict)
 
 
@@ -146,6 +150,9 @@ class LakeSink:
         except SinkError as exc:
             raise SinkError(str(exc), reason=write_error_reason(exc)) from exc
         self.stats.rows, self.stats.files = self.writer.rows_written, self.writer.files_written
+        if isinstance(self.writer, IcebergWriter):
+            self.stats.iceberg_rows_already_in_lake = self.writer.rows_already_in_lake
+            self.stats.iceberg_commit_retries = self.writer.commit_conflicts
 
     def discard(self) -> None:
         self.writer.discard()

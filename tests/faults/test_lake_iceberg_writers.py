@@ -3,7 +3,9 @@ group commit into the same Iceberg tables (SQLite catalog, data on s3proxy: depl
 while findings arrive, and then:
 
 - one is SIGKILLed at a seeded point and restarted;
-- the broker (a test's own) is stopped mid-stream and started again.
+- the broker (a test's own) is stopped mid-stream and started again;
+- the group is reset to the earliest offsets and a sink started again: every record comes
+  back, and none is stored again.
 
 Each append records its offsets in the snapshot summary, so the partitions handed to the
 others (and back), and batches whose Kafka commit failed, are replayed from the group's last
@@ -12,8 +14,10 @@ rows out, no duplicates, no loss."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -31,6 +35,7 @@ from pipeline.wire.topics import topic_name
 from streams.testing import producer
 from tests.faults import reliability
 from tests.faults.infra import Broker, Proc, base_env, own_broker, seeded_point, wait_until
+from tests.faults.test_infra_replay import _reset_to_earliest
 from tests.iceberg_fixture import iceberg_settings, settings_env
 from tests.lake_fixture import FINDINGS
 
@@ -46,11 +51,16 @@ def _findings(tag: str) -> list[Finding]:
                                     ts=FINDINGS[0].ts + n) for n in range(FINDINGS_IN)]
 
 
-def _start_sinks(kafka: KafkaSettings, lake: LakeSettings, tmp_path: Path) -> list[Proc]:
+def _env(kafka: KafkaSettings, lake: LakeSettings, tmp_path: Path) -> dict[str, str]:
+    return base_env(kafka.bootstrap, kafka.topic_prefix, tmp_path, **settings_env(lake),
+                    FLEETPULSE_LAKE__FLUSH_SECONDS="1")
+
+
+def _start_sinks(kafka: KafkaSettings, lake: LakeSettings, tmp_path: Path,
+                 env: dict[str, str] | None = None) -> list[Proc]:
     create_topics(kafka)
     IcebergWriter(lake)  # the tables, as the first sink would create them
-    env = base_env(kafka.bootstrap, kafka.topic_prefix, tmp_path, **settings_env(lake),
-                   FLEETPULSE_LAKE__FLUSH_SECONDS="1")
+    env = env or _env(kafka, lake, tmp_path)
     sinks = [Proc(f"lake sink {n}", ["sink", "lake"], env, tmp_path / f"s{n}.log")
              for n in range(3)]
     for sink in sinks:
@@ -78,6 +88,10 @@ def _judge(scenario: str, kafka: KafkaSettings, lake: LakeSettings, sinks: list[
     want = {f.finding_id for f in findings}
     try:
         wait_until(lambda: want <= set(_ids(lake)), 180, "every finding in the lake", *sinks)
+        # what replays brought again, on the sinks alive at the end: records skipped on
+        # arrival (below the offsets read at assignment) and rows dropped at commit
+        skipped = sum(_metric(sink, "already_in_lake") for sink in sinks)
+        dropped = sum(_metric(sink, "iceberg_rows_already_in_lake") for sink in sinks)
     finally:
         codes = [sink.stop() for sink in sinks]
     ids = _ids(lake)
@@ -89,6 +103,7 @@ def _judge(scenario: str, kafka: KafkaSettings, lake: LakeSettings, sinks: list[
         "in": len(findings), "out": sum(ids.values()), "lost": lost, "duplicates": duplicates,
         "snapshots": len(table.metadata.snapshots),
         "commits retried": sum(s.text().count("lost to another writer") for s in sinks),
+        "replayed records skipped": skipped, "replayed rows dropped at commit": dropped,
         **figures})
     assert codes == [0, 0, 0], "\n".join(sink.tail() for sink in sinks)
     assert lost == 0 and duplicates == 0
@@ -148,6 +163,53 @@ def test_three_iceberg_sinks_across_a_broker_restart_store_every_row_once(
         raise
     _judge("three Iceberg lake sinks, broker restarted", kafka, lake, sinks, findings,
            {"outage_s": round(outage_s, 1)})
+
+
+def test_a_group_reset_to_earliest_stores_nothing_twice_in_the_iceberg_tables(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    kafka = kafka_settings
+    lake = iceberg_settings(tmp_path, flush_seconds=1)
+    env = _env(kafka, lake, tmp_path)
+    sinks = _start_sinks(kafka, lake, tmp_path, env)
+    findings = _findings("reset")
+    want = {f.finding_id for f in findings}
+    try:
+        _send(kafka, findings, TRICKLE_S / 2)
+        wait_until(lambda: want <= set(_ids(lake)), 180, "every finding in the lake", *sinks)
+    finally:
+        codes = [sink.stop() for sink in sinks]
+    assert codes == [0, 0, 0], "\n".join(sink.tail() for sink in sinks)
+    reset = _reset_to_earliest(kafka, env["FLEETPULSE_LAKE__GROUP_ID"])
+    assert set(reset.values()) == {0}
+    again = Proc("lake sink after the reset", ["sink", "lake"], env, tmp_path / "again.log")
+    again.start()
+    try:
+        wait_until(again.ready, 90, "the sink joined its group", again)
+        # every record comes back: each is skipped (the snapshot's offsets say it is in)
+        wait_until(lambda: _metric(again, "already_in_lake") >= len(findings), 120,
+                   "every replayed record skipped", again)
+        skipped = _metric(again, "already_in_lake")
+        dropped = _metric(again, "iceberg_rows_already_in_lake")
+    finally:
+        code = again.stop()
+    ids = _ids(lake)
+    reliability.record("infrastructure", "Iceberg lake sink group reset to earliest", {
+        "in": len(findings), "consumed": 2 * len(findings), "out": sum(ids.values()),
+        "duplicates": sum(n - 1 for n in ids.values()), "lost": len(want - set(ids)),
+        "replayed records skipped": skipped, "replayed rows dropped at commit": dropped})
+    assert code == 0, again.tail()
+    assert skipped == len(findings)
+    assert Counter(ids) == Counter(want)
+
+
+def _metric(sink: Proc, field: str) -> int:
+    """A lake sink's counter from its /metrics (0 when it has not counted any yet)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{sink.readyz_port()}/metrics",
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.search(rf"^fleetpulse_lake_sink_{field}(?:_total)? (\S+)$", text, re.MULTILINE)
+    return int(float(found[1])) if found else 0
 
 
 def _ids(lake: LakeSettings) -> Counter[str]:
