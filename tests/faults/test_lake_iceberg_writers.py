@@ -99,7 +99,7 @@ def _judge(scenario: str, kafka: KafkaSettings, lake: LakeSettings, sinks: list[
     lost = len(want - set(ids))
     table = IcebergWriter(lake).table("findings")
     offsets = committed_offsets(table)
-    reliability.record("infrastructure", scenario, {
+    reliability.record("lake", scenario, {
         "in": len(findings), "out": sum(ids.values()), "lost": lost, "duplicates": duplicates,
         "snapshots": len(table.metadata.snapshots),
         "commits retried": sum(s.text().count("lost to another writer") for s in sinks),
@@ -194,7 +194,7 @@ def test_a_group_reset_to_earliest_stores_nothing_twice_in_the_iceberg_tables(
     finally:
         code = again.stop()
     ids = _ids(lake)
-    reliability.record("infrastructure", "Iceberg lake sink group reset to earliest", {
+    reliability.record("lake", "Iceberg lake sink group reset to earliest", {
         "in": len(findings), "consumed": 2 * len(findings), "out": sum(ids.values()),
         "duplicates": sum(n - 1 for n in ids.values()), "lost": len(want - set(ids)),
         "replayed records skipped": skipped, "replayed rows dropped at commit": dropped})
