@@ -194,7 +194,7 @@ def test_a_column_the_model_adds_is_added_to_the_table_and_old_files_read_it_as_
     assert got == [(False, 3), (True, 5)]
 
 
-def test_lake_status_sql_and_report_commands_read_the_iceberg_tables(tmp_path: Path) -> None:
+def test_lake_status_compact_sql_and_report_commands_work_on_the_iceberg_tables(tmp_path: Path) -> None:
     settings = build_iceberg_lake(tmp_path)
     env = {**os.environ, **settings_env(settings)}
     status = subprocess.run([sys.executable, "-m", "pipeline.cli", "lake", "status"],
@@ -209,6 +209,10 @@ def test_lake_status_sql_and_report_commands_read_the_iceberg_tables(tmp_path: P
         env=env, capture_output=True, text=True, timeout=120, check=False)
     assert sql.returncode == 0, sql.stderr
     assert sql.stdout.split() == ["n", str(len(fx.FINDINGS))]
+    compact = subprocess.run([sys.executable, "-m", "pipeline.cli", "lake", "compact"],
+                             env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert compact.returncode == 0, compact.stderr
+    assert compact.stdout.startswith("0 day partitions: merged 0 files"), compact.stdout
     out = tmp_path / "report.html"
     report = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "report", "--out", str(out),
