@@ -46,7 +46,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from pipeline.config import LakeSettings
-from pipeline.errors import SinkError
+from pipeline.errors import ConfigError, SinkError
 from pipeline.lake.columns import TIMESTAMP
 from pipeline.lake.tables import TABLES, TableSpec
 from pipeline.model import Event
@@ -94,17 +94,33 @@ def open_catalog(settings: LakeSettings) -> Any:
 
     if not settings.uri:
         raise SinkError("lake: lake.uri is empty: the lake is the local Parquet one")
+    from sqlalchemy.exc import SQLAlchemyError
+
     configure_s3_client()
-    catalog = SqlCatalog("fleetpulse", **catalog_properties(settings))
-    for attempt in range(COMMIT_ATTEMPTS):
-        try:
-            catalog.create_namespace_if_not_exists(settings.namespace)
-            break
-        except NamespaceAlreadyExistsError:  # another process made it between check and create
-            break
-        except _catalog_busy() as exc:
-            _pause(attempt, "creating the namespace", exc)
+    try:
+        catalog = SqlCatalog("fleetpulse", **catalog_properties(settings))
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                catalog.create_namespace_if_not_exists(settings.namespace)
+                break
+            except NamespaceAlreadyExistsError:  # another process made it meanwhile
+                break
+            except _catalog_busy() as exc:
+                _pause(attempt, "creating the namespace", exc)
+    except SQLAlchemyError as exc:
+        raise ConfigError(f"lake.catalog {_without_password(settings.catalog)}: cannot open "
+                          f"the Iceberg catalog: {_first_line(exc)}") from exc
     return catalog
+
+
+def _without_password(url: str) -> str:
+    """A SQLAlchemy URL as it may be shown: its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ValueError, TypeError):
+        return "(unparsable URL)"
 
 
 def _catalog_busy() -> tuple[type[BaseException], ...]:
@@ -117,8 +133,17 @@ def _catalog_busy() -> tuple[type[BaseException], ...]:
 
 
 def _pause(attempt: int, what: str, exc: BaseException) -> None:
+    """Wait before trying again after a lost commit; anything else (an SQL error that is not
+    another writer's lock) is raised as it is."""
+    if not (type(exc).__name__ == "CommitFailedException" or _locked(exc)):
+        raise exc
     log.info("lake: %s: lost to another writer (%s); trying again", what, _first_line(exc))
     time.sleep(min(0.05 * 2**attempt, 2.0))
+
+
+def _locked(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text or "could not serialize" in text
 
 
 def _first_line(exc: BaseException) -> str:
@@ -515,7 +540,8 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
                               format="parquet", filesystem=filesystem).to_table()
             try:
                 written = _replace_files(found, batch, rows)
-            except _catalog_busy():
+            except _catalog_busy() as exc:
+                _pause(conflicts, f"compacting {name}", exc)
                 conflicts += 1
                 report.conflicts += 1
                 continue

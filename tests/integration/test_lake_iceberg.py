@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pytest
 
+from pipeline.errors import ConfigError
 from pipeline.lake import iceberg
 from pipeline.lake.iceberg import IcebergWriter, arrow_schema, committed_offsets, open_catalog
 from pipeline.lake.query import Lake
@@ -220,6 +222,16 @@ def test_lake_status_compact_sql_and_report_commands_work_on_the_iceberg_tables(
         env=env, capture_output=True, text=True, timeout=180, check=False)
     assert report.returncode == 0, report.stderr
     assert "g1" in out.read_text()  # the fixture's failing node, from the Iceberg tables
+
+
+def test_a_catalog_that_cannot_be_opened_is_a_config_error_naming_the_setting(
+    tmp_path: Path,
+) -> None:
+    settings = iceberg_settings(tmp_path)
+    missing = tmp_path / "no-such-folder" / "catalog.db"
+    broken = msgspec.structs.replace(settings, catalog=f"sqlite:///{missing}")
+    with pytest.raises(ConfigError, match=r"lake\.catalog .*cannot open the Iceberg catalog"):
+        open_catalog(broken)
 
 
 def test_the_s3_client_is_told_to_send_checksums_only_when_required() -> None:
