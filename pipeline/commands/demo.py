@@ -69,7 +69,9 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         intensity=args.intensity,
         seed=settings.sim.seed if args.seed is None else args.seed,
     )
-    settings = msgspec.structs.replace(settings, sim=sim)
+    # the demo's lake is its own local folder, whatever lake.uri says (docs/lake-iceberg.md)
+    lake = msgspec.structs.replace(settings.lake, uri="")
+    settings = msgspec.structs.replace(settings, sim=sim, lake=lake)
     console.print(
         f"[bold]FleetPulse demo[/]: {sim.gpu_nodes} GPU nodes ({sim.gpu_nodes * 8} GPUs) and "
         f"{sim.tpu_slices} TPU slices, {args.hours:g} simulated hours, faults ×{sim.intensity:g}, "
