@@ -406,7 +406,13 @@ class Lake:
     def _iceberg_relation(self, source: IcebergSource, spec: TableSpec) -> duckdb.DuckDBPyRelation:
         """The table's current data files, from their local copies (IcebergSource), read as
         the local lake's are; `date` and `hour` are computed from the time column."""
-        paths = source.local_files(spec)
+        paths = []
+        for path in source.local_files(spec):  # a damaged copy is left out, as a local file
+            reason = self.skipped.get(path) or check_file(path)
+            if reason is None:
+                paths.append(path)
+            else:
+                self._skip(path, reason)
         self._files[spec.name] = paths
         files = [str(path) for path in paths]
         first = f'"{spec.columns[0].name}"'

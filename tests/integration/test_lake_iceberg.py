@@ -224,6 +224,24 @@ def test_lake_status_compact_sql_and_report_commands_work_on_the_iceberg_tables(
     assert "g1" in out.read_text()  # the fixture's failing node, from the Iceberg tables
 
 
+@pytest.mark.parametrize("how", fx.DAMAGES)
+def test_a_damaged_cached_copy_is_left_out_and_named_and_the_rest_is_read(
+    tmp_path: Path, how: str
+) -> None:
+    settings = iceberg_settings(tmp_path)
+    writer = IcebergWriter(settings)
+    for batch in range(3):  # three data files
+        xids(writer, 0, range(batch * 10, batch * 10 + 10))
+        writer.flush()
+    assert count(settings) == 30  # copies every file into the cache
+    (victim, *_) = sorted(iceberg.cache_dir(settings).rglob("*.parquet"))
+    fx.damage(victim, how)
+    with Lake(tmp_path, settings) as opened:
+        # a query reads the pages (a count alone comes from the footers)
+        assert opened.sql("SELECT count(DISTINCT node) FROM stored_xid").rows == [(20,)]
+        assert list(opened.skipped) == [victim]
+
+
 def test_a_catalog_that_cannot_be_opened_is_a_config_error_naming_the_setting(
     tmp_path: Path,
 ) -> None:
