@@ -60,6 +60,9 @@ CHECKSUM_ENV = {
 }
 ICEBERG_TIMESTAMP = pa.timestamp("us")
 DAY_FIELD_ID = 1000  # Iceberg numbers partition fields from 1000
+# Partitioned by cluster as well as by day: the one table big enough for it to prune (an
+# engine's query of one cluster reads that cluster's files); the event tables are small.
+CLUSTER_PARTITIONED = frozenset({"utilization"})
 COMMIT_ATTEMPTS = 20
 # pyiceberg retries a lost commit itself by replaying it onto the new snapshot, with the summary
 # it had: the offsets another writer just committed would be dropped from it. So it may not;
@@ -189,13 +192,19 @@ def iceberg_schema(spec: TableSpec) -> Any:
 
 
 def partition_spec(spec: TableSpec, schema: Any) -> Any:
-    """Partitioned by the day of the table's time column (its first)."""
+    """Partitioned by the day of the table's time column (its first); the big tables in
+    CLUSTER_PARTITIONED by cluster too."""
     from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.transforms import DayTransform
+    from pyiceberg.transforms import DayTransform, IdentityTransform
 
     source = schema.find_field(spec.columns[0].name).field_id
-    return PartitionSpec(PartitionField(source_id=source, field_id=DAY_FIELD_ID,
-                                        transform=DayTransform(), name="day"))
+    fields = [PartitionField(source_id=source, field_id=DAY_FIELD_ID, transform=DayTransform(),
+                             name="day")]
+    if spec.name in CLUSTER_PARTITIONED:
+        fields.append(PartitionField(source_id=schema.find_field("cluster").field_id,
+                                     field_id=DAY_FIELD_ID + 1, transform=IdentityTransform(),
+                                     name="cluster"))
+    return PartitionSpec(*fields)
 
 
 def table(catalog: Any, settings: LakeSettings, spec: TableSpec, *, create: bool = True) -> Any:

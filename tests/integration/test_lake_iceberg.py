@@ -82,10 +82,12 @@ def test_every_lake_table_is_an_iceberg_table_of_its_derived_columns_by_day(
     for name, spec in TABLES.items():
         table = catalog.load_table(f"{settings.namespace}.{name}")
         assert [f.name for f in table.schema().fields] == spec.schema.names, name
-        (day,) = table.spec().fields
+        day, *more = table.spec().fields
         assert str(day.transform) == "day", name
         source = table.schema().find_field(day.source_id).name
         assert source == spec.columns[0].name, name  # the table's time column
+        by = [table.schema().find_field(f.source_id).name for f in more]
+        assert by == (["cluster"] if name == "utilization" else []), name
 
 
 def test_each_append_records_its_offsets_and_a_replay_adds_nothing(tmp_path: Path) -> None:
