@@ -60,6 +60,8 @@ def on_time(
 def publish(
     state: CapacityState, settings: CapacitySettings, prices: PriceBook
 ) -> tuple[CapacityState, Outputs]:
+    if state.clock_ms == 0:  # no input with a time yet (a tombstone first): nothing to date
+        return state, Outputs()
     every = snapshot.snapshots(state, settings, prices)
     out = Outputs(snapshots=snapshot.due(state, settings, prices))
     current = crunch.crunches(every, settings, equivalents)

@@ -169,8 +169,8 @@ def test_sql_names_the_views_there_are_for_an_unknown_table(lake: Path) -> None:
     run = fleetpulse("sql", "--lake", str(lake), "SELECT * FROM utilisation")
     assert run.returncode == 2
     assert "Table with name utilisation does not exist" in run.stderr
-    assert "The lake has: accelerator_types, actions, alerts, capacity, findings, node_state, " \
-           "prices, utilization, withheld, xid, xid_catalog." in run.stderr
+    assert "The lake has: accelerator_types, actions, alerts, capacity, capacity_snapshots, " \
+           "findings, node_state, prices, utilization, withheld, xid, xid_catalog." in run.stderr
 
 
 def test_serve_sim_with_a_bad_fault_spec_is_the_same_clear_error_as_simulate(tmp_path: Path

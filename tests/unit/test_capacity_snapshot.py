@@ -284,3 +284,16 @@ def test_every_device_is_counted_once_whatever_arrives(
             assert got.devices == got.healthy + got.suspect + out_total
             assert 0 <= got.healthy_free <= got.healthy
             assert got.allocated_idle <= got.allocated <= got.healthy + got.suspect
+
+
+def test_a_view_with_members_but_no_time_yet_publishes_nothing() -> None:
+    # inventory does not move the clock (a replay's inventory is listed today): until an input
+    # with an event time comes, a snapshot would have no date to carry
+    state = CapacityState()
+    fold(state, node("n1"))
+    assert state.members and state.clock_ms == 0
+    state, out = view.publish(state, SETTINGS, PRICES)
+    assert out.snapshots == [] and out.advice == []
+    fold(state, state_of("n1", "healthy", T0))
+    state, out = view.publish(state, SETTINGS, PRICES)
+    assert [s.ts for s in out.snapshots] == [T0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pipeline.capacity.crunch import ALERTNAME
 from pipeline.config import CapacitySettings, Settings, SimSettings
-from pipeline.model import Alert, CapacityAdvice, CapacitySnapshot, Inventory
+from pipeline.model import Alert, CapacityAdvice, CapacitySnapshot, Inventory, NodeState, Target
 from pipeline.runtime.embedded import EmbeddedRuntime, collect
 from pipeline.sim.engine import Simulation
 from pipeline.stages import capacity as stage
@@ -76,7 +76,12 @@ def test_a_tombstone_forgets_the_member_and_a_wrong_key_is_refused() -> None:
     runtime.deliver(CAPACITY_INPUT, CAPACITY_KEY, member)
     held = runtime.tables["capacity"][CAPACITY_KEY]
     assert isinstance(held, stage.CapacityStageState) and "c1/n1" in held.view.members
-    assert any(topic == "capacity" for topic, _ in published)  # a new member: published
+    # a new member, but no input with an event time yet: nothing to date a snapshot with
+    assert not any(topic == "capacity" for topic, _ in published)
+    target = Target(cluster="c1", kind="node", name="n1", pool="p", zone=SPARE_ZONE)
+    runtime.deliver(CAPACITY_INPUT, CAPACITY_KEY, NodeState(
+        ts=T0, target=target, state="healthy", since=T0))  # fmt: skip
+    assert [e.ts for topic, e in published if topic == "capacity"] == [T0]  # type: ignore[attr-defined]
 
     runtime.feed_raw("inventory", None, 1, key="c1/n1")  # its tombstone, via the telemetry stage
     assert "c1/n1" not in runtime.tables["capacity"][CAPACITY_KEY].view.members
