@@ -126,7 +126,8 @@ def _load_inventory(
         time.sleep(0.3)
 
 
-def _produce_as_live(settings: Settings, events: list[Event], port: int, end_ms: int) -> None:
+def _produce_as_live(settings: Settings, events: list[Event], port: int, end_ms: int,
+                     arrivals: list[int] | None = None) -> None:  # fmt: skip
     """Produce the recording five minutes of event time at a time, each once the worker has
     worked off the last (inputs consumed, every partition it reads, our own actions
     included, with no lag in a measure taken since).
@@ -137,13 +138,14 @@ def _produce_as_live(settings: Settings, events: list[Event], port: int, end_ms:
     and the drain that follows a cordon was never proposed. The health machine now puts a late
     action where it came live (health.py; test_health_late_actions, test_infra_backpressure
     test that), but timing is not what this scenario is about. Records stamped after `end_ms`
-    (the skewed host's, a day ahead) go in the last slice."""
+    (the skewed host's, a day ahead) go in the last slice. `arrivals`: when each record arrives
+    (event time), where it is not its own stamp (a host whose clock is off, reporting on time)."""
     kafka = producer(settings.kafka)
     inputs = r"\.telemetry\.|\.events\."
     start = min(getattr(e, "ts", 0) for e in events)
     slices: dict[int, list[Event]] = {}
-    for event in events:
-        ts = min(getattr(event, "ts", start), end_ms)
+    for index, event in enumerate(events):
+        ts = min(getattr(event, "ts", start) if arrivals is None else arrivals[index], end_ms)
         slices.setdefault((ts - start) // (5 * MINUTE), []).append(event)
     sent = 0
     try:

@@ -1,7 +1,9 @@
-"""The scoped outages and zeros of test_scoped_faults.py on the real broker (issue 35):
-`fleetpulse worker` on three partitions, the inventory enforced, a 24-node fleet for 20
-minutes with one zone, one pool or one scrape job silent or reading 0 for 10 minutes. Nothing is
-removed, no record is lost, and the worker takes exactly the embedded runtime's actions (none).
+"""The scoped outages, zeros and skewed hosts of test_scoped_faults.py on the real broker
+(issue 35): `fleetpulse worker` on three partitions, the inventory enforced, a 24-node fleet for
+20 minutes with one zone, one pool or one scrape job silent or reading 0 for 10 minutes, or one
+host whose clock is off (behind or ahead, within the door's bounds) while its records arrive on
+time. Nothing is removed, no record is lost, and the worker takes exactly the embedded
+runtime's actions (none).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from tests.faults.hostile import (
     in_pool,
     in_zone,
     outage,
+    skew_host,
     zeroed,
 )
 from tests.faults.test_fail_safe_property import _fleet as small_fleet
@@ -84,6 +87,51 @@ FAULTS: dict[str, Callable[[list[Event], int, int, Scope], list[Event]]] = {
 def test_a_scoped_outage_on_the_real_broker_removes_nothing(
     kafka_bootstrap: str, tmp_path: Path, kind: str, fault: str
 ) -> None:
+    start, clean, fleet_inventory = small_fleet()
+    where, name = _scope(kind, list(clean))
+    events = FAULTS[fault](list(clean), start + 5 * MINUTE, start + 15 * MINUTE, where)
+    removals, letters, lost = _run_worker(kafka_bootstrap, tmp_path, start, events,
+                                          list(fleet_inventory))  # fmt: skip
+    reliability.record(
+        "input",
+        f"one {kind} ({name}) {fault} for 10 min (real broker)",
+        {"removals": len(removals), "dead-lettered": len(letters),
+         "actions same as embedded": "yes", "lost": lost},
+    )
+
+
+@pytest.mark.slow  # make faults; test_scoped_faults.py runs them embedded
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("name", "skew_ms"), [("240 s behind", -240_000), ("200 s ahead", 200_000)])
+def test_a_host_skewed_within_the_door_on_the_real_broker_is_not_silent(
+    kafka_bootstrap: str, tmp_path: Path, name: str, skew_ms: int
+) -> None:
+    start, clean, fleet_inventory = small_fleet()
+    host = sorted({e.node for e in clean if isinstance(e, GpuSample)})[3]
+    events = skew_host(list(clean), host, start + 5 * MINUTE, skew_ms)
+    arrivals = [getattr(e, "ts", start) for e in clean]  # on time: as the clean run's records
+    removals, letters, lost = _run_worker(kafka_bootstrap, tmp_path, start, events,
+                                          list(fleet_inventory), arrivals)  # fmt: skip
+    # the clock steps back at 5 min: its next records re-stamp what it already reported, into
+    # windows closed before; both runtimes refuse the same few as late, and nothing else
+    assert lost == 0 and {d.reason for d in letters} <= {"late"}
+    assert all(str(d.key).endswith(f"/{host}") for d in letters), {d.key for d in letters}
+    reliability.record(
+        "input",
+        f"a host whose clock is {name}, reporting on time (real broker)",
+        {"removals": len(removals), "dead-lettered": len(letters),
+         "actions same as embedded": "yes", "lost": lost},
+    )
+
+
+def _run_worker(
+    kafka_bootstrap: str, tmp_path: Path, start: int, events: list[Event],
+    inventory: list[Inventory], arrivals: list[int] | None = None,
+) -> tuple[list[Action], list[DeadLetter], int]:
+    """`events` through the embedded runtime and through `fleetpulse worker` on the real broker
+    (the inventory enforced, three partitions, produced as live): asserts that neither removes
+    anything, both take the same actions and refuse the same records; returns the removals,
+    dead letters and records lost."""
     kafka = KafkaSettings(
         bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3
     )
@@ -91,10 +139,6 @@ def test_a_scoped_outage_on_the_real_broker_removes_nothing(
     settings = msgspec.structs.replace(
         base, kafka=kafka, inventory=msgspec.structs.replace(base.inventory, enforce=True)
     )
-    start, clean, fleet_inventory = small_fleet()
-    inventory: list[Inventory] = list(fleet_inventory)
-    where, name = _scope(kind, list(clean))
-    events = FAULTS[fault](list(clean), start + 5 * MINUTE, start + 15 * MINUTE, where)
 
     outputs: dict[str, list[Event]] = {}
     runtime = EmbeddedRuntime(settings, lambda s, e: outputs.setdefault(s, []).append(e))
@@ -103,6 +147,7 @@ def test_a_scoped_outage_on_the_real_broker_removes_nothing(
     for offset, event in enumerate(events):
         runtime.feed_raw(INPUT_SUFFIX[type(event)], encode(event), offset, record_key(event))
     want = {a.action_id for a in outputs.get("actions", []) if isinstance(a, Action)}
+    refused = Counter((d.reason, d.key) for d in outputs.get("dlq", []) if isinstance(d, DeadLetter))
 
     env = worker_env(settings, tmp_path, FLEETPULSE_INVENTORY__ENFORCE="true")
     create_topics(env)
@@ -113,7 +158,7 @@ def test_a_scoped_outage_on_the_real_broker_removes_nothing(
         worker.wait_for(r"^fleetpulse worker: assigned .*telemetry", timeout=120)
         port = worker.metrics_port()
         _load_inventory(settings, inventory, worker, port)
-        _produce_as_live(settings, events, port, start + 30 * MINUTE)
+        _produce_as_live(settings, events, port, start + 30 * MINUTE, arrivals)
         consumed = metric_sum(port, "fleetpulse_worker_records_in_total", r"\.telemetry\.|\.events\.")
         reader.poll()
     finally:
@@ -124,11 +169,7 @@ def test_a_scoped_outage_on_the_real_broker_removes_nothing(
     letters = reader.values(topics[1], DeadLetter)
     assert removals == [], [(a.target.name, a.reason.checks) for a in removals]
     assert {a.action_id for a in actions} == want == set()
+    assert Counter((d.reason, d.key) for d in letters) == refused
     lost = _inputs(events) - int(consumed)  # each input is consumed once: processed or a letter
     assert lost == 0
-    reliability.record(
-        "input",
-        f"one {kind} ({name}) {fault} for 10 min (real broker)",
-        {"removals": len(removals), "dead-lettered": len(letters),
-         "actions same as embedded": "yes", "lost": lost},
-    )
+    return removals, letters, lost
