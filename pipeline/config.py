@@ -211,6 +211,13 @@ class LakeSettings(Section, frozen=True):
     s3_secret_access_key: str = ""
     # snapshots older than this are expired by `lake compact` (the newest is always kept)
     snapshot_keep_s: Annotated[int, Meta(ge=0)] = 7 * 86400
+    # per Iceberg table (a TABLES name or utilization_hourly): `lake compact` drops its day
+    # partitions older than this many days (absent: kept for ever), and expires its snapshots
+    # after these seconds instead of snapshot_keep_s
+    retention_days: dict[str, Annotated[int, Meta(ge=1)]] = {}
+    snapshot_keep_s_by_table: dict[str, Annotated[int, Meta(ge=0)]] = {}
+    # a utilization_timeline over at least this range (whole hours) reads the hourly rollup
+    rollup_min_range_s: Annotated[int, Meta(ge=3600)] = 3 * 86400
     # readers copy the Iceberg data files they read here once (they never change), so DuckDB
     # scans them at local speed; empty: <path>/_iceberg_cache. Safe to wipe at any time.
     cache_path: str = ""

@@ -67,6 +67,8 @@ def _compact_iceberg(args: argparse.Namespace, settings: Settings) -> int:
           f"snapshots older than {settings.lake.snapshot_keep_s} s; {report.conflicts} "
           f"commits lost to writers and retried; {report.cache_files_removed} files no "
           "snapshot lists removed from the readers' cache")
+    print(f"dropped {report.files_dropped} data files past lake.retention_days; rolled up "
+          f"{report.rollup_days} days of utilization by hour ({report.rollup_rows} rows)")
     return 0
 
 

@@ -32,6 +32,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ import pyarrow.fs as pafs
 
 from pipeline.config import LakeSettings
 from pipeline.errors import ConfigError, SinkError
+from pipeline.lake import iceberg_rollup
 from pipeline.lake.columns import TIMESTAMP
 from pipeline.lake.tables import TABLES, TableSpec
 from pipeline.model import Event
@@ -429,7 +431,19 @@ class IcebergSource:
 
     def local_files(self, spec: TableSpec) -> list[Path]:
         """The table's current data files in the local cache, fetched if missing."""
-        keys = [_key(f.file_path) for f in self.data_files(spec)]
+        return self.fetch(self.data_files(spec))
+
+    def rollup(self) -> tuple[list[Path], dict[str, int]]:
+        """The hourly rollup's data files (local copies; none before the first `lake compact`)
+        and the utilization rows per day partition now (pipeline/lake/iceberg_rollup.py)."""
+        found = rollup_table(self.catalog, self.settings, create=False)
+        files = [] if found is None else [task.file for task in found.scan().plan_files()]
+        days = day_rows(self.data_files(TABLES[iceberg_rollup.SOURCE_TABLE]))
+        return self.fetch(files), days
+
+    def fetch(self, data_files: Sequence[Any]) -> list[Path]:
+        """Local copies of `data_files`, fetched into the cache if missing."""
+        keys = [_key(f.file_path) for f in data_files]
         wanted = [(key, self.cache / key) for key in keys]
         missing = [(key, path) for key, path in wanted if not path.exists()]
         if missing:
@@ -520,6 +534,9 @@ class CompactReport:
     snapshots_expired: int = 0
     conflicts: int = 0
     cache_files_removed: int = 0
+    files_dropped: int = 0  # data files of day partitions past lake.retention_days
+    rollup_days: int = 0  # days of utilization rolled up (again) into utilization_hourly
+    rollup_rows: int = 0
 
 
 def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
@@ -530,6 +547,12 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
     are left as they are; the offsets carried forward). A writer's commit in between makes
     ours fail: the partition is listed again and retried. Then snapshots older than
     lake.snapshot_keep_s are expired (the current one is always kept)."""
+    known = {*TABLES, iceberg_rollup.ROLLUP_TABLE}
+    for setting in ("retention_days", "snapshot_keep_s_by_table"):
+        unknown = sorted(set(getattr(settings, setting)) - known)
+        if unknown:
+            raise ConfigError(f"lake.{setting}: unknown table {', '.join(unknown)}: expected "
+                              f"one of {', '.join(sorted(known))}")
     catalog = open_catalog(settings)
     filesystem = s3_filesystem(settings)
     report = CompactReport()
@@ -539,6 +562,7 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
         found = table(catalog, settings, spec, create=False)
         if found is None:
             continue
+        report.files_dropped += _retain(found, settings, name, spec.columns[0].name, now)
         conflicts = 0
         while conflicts < COMMIT_ATTEMPTS:
             found.refresh()
@@ -558,13 +582,54 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
             report.files_merged += len(batch)
             report.files_written += written
             report.rows += rows.num_rows
-        keep = timedelta(seconds=settings.snapshot_keep_s)
-        report.snapshots_expired += _expire(found, now - keep)
+        report.snapshots_expired += _expire(found, now - _snapshot_keep(settings, name))
         listed |= {_key(task.file.file_path) for task in found.scan().plan_files()}
+    if not names or iceberg_rollup.SOURCE_TABLE in names:
+        report.rollup_days, report.rollup_rows = refresh_rollup(settings, catalog,
+                                                                        filesystem)
+        rollup = rollup_table(catalog, settings)
+        name = iceberg_rollup.ROLLUP_TABLE
+        report.files_dropped += _retain(rollup, settings, name, "hour", now)
+        report.snapshots_expired += _expire(rollup, now - _snapshot_keep(settings, name))
+        listed |= {_key(task.file.file_path) for task in rollup.scan().plan_files()}
     if not names:  # every table listed: what no current snapshot holds leaves the cache
         cutoff = (now - timedelta(seconds=settings.compact_keep_s)).timestamp()
         report.cache_files_removed = prune_cache(settings, listed, cutoff)
     return report
+
+
+def _snapshot_keep(settings: LakeSettings, name: str) -> timedelta:
+    return timedelta(seconds=settings.snapshot_keep_s_by_table.get(name,
+                                                                   settings.snapshot_keep_s))
+
+
+def _retain(found: Any, settings: LakeSettings, name: str, column: str, now: datetime) -> int:
+    """Drop the table's day partitions older than lake.retention_days[name] days before
+    `now`'s day (whole files: the cut is a day boundary); the data files dropped. The offsets
+    are carried into the delete's snapshot (expiry may remove the snapshots that had them)."""
+    days = settings.retention_days.get(name)
+    if days is None:
+        return 0
+    today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    cut = (today - timedelta(days=days)).replace(tzinfo=None).isoformat(timespec="microseconds")
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            found.refresh()
+            before = found.current_snapshot()
+            offsets = committed_offsets(found)
+            properties = {OFFSETS_KEY: encode_offsets(offsets)} if offsets else {}
+            with warnings.catch_warnings():  # no day old enough: nothing to say
+                warnings.filterwarnings("ignore", "Delete operation did not match")
+                found.delete(f"{column} < '{cut}'", snapshot_properties=properties)
+            after = found.current_snapshot()
+            if after is None or (before is not None and after.snapshot_id == before.snapshot_id):
+                return 0
+            summary = after.summary.additional_properties if after.summary else {}
+            return int(summary.get("deleted-data-files", 0))
+        except _catalog_busy() as exc:
+            _pause(attempt, f"dropping old days of {name}", exc)
+    raise SinkError(f"lake: table {name}: {COMMIT_ATTEMPTS} retention commits in a row lost "
+                    "to other writers")
 
 
 def _small_files(found: Any, settings: LakeSettings) -> list[Any]:
@@ -620,3 +685,86 @@ def _expire(found: Any, before: datetime) -> int:
     if old:
         found.maintenance.expire_snapshots().by_ids(old).commit()
     return len(old)
+
+
+# --- the hourly utilization rollup (pipeline/lake/iceberg_rollup.py) ---------------------
+
+
+def _rollup_partition_spec(schema: Any) -> Any:
+    """The rollup by the day of `hour`, as the raw table."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform
+
+    return PartitionSpec(PartitionField(source_id=schema.find_field("hour").field_id,
+                                        field_id=DAY_FIELD_ID, transform=DayTransform(),
+                                        name="day"))
+
+
+def rollup_table(catalog: Any, settings: LakeSettings, *, create: bool = True) -> Any:
+    """The rollup's Iceberg table, created if missing (when `create`); else None if missing."""
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    name = f"{settings.namespace}.{iceberg_rollup.ROLLUP_TABLE}"
+    try:
+        return catalog.load_table(name)
+    except NoSuchTableError:
+        if not create:
+            return None
+    arrow = iceberg_rollup.ROLLUP_SCHEMA
+    schema = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow))
+    properties = {"fleetpulse.table": iceberg_rollup.ROLLUP_TABLE, **OWN_RETRIES}
+    try:
+        return catalog.create_table(name, schema=schema,
+                                    partition_spec=_rollup_partition_spec(schema),
+                                    properties=properties)
+    except TableAlreadyExistsError:
+        return catalog.load_table(name)
+
+
+def day_rows(data_files: list[Any]) -> dict[str, int]:
+    """Rows per day partition ('YYYY-MM-DD'), from the files' manifest entries."""
+    counts: dict[str, int] = {}
+    for data_file in data_files:
+        day = _day(data_file)
+        if day is not None:
+            counts[day] = counts.get(day, 0) + data_file.record_count
+    return counts
+
+
+def refresh_rollup(settings: LakeSettings, catalog: Any, filesystem: Any) -> tuple[int, int]:
+    """Roll up again every day whose utilization row count differs from the rollup's; (days
+    rolled up, rollup rows written). Days the raw table no longer holds (its retention) keep
+    their rollup rows."""
+    source = table(catalog, settings, TABLES[iceberg_rollup.SOURCE_TABLE], create=False)
+    if source is None:
+        return (0, 0)
+    rollup = rollup_table(catalog, settings)
+    files = [task.file for task in source.scan().plan_files()]
+    current = day_rows(files)
+    built = rollup.scan(selected_fields=("hour", "day_rows")).to_arrow()
+    done = iceberg_rollup.rolled_up_days(built)
+    stale = sorted(day for day, n in current.items() if done.get(day) != n)
+    days = written = 0
+    for day in stale:
+        keys = [_key(f.file_path) for f in files if _day(f) == day]
+        rows = iceberg_rollup.aggregate_files(keys, filesystem)
+        rows = rows.append_column("day_rows", pa.array([current[day]] * rows.num_rows,
+                                                       pa.int64())).cast(iceberg_rollup.ROLLUP_SCHEMA)
+        start = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC)
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                rollup.refresh()
+                with warnings.catch_warnings():  # a first rollup of the day replaces nothing
+                    warnings.filterwarnings("ignore", "Delete operation did not match")
+                    rollup.overwrite(rows, overwrite_filter=iceberg_rollup.day_filter(start))
+                break
+            except _catalog_busy() as exc:  # another compaction: do it again on its snapshot
+                _pause(attempt, f"rolling up {day}", exc)
+        else:
+            raise SinkError(f"lake: rollup of {day}: {COMMIT_ATTEMPTS} commits in a row lost to "
+                            "other compactions")
+        days += 1
+        written += rows.num_rows
+    return (days, written)

@@ -51,6 +51,7 @@ from pipeline.catalog import accelerator_prices, xid_catalog
 from pipeline.catalog.accelerators import accelerator_types
 from pipeline.config import LakeSettings
 from pipeline.errors import FleetPulseError
+from pipeline.lake import iceberg_rollup
 from pipeline.lake.check import QUARANTINE_DIR, check_file, readable_files
 from pipeline.lake.iceberg import IcebergSource
 from pipeline.lake.tables import TABLES, TableSpec
@@ -310,7 +311,36 @@ class Lake:
         query = canned_queries().get(name)
         if query is None:
             raise QueryError(f"no canned query {name!r}: try one of {', '.join(canned_queries())}")
-        return self.sql(query.sql, self.bind(query, params))
+        bound = self.bind(query, params)
+        if (self._iceberg is not None and (query.alias_of or query.name) == "utilization_timeline"
+                and iceberg_rollup.usable(bound, self.settings.rollup_min_range_s)):
+            self._register_rollup(self._iceberg)  # a long range: the hourly rollup
+            return self.sql(iceberg_rollup.TIMELINE_SQL, bound)
+        return self.sql(query.sql, bound)
+
+    def _register_rollup(self, source: IcebergSource) -> None:
+        """The view `utilization_hourly` (pipeline/lake/iceberg_rollup.py): the rollup's rows
+        for the days it has up to date, the raw rows aggregated for the others."""
+        paths, days = source.rollup()
+        good = []
+        for path in paths:  # a damaged copy is left out: its days count as not rolled up
+            reason = self.skipped.get(path) or check_file(path)
+            if reason is None:
+                good.append(path)
+            else:
+                self._skip(path, reason)
+        if good:
+            rollup = self.con.read_parquet([str(p) for p in good])
+        else:
+            rollup = self.con.from_arrow(iceberg_rollup.ROLLUP_SCHEMA.empty_table())
+        rollup.create_view("stored_utilization_hourly", replace=True)
+        counts = pa.table({
+            "day": pa.array([datetime.strptime(d, "%Y-%m-%d").date() for d in days], pa.date32()),
+            "rows": pa.array(list(days.values()), pa.int64()),
+        })
+        self.con.from_arrow(counts).create_view("utilization_days", replace=True)
+        for statement in iceberg_rollup.reader_views_sql():
+            self.con.execute(statement)
 
     def bind(self, query: CannedQuery, given: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters `query` uses, from `given` or defaults; unknown ones are errors."""
