@@ -62,9 +62,13 @@ SELECT hour, {KEYS}, sum(windows)::BIGINT AS windows, sum(device_hours) AS devic
 FROM partials
 GROUP BY ALL
 """
-# utilization_timeline (sql/analyses/utilization_timeline.sql) over the hourly rows: the same
-# columns and rounding; used when since, until and the bucket are whole hours.
-TIMELINE_SQL = """
+# utilization_timeline (sql/analyses/utilization_timeline.sql) over hourly rows: the same
+# columns and rounding. The whole hours of the range ($inner_since..$inner_until) come from
+# utilization_hourly, the part-hours at its ends from the raw rows (aggregated the same way).
+_EDGES = """(SELECT * FROM utilization
+        WHERE window_start >= $since AND window_start < $until
+          AND NOT (window_start >= $inner_since AND window_start < $inner_until))"""
+TIMELINE_SQL = f"""
 SELECT time_bucket($bucket, hour) AS bucket,
        COLUMNS(lambda c: c = $by),
        round(sum(device_hours), 3) AS device_hours,
@@ -73,9 +77,12 @@ SELECT time_bucket($bucket, hour) AS bucket,
        round(100 * coalesce(sum(device_hours) FILTER (WHERE allocated), 0) / sum(device_hours), 2)
            AS allocated_pct,
        round(100 * sum(mem_hours) / sum(device_hours), 2) AS mem_used_pct
-FROM utilization_hourly
-WHERE hour >= $since AND hour < $until
-  AND ($pool IS NULL OR pool = $pool)
+FROM (
+    SELECT * FROM utilization_hourly WHERE hour >= $inner_since AND hour < $inner_until
+    UNION ALL
+    {HOURLY_SQL.format(source=_EDGES)}
+)
+WHERE $pool IS NULL OR pool = $pool
 GROUP BY ALL
 ORDER BY 1, 2
 """
@@ -132,14 +139,24 @@ def _iso(when: datetime) -> str:
 
 def usable(params: Mapping[str, Any], min_range_s: int) -> bool:
     """Whether utilization_timeline with `params` may read the rollup: a range of at least
-    `min_range_s`, starting and ending on whole hours, in buckets of whole hours."""
+    `min_range_s`, in buckets of whole hours."""
     since, until, bucket = params.get("since"), params.get("until"), params.get("bucket")
     if not (isinstance(since, datetime) and isinstance(until, datetime)
             and isinstance(bucket, timedelta)):
         return False
-    whole = all(t == t.replace(minute=0, second=0, microsecond=0) for t in (since, until))
-    return (whole and bucket >= HOUR and bucket % HOUR == timedelta(0)
-            and (until - since).total_seconds() >= min_range_s)
+    return (bucket >= HOUR and bucket % HOUR == timedelta(0)
+            and (until - since).total_seconds() >= max(min_range_s, 2 * 3600))
+
+
+def timeline_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """TIMELINE_SQL's parameters: utilization_timeline's and the whole hours within
+    since..until (inner_since, inner_until)."""
+    since, until = params["since"], params["until"]
+    floor = until.replace(minute=0, second=0, microsecond=0)
+    ceil = since.replace(minute=0, second=0, microsecond=0)
+    if ceil < since:
+        ceil += HOUR
+    return {**params, "inner_since": ceil, "inner_until": floor}
 
 
 def reader_views_sql() -> list[str]:

@@ -315,7 +315,7 @@ class Lake:
         if (self._iceberg is not None and (query.alias_of or query.name) == "utilization_timeline"
                 and iceberg_rollup.usable(bound, self.settings.rollup_min_range_s)):
             self._register_rollup(self._iceberg)  # a long range: the hourly rollup
-            return self.sql(iceberg_rollup.TIMELINE_SQL, bound)
+            return self.sql(iceberg_rollup.TIMELINE_SQL, iceberg_rollup.timeline_params(bound))
         return self.sql(query.sql, bound)
 
     def _register_rollup(self, source: IcebergSource) -> None:

@@ -65,10 +65,11 @@ def assert_same(got: list[dict[str, object]], want: list[dict[str, object]]) -> 
             assert a[k] == pytest.approx(b[k], rel=1e-12), k
 
 
-def timeline(settings: LakeSettings, *, rollup: bool, until: datetime) -> list[tuple[object, ...]]:
-    """utilization_timeline by pool over START..until, per 6 hours; through the rollup (the
+def timeline(settings: LakeSettings, *, rollup: bool, until: datetime,
+             since: datetime = START) -> list[tuple[object, ...]]:
+    """utilization_timeline by pool over since..until, per 6 hours; through the rollup (the
     canned query's own path for a long range) or over the raw rows (its SQL run as written)."""
-    params = {"since": START, "until": until, "bucket": timedelta(hours=6), "by": "pool"}
+    params = {"since": since, "until": until, "bucket": timedelta(hours=6), "by": "pool"}
     with Lake(Path("."), settings) as lake:
         if rollup:
             rows = lake.run("utilization_timeline", **params).rows
@@ -93,6 +94,11 @@ def test_compaction_rolls_utilization_up_by_hour_and_long_ranges_read_the_rollup
     raw = timeline(settings, rollup=False, until=until)
     assert timeline(settings, rollup=True, until=until) == raw
     assert len({row[0] for row in raw}) == 3  # one 6-hour bucket of data a day
+    # a range that starts and ends within hours: whole hours from the rollup, the rest raw
+    since, odd = START + timedelta(minutes=25), START + timedelta(days=2, hours=2, minutes=10)
+    assert timeline(settings, rollup=True, since=since, until=odd) == \
+        timeline(settings, rollup=False, since=since, until=odd)
+    assert timeline(settings, rollup=True, since=since, until=odd) != raw
 
     # late rows for day 1, not rolled up yet: that day is read raw, the answer stays right
     offset = days_of_utilization(writer, range(1, 2), offset=offset, minutes=30)
