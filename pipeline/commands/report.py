@@ -28,12 +28,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.commands.sql import window_params
+    from pipeline.commands.sql import fetch_window, window_params
     from pipeline.lake.query import Lake, require_lake
     from pipeline.report.html import build_report
 
-    with Lake(require_lake(args.lake or settings.lake.path, settings.lake), settings.lake) as lake:
-        window = window_params(args, lake)
+    root = require_lake(args.lake or settings.lake.path, settings.lake)
+    window, fetch = fetch_window(args)  # --since and --until: Iceberg fetches those days
+    with Lake(root, settings.lake, fetch_range=fetch) as lake:
+        window = window or window_params(args, lake)
         html = build_report(lake, window["since"], window["until"], args.pool,
                             settings.capacity)
         skipped = len(lake.skipped)

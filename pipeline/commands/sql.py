@@ -72,8 +72,9 @@ def add_window_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket", help="time bucket of timelines (default 1h)")
 
 
-def window_params(args: argparse.Namespace, lake: Lake) -> dict[str, Any]:
-    """--since/--until/--pool/--bucket as query parameters (None where not given)."""
+def window_params(args: argparse.Namespace, lake: Lake | None) -> dict[str, Any]:
+    """--since/--until/--pool/--bucket as query parameters (None where not given); `lake`
+    (for the newest data) may be None when --until is given."""
     until = None
     if args.until:
         until = (datetime.now(UTC).replace(tzinfo=None) if args.until == "now"
@@ -81,12 +82,24 @@ def window_params(args: argparse.Namespace, lake: Lake) -> dict[str, Any]:
     since = None
     if args.since:
         if args.since[0].isdigit() and args.since[-1] in "smhd":
-            anchor = until or lake.latest() or datetime.now(UTC).replace(tzinfo=None)
+            latest = lake.latest() if lake is not None and until is None else None
+            anchor = until or latest or datetime.now(UTC).replace(tzinfo=None)
             since, until = _before(anchor, args.since), anchor
         else:
             since = parse_iso(args.since)
     bucket = parse_duration(args.bucket) if args.bucket else None
     return {"since": since, "until": until, "pool": args.pool, "bucket": bucket}
+
+
+def fetch_window(args: argparse.Namespace) -> tuple[dict[str, Any] | None,
+                                                  tuple[datetime, datetime] | None]:
+    """The window when --until (and --since) fix it without the lake, and its range: what an
+    Iceberg lake then fetches of utilization (Lake's fetch_range). (None, None) otherwise."""
+    if not args.until:
+        return None, None
+    window = window_params(args, None)
+    since, until = window["since"], window["until"]
+    return window, ((since, until) if since is not None and until is not None else None)
 
 
 def _before(anchor: datetime, duration: str) -> datetime:
@@ -108,9 +121,11 @@ def _handle(args: argparse.Namespace, settings: Settings) -> int:
         raise QueryError("give either SQL text or --query NAME (see --list)")
     # a canned analysis runs locked like `report`; ad-hoc SQL has the user's own rights
     root = require_lake(args.lake or settings.lake.path, settings.lake)
-    with Lake(root, settings.lake, locked=bool(args.query)) as lake:
+    window, fetch = fetch_window(args) if args.query else (None, None)
+    with Lake(root, settings.lake, locked=bool(args.query), fetch_range=fetch) as lake:
         query = _query(args)
-        given = {k: v for k, v in window_params(args, lake).items() if v is not None}
+        window = window or window_params(args, lake)
+        given = {k: v for k, v in window.items() if v is not None}
         given |= _named_params(args.param)
         result = lake.sql(query.sql, lake.bind(query, given))
     write_result(result, args.format, sys.stdout)

@@ -423,15 +423,25 @@ class IcebergSource:
         self.filesystem = s3_filesystem(settings)
         self.cache = cache_dir(settings)
 
-    def data_files(self, spec: TableSpec) -> list[Any]:
+    def data_files(self, spec: TableSpec, days: tuple[datetime, datetime] | None = None
+                   ) -> list[Any]:
+        """The table's current data files; `days`: only those of the day partitions from the
+        first's day up to the second (pyiceberg prunes by partition and column bounds)."""
         found = table(self.catalog, self.settings, spec, create=False)
         if found is None:
             return []
-        return [task.file for task in found.scan().plan_files()]
+        if days is None:
+            return [task.file for task in found.scan().plan_files()]
+        column, (first, last) = spec.columns[0].name, days
+        start = first.replace(hour=0, minute=0, second=0, microsecond=0)
+        row_filter = f"{column} >= '{_iso(start)}' AND {column} < '{_iso(last)}'"
+        return [task.file for task in found.scan(row_filter=row_filter).plan_files()]
 
-    def local_files(self, spec: TableSpec) -> list[Path]:
-        """The table's current data files in the local cache, fetched if missing."""
-        return self.fetch(self.data_files(spec))
+    def local_files(self, spec: TableSpec, days: tuple[datetime, datetime] | None = None
+                    ) -> list[Path]:
+        """The table's current data files (of `days` only, when given: see data_files) in
+        the local cache, fetched if missing."""
+        return self.fetch(self.data_files(spec, days))
 
     def rollup(self) -> tuple[list[Path], dict[str, int]]:
         """The hourly rollup's data files (local copies; none before the first `lake compact`)
@@ -460,6 +470,13 @@ class IcebergSource:
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _iso(when: datetime) -> str:
+    """A naive UTC time (or an aware one) as an Iceberg timestamp literal."""
+    if when.tzinfo is not None:
+        when = when.astimezone(UTC).replace(tzinfo=None)
+    return when.isoformat(timespec="microseconds")
 
 
 def cache_dir(settings: LakeSettings) -> Path:

@@ -68,6 +68,10 @@ _SQL_TYPES = {
     pa.list_(pa.string()): "VARCHAR[]",
     pa.map_(pa.string(), pa.string()): "MAP(VARCHAR, VARCHAR)",
 }
+# Tables a Lake with a fetch_range fetches from Iceberg for that range only: utilization, the
+# big one, which every canned query reads only within since..until (the others are read whole:
+# some queries look back before `since`, e.g. the state a node was in).
+PRUNED = frozenset({"utilization"})
 _RETRIES = 5  # a compaction may delete a file between our listing and DuckDB opening it
 # Errors in the query itself: no lake file is to blame, so none is looked for.
 _QUERY_FAULTS = (
@@ -218,10 +222,14 @@ class Lake:
     """A read-only DuckDB view of the lake at `root`. Open one per query session."""
 
     def __init__(
-        self, root: Path | str, settings: LakeSettings | None = None, *, locked: bool = True
+        self, root: Path | str, settings: LakeSettings | None = None, *, locked: bool = True,
+        fetch_range: tuple[datetime, datetime] | None = None,
     ) -> None:
         self.root = Path(root)
         self.settings = settings or LakeSettings()
+        # Iceberg only: the big table (PRUNED) is fetched for the days of this range only;
+        # a query bound to a range outside it fetches the rest (bind)
+        self.fetch_range = fetch_range if self.settings.uri else None
         # lake.uri set: the Iceberg tables (pipeline/lake/iceberg.py), not the folder
         self._iceberg: IcebergSource | None = None
         if self.settings.uri:
@@ -364,6 +372,9 @@ class Lake:
         }
         defaults |= {param: allowed[0] for param, allowed in query.choices.items()}
         values = {**defaults, **{k: v for k, v in given.items() if v is not None}, **query.fixed}
+        if self.fetch_range is not None and not _within(values, self.fetch_range):
+            self.fetch_range = None  # the whole table, as an unpruned Lake reads it
+            self._register_tables()
         missing = [p for p in query.params if p not in values]
         if missing:
             raise QueryError(f"query {query.name!r} needs {', '.join(missing)}")
@@ -436,8 +447,9 @@ class Lake:
     def _iceberg_relation(self, source: IcebergSource, spec: TableSpec) -> duckdb.DuckDBPyRelation:
         """The table's current data files, from their local copies (IcebergSource), read as
         the local lake's are; `date` and `hour` are computed from the time column."""
+        days = _fetch_days(self.fetch_range) if spec.name in PRUNED else None
         paths = []
-        for path in source.local_files(spec):  # a damaged copy is left out, as a local file
+        for path in source.local_files(spec, days):  # a damaged copy is left out, as locally
             reason = self.skipped.get(path) or check_file(path)
             if reason is None:
                 paths.append(path)
@@ -497,6 +509,25 @@ class Lake:
         columns = [list(values) for values in zip(*rows, strict=True)] if rows else [[]] * 5
         table = pa.table(dict(zip(names, columns, strict=True)))
         return table.append_column("priority", pa.array(range(len(rows)), pa.int32()))
+
+
+def _fetch_days(fetch_range: tuple[datetime, datetime] | None
+                ) -> tuple[datetime, datetime] | None:
+    """What an Iceberg reader fetches of a PRUNED table for queries of `fetch_range`: from an
+    hour before its start (capacity_headroom reads the hour before `until`) to its end."""
+    if fetch_range is None:
+        return None
+    since, until = fetch_range
+    return (min(since, until - timedelta(hours=1)), until)
+
+
+def _within(values: Mapping[str, Any], fetch_range: tuple[datetime, datetime]) -> bool:
+    """Whether a query bound to `values` reads no PRUNED rows outside `fetch_range` (every
+    canned query reads utilization only within since..until)."""
+    since, until = values.get("since"), values.get("until")
+    if not (isinstance(since, datetime) and isinstance(until, datetime)):
+        return False
+    return fetch_range[0] <= since and until <= fetch_range[1]
 
 
 def _projection(spec: TableSpec, found: set[str]) -> str:
@@ -560,8 +591,12 @@ def _xid_arrow() -> pa.Table:
 
 def run_canned(root: Path | str, name: str, settings: LakeSettings | None = None,
                **params: Any) -> Result:
-    """Open the lake, run one canned analysis, close it."""
-    with Lake(root, settings) as lake:
+    """Open the lake, run one canned analysis, close it (with since and until given, an
+    Iceberg lake fetches the utilization of those days only)."""
+    since, until = params.get("since"), params.get("until")
+    window = ((since, until) if isinstance(since, datetime) and isinstance(until, datetime)
+              else None)
+    with Lake(root, settings, fetch_range=window) as lake:
         return lake.run(name, **params)
 
 

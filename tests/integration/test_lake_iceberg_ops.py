@@ -153,3 +153,33 @@ def test_a_retention_setting_naming_no_table_is_a_config_error(tmp_path: Path,
     settings = iceberg_settings(tmp_path, **{setting: {"utilisation": 1}})
     with pytest.raises(ConfigError, match=rf"lake\.{setting}: unknown table utilisation"):
         iceberg.compact(settings, now=datetime.now(UTC))
+
+
+def test_a_reader_given_a_range_fetches_only_those_days_and_widens_for_a_query_outside(
+    tmp_path: Path,
+) -> None:
+    settings = iceberg_settings(tmp_path)
+    writer = IcebergWriter(settings)
+    days_of_utilization(writer, range(3))
+    table = writer.table("utilization")
+    table.refresh()
+    by_day = {day: {iceberg._key(t.file.file_path) for t in table.scan().plan_files()
+                    if iceberg._day(t.file) == day}
+              for day in ("2026-01-01", "2026-01-02", "2026-01-03")}
+    cache = iceberg.cache_dir(settings)
+
+    def cached() -> set[str]:
+        return {p.relative_to(cache).as_posix() for p in cache.rglob("*.parquet")}
+
+    day1 = (START + timedelta(days=1), START + timedelta(days=2))
+    with Lake(Path("."), settings, fetch_range=day1) as lake:
+        assert cached() == by_day["2026-01-02"]  # only the day asked for
+        pruned = lake.run("fleet_summary", since=day1[0], until=day1[1]).rows
+        assert cached() == by_day["2026-01-02"]
+        # a range reaching outside the fetched days: the rest is fetched, the answer is whole
+        wide = lake.run("fleet_summary", since=START, until=day1[1]).rows
+        assert cached() == set().union(*by_day.values())
+    with Lake(Path("."), settings) as whole:
+        assert whole.run("fleet_summary", since=day1[0], until=day1[1]).rows == pruned
+        assert whole.run("fleet_summary", since=START, until=day1[1]).rows == wide
+    assert pruned != wide
