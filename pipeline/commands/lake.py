@@ -61,14 +61,18 @@ def _compact_iceberg(args: argparse.Namespace, settings: Settings) -> int:
 
     from pipeline.lake import iceberg
 
-    report = iceberg.compact(settings.lake, args.table, now=datetime.now(UTC))
+    report = iceberg.compact(settings.lake, args.table, now=datetime.now(UTC),
+                             verify=args.verify)
     print(f"{report.partitions} day partitions: merged {report.files_merged} files into "
           f"{report.files_written} ({report.rows} rows); expired {report.snapshots_expired} "
           f"snapshots older than {settings.lake.snapshot_keep_s} s; {report.conflicts} "
           f"commits lost to writers and retried; {report.cache_files_removed} files no "
           "snapshot lists removed from the readers' cache")
     print(f"dropped {report.files_dropped} data files past lake.retention_days; rolled up "
-          f"{report.rollup_days} days of utilization by hour ({report.rollup_rows} rows)")
+          f"{report.rollup_days} days of utilization by hour ({report.rollup_rows} rows); "
+          f"quarantined {len(report.quarantined)} unreadable files")
+    for key, reason in report.quarantined:
+        print(f"quarantined s3://{key}: {reason}")
     return 0
 
 

@@ -422,6 +422,7 @@ class IcebergSource:
         self.catalog = open_catalog(settings)
         self.filesystem = s3_filesystem(settings)
         self.cache = cache_dir(settings)
+        self.unfetchable: dict[Path, str] = {}  # objects the bucket would not give, and why
 
     def data_files(self, spec: TableSpec, days: tuple[datetime, datetime] | None = None
                    ) -> list[Any]:
@@ -452,22 +453,30 @@ class IcebergSource:
         return self.fetch(files), days
 
     def fetch(self, data_files: Sequence[Any]) -> list[Path]:
-        """Local copies of `data_files`, fetched into the cache if missing."""
+        """Local copies of `data_files`, fetched into the cache if missing. An object that
+        cannot be fetched (gone from the bucket, refused) is left out and named, with why, in
+        `unfetchable` (by the path its copy would have)."""
         keys = [_key(f.file_path) for f in data_files]
         wanted = [(key, self.cache / key) for key in keys]
         missing = [(key, path) for key, path in wanted if not path.exists()]
         if missing:
             with ThreadPoolExecutor(max_workers=8, thread_name_prefix="lake-fetch") as pool:
-                list(pool.map(lambda pair: self._fetch(*pair), missing))
-        return [path for _, path in wanted]
+                failed = [f for f in pool.map(lambda pair: self._fetch(*pair), missing) if f]
+            self.unfetchable.update(failed)
+        return [path for _, path in wanted if path not in self.unfetchable]
 
-    def _fetch(self, key: str, path: Path) -> None:
+    def _fetch(self, key: str, path: Path) -> tuple[Path, str] | None:
+        """Copy one object; (its copy's path, why) when the bucket cannot give it."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
         try:
-            with self.filesystem.open_input_stream(key) as source, tmp.open("wb") as out:
-                shutil.copyfileobj(source, out, 1 << 20)
+            try:
+                with self.filesystem.open_input_stream(key) as source, tmp.open("wb") as out:
+                    shutil.copyfileobj(source, out, 1 << 20)
+            except (OSError, pa.ArrowException) as exc:
+                return path, f"cannot fetch s3://{key}: {_first_line(exc)}"
             os.replace(tmp, path)
+            return None
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -554,16 +563,23 @@ class CompactReport:
     files_dropped: int = 0  # data files of day partitions past lake.retention_days
     rollup_days: int = 0  # days of utilization rolled up (again) into utilization_hourly
     rollup_rows: int = 0
+    # data files that could not be read: out of the table, a copy under _quarantine (key, why)
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
 
 
 def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
-            now: datetime) -> CompactReport:
+            now: datetime, verify: bool = False) -> CompactReport:
     """Merge the small data files of each day partition: once a day holds
     lake.compact_min_files files under lake.compact_rows rows, they are replaced, in one
     commit, by files of their rows (at most about compact_rows rows read at a time; big files
     are left as they are; the offsets carried forward). A writer's commit in between makes
     ours fail: the partition is listed again and retried. Then snapshots older than
-    lake.snapshot_keep_s are expired (the current one is always kept)."""
+    lake.snapshot_keep_s are expired (the current one is always kept).
+
+    A data file that cannot be read when it is merged (or, with `verify`, any current data
+    file: each is read in full) is quarantined: copied to `<lake.uri>/_quarantine/<its path
+    under lake.uri>` when the bucket still has it, and removed from the table in one commit
+    (the offsets carried forward), so every engine reads the rest."""
     known = {*TABLES, iceberg_rollup.ROLLUP_TABLE}
     for setting in ("retention_days", "snapshot_keep_s_by_table"):
         unknown = sorted(set(getattr(settings, setting)) - known)
@@ -580,14 +596,19 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
         if found is None:
             continue
         report.files_dropped += _retain(found, settings, name, spec.columns[0].name, now)
+        if verify:
+            found.refresh()
+            every = [task.file for task in found.scan().plan_files()]
+            _read_or_quarantine(found, every, spec, settings, filesystem, report)
         conflicts = 0
         while conflicts < COMMIT_ATTEMPTS:
             found.refresh()
             batch = _small_files(found, settings)
             if not batch:
                 break
-            rows = ds.dataset([_key(f.file_path) for f in batch], schema=arrow_schema(spec),
-                              format="parquet", filesystem=filesystem).to_table()
+            rows = _read_or_quarantine(found, batch, spec, settings, filesystem, report)
+            if rows is None:  # some were quarantined: list the partition again
+                continue
             try:
                 written = _replace_files(found, batch, rows)
             except _catalog_busy() as exc:
@@ -613,6 +634,53 @@ def compact(settings: LakeSettings, names: Sequence[str] | None = None, *,
         cutoff = (now - timedelta(seconds=settings.compact_keep_s)).timestamp()
         report.cache_files_removed = prune_cache(settings, listed, cutoff)
     return report
+
+
+def _read_or_quarantine(found: Any, data_files: list[Any], spec: TableSpec,
+                        settings: LakeSettings, filesystem: pafs.S3FileSystem,
+                        report: CompactReport) -> pa.Table | None:
+    """The rows of `data_files`, each read in full and validated; None when some cannot be
+    read: those are quarantined (see `compact`) and the caller lists the table again."""
+    parts, bad = [], []
+    for data_file in data_files:
+        key = _key(data_file.file_path)
+        try:
+            part = ds.dataset(key, schema=arrow_schema(spec), format="parquet",
+                              filesystem=filesystem).to_table()
+            part.validate(full=True)
+            parts.append(part)
+        except (OSError, pa.ArrowException) as exc:
+            bad.append((data_file, _first_line(exc)))
+    if not bad:
+        return pa.concat_tables(parts) if parts else arrow_schema(spec).empty_table()
+    for data_file, reason in bad:
+        key = _key(data_file.file_path)
+        target = quarantine_key(settings, key)
+        try:
+            filesystem.copy_file(key, target)
+            reason += f" (a copy is at s3://{target})"
+        except (OSError, pa.ArrowException) as exc:
+            reason += f" (no copy: {_first_line(exc)})"
+        log.warning("warning: quarantined unreadable lake file s3://%s: %s", key, reason)
+        report.quarantined.append((key, reason))
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            found.refresh()
+            listed = {task.file.file_path for task in found.scan().plan_files()}
+            gone = [f for f, _ in bad if f.file_path in listed]
+            if gone:
+                _replace_files(found, gone, arrow_schema(spec).empty_table())
+            return None
+        except _catalog_busy() as exc:
+            _pause(attempt, f"quarantining files of {spec.name}", exc)
+    raise SinkError(f"lake: table {spec.name}: {COMMIT_ATTEMPTS} commits in a row lost to "
+                    "other writers while quarantining files")
+
+
+def quarantine_key(settings: LakeSettings, key: str) -> str:
+    """Where an unreadable object's copy goes: `<lake.uri>/_quarantine/<its path under it>`."""
+    root = _key(settings.uri.rstrip("/"))
+    return f"{root}/_quarantine/{key.removeprefix(root + '/')}"
 
 
 def _snapshot_keep(settings: LakeSettings, name: str) -> timedelta:

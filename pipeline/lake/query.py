@@ -455,6 +455,8 @@ class Lake:
                 paths.append(path)
             else:
                 self._skip(path, reason)
+        for path, reason in source.unfetchable.items():  # gone from the bucket, or refused
+            self._skip(path, reason)
         self._files[spec.name] = paths
         files = [str(path) for path in paths]
         first = f'"{spec.columns[0].name}"'

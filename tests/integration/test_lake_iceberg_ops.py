@@ -13,6 +13,7 @@ from pipeline.config import LakeSettings
 from pipeline.lake import iceberg, iceberg_rollup
 from pipeline.lake.iceberg import IcebergWriter, committed_offsets, open_catalog
 from pipeline.lake.query import Lake, canned_queries
+from pipeline.model import XidEvent
 from tests import lake_fixture as fx
 from tests.iceberg_fixture import iceberg_settings
 
@@ -183,3 +184,87 @@ def test_a_reader_given_a_range_fetches_only_those_days_and_widens_for_a_query_o
         assert whole.run("fleet_summary", since=day1[0], until=day1[1]).rows == pruned
         assert whole.run("fleet_summary", since=START, until=day1[1]).rows == wide
     assert pruned != wide
+
+
+def xids(writer: IcebergWriter, offsets: range, at: int = fx.T0) -> None:
+    for n in offsets:
+        event = XidEvent(ts=at + n, cluster="c1", node=f"n{n}", pool="train", zone="z-a",
+                         pci_bus_id="0000:53:00", gpu_index=n, xid=79, message="NVRM: Xid 79",
+                         source="simulator")
+        writer.add("xid", event, ("fleet.events.xid", 0, n))
+
+
+def xid_keys(writer: IcebergWriter) -> list[str]:
+    table = writer.table("xid")
+    table.refresh()
+    return sorted(iceberg._key(t.file.file_path) for t in table.scan().plan_files())
+
+
+def damage_object(settings: LakeSettings, key: str, how: str, folder: Path) -> None:
+    """Break an object in the bucket the way tests/lake_fixture.py breaks a local file."""
+    filesystem = iceberg.s3_filesystem(settings)
+    local = folder / "victim.parquet"
+    with filesystem.open_input_stream(key) as source:
+        local.write_bytes(source.read())
+    fx.damage(local, how)
+    with filesystem.open_output_stream(key) as out:
+        out.write(local.read_bytes())
+
+
+def test_an_object_gone_from_the_bucket_is_named_and_left_out_and_the_rest_read(
+    tmp_path: Path,
+) -> None:
+    settings = iceberg_settings(tmp_path)
+    writer = IcebergWriter(settings)
+    for batch in range(3):
+        xids(writer, range(batch * 10, batch * 10 + 10))
+        writer.flush()
+    victim, *_ = xid_keys(writer)
+    iceberg.s3_filesystem(settings).delete_file(victim)
+    with Lake(Path("."), settings) as lake:
+        assert lake.sql("SELECT count(DISTINCT node) FROM stored_xid").rows == [(20,)]
+        (named, why), = lake.skipped.items()
+    assert named == iceberg.cache_dir(settings) / victim
+    assert why.startswith(f"cannot fetch s3://{victim}")
+
+
+@pytest.mark.parametrize("how", ["corrupt", "damaged pages"])
+def test_compaction_quarantines_an_unreadable_object_and_the_table_reads_the_rest(
+    tmp_path: Path, how: str
+) -> None:
+    settings = iceberg_settings(tmp_path, compact_min_files=3)
+    writer = IcebergWriter(settings)
+    for batch in range(4):  # four small files of one day
+        xids(writer, range(batch * 10, batch * 10 + 10))
+        writer.flush()
+    victim = xid_keys(writer)[1]
+    damage_object(settings, victim, how, tmp_path)
+    report = iceberg.compact(settings, ["xid"], now=datetime.now(UTC))
+    (key, why), = report.quarantined
+    target = iceberg.quarantine_key(settings, victim)
+    assert key == victim and f"a copy is at s3://{target}" in why
+    assert target.startswith(iceberg._key(settings.uri) + "/_quarantine/")
+    filesystem = iceberg.s3_filesystem(settings)
+    assert filesystem.get_file_info(target).size == filesystem.get_file_info(victim).size
+    assert (report.files_merged, report.rows) == (3, 30)  # the other three, merged
+    assert victim not in xid_keys(writer)
+    table = writer.table("xid")
+    assert committed_offsets(table) == {("fleet.events.xid", 0): 40}  # not replayed
+    fresh = msgspec.structs.replace(settings, cache_path=str(tmp_path / "fresh-cache"))
+    with Lake(Path("."), fresh) as lake:  # another engine's view: the rest, nothing skipped
+        assert lake.sql("SELECT count(DISTINCT node) FROM stored_xid").rows == [(30,)]
+        assert lake.skipped == {}
+
+
+def test_compact_verify_reads_every_file_and_quarantines_damaged_pages(tmp_path: Path) -> None:
+    settings = iceberg_settings(tmp_path)  # compact_min_files 4: nothing merged here
+    writer = IcebergWriter(settings)
+    for batch in range(2):
+        xids(writer, range(batch * 10, batch * 10 + 10))
+        writer.flush()
+    victim = xid_keys(writer)[0]
+    damage_object(settings, victim, "damaged pages", tmp_path)
+    assert iceberg.compact(settings, ["xid"], now=datetime.now(UTC)).quarantined == []
+    report = iceberg.compact(settings, ["xid"], now=datetime.now(UTC), verify=True)
+    assert [key for key, _ in report.quarantined] == [victim]
+    assert len(xid_keys(writer)) == 1
