@@ -21,7 +21,10 @@ when the store requires them (AWS_REQUEST_CHECKSUM_CALCULATION / AWS_RESPONSE_CH
 refuse the SDK's default flexible checksums.
 
 Readers (pipeline/lake/query.py) read each table's current data files from a local copy
-(IcebergSource: lake.cache_path), fetched once: Iceberg data files never change.
+(IcebergSource: lake.cache_path), fetched once: Iceberg data files never change; given a range,
+only utilization's days of it. `compact` merges small files, quarantines unreadable ones,
+drops day partitions past lake.retention_days, keeps the hourly utilization rollup
+(pipeline/lake/iceberg_rollup.py) and expires snapshots.
 """
 
 from __future__ import annotations
@@ -526,18 +529,23 @@ class TableStatus:
 
 
 def status(settings: LakeSettings) -> list[TableStatus]:
-    """Per table: snapshots, data files, rows, bytes, oldest and newest day partition."""
+    """Per table (and the hourly rollup, once `lake compact` has made it): snapshots, data
+    files, rows, bytes, oldest and newest day partition."""
     catalog = open_catalog(settings)
     found_all = []
-    for spec in TABLES.values():
-        found = table(catalog, settings, spec, create=False)
+    tables = [(spec.name, table(catalog, settings, spec, create=False))
+              for spec in TABLES.values()]
+    rollup = rollup_table(catalog, settings, create=False)
+    if rollup is not None:
+        tables.append((iceberg_rollup.ROLLUP_TABLE, rollup))
+    for name, found in tables:
         if found is None:
-            found_all.append(TableStatus(spec.name, 0, 0, 0, 0, None, None))
+            found_all.append(TableStatus(name, 0, 0, 0, 0, None, None))
             continue
         files = [task.file for task in found.scan().plan_files()]
         days = sorted({day for day in map(_day, files) if day is not None})
         found_all.append(TableStatus(
-            spec.name, len(found.metadata.snapshots), len(files),
+            name, len(found.metadata.snapshots), len(files),
             sum(f.record_count for f in files), sum(f.file_size_in_bytes for f in files),
             days[0] if days else None, days[-1] if days else None))
     return found_all

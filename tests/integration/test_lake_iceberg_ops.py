@@ -110,6 +110,9 @@ def test_compaction_rolls_utilization_up_by_hour_and_long_ranges_read_the_rollup
     assert again.rollup_days == 1  # only the day that changed
     assert_same(rollup_rows(settings), raw_hourly(settings))
     assert iceberg.compact(settings, now=now).rollup_days == 0
+    status = {t.name: t for t in iceberg.status(settings)}["utilization_hourly"]
+    assert (status.rows, status.oldest_day, status.newest_day) == (
+        len(rollup_rows(settings)), "2026-01-01", "2026-01-03")
 
 
 def test_retention_drops_old_day_partitions_per_table_and_keeps_offsets_and_rollup(
