@@ -25,14 +25,15 @@ def run_actuator_process(
     name: str,
     client: str,
     group: str,
+    stats: ActuatorStats,
     make: Callable[[ActuatorStats], BaseActuator[Any]],
     idle_exit_s: float | None,
     extra_stats: Sequence[Any] = (),
     alongside: Callable[[threading.Event], None] | None = None,
-) -> tuple[ActuatorStats, EdgeStats]:
-    """Run the `name` actuator (`make` builds it around its stats; its echoes go out as
-    client `client`) until stopped."""
-    stats, edge_stats, readiness = ActuatorStats(), EdgeStats(), Readiness()
+) -> EdgeStats:
+    """Run the `name` actuator (`make` builds it around `stats`, the runtime's own counters;
+    its echoes go out as client `client`) until stopped."""
+    edge_stats, readiness = EdgeStats(), Readiness()
     serve_stats(f"actuate_{name}", edge_stats, settings.metrics, readiness,
                 extra=[stats, *extra_stats])  # fmt: skip
     actuator = make(stats)
@@ -49,7 +50,7 @@ def run_actuator_process(
     finally:
         stop.set()
         producer.close()
-    return stats, edge_stats
+    return edge_stats
 
 
 def summary(stats: ActuatorStats, edge_stats: EdgeStats, cluster: str) -> str:

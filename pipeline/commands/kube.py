@@ -72,13 +72,13 @@ def _cluster(settings: Settings) -> str:
 
 def _actuate(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.actuate.process import run_actuator_process, summary
-    from pipeline.kube.actuator import Actuator
+    from pipeline.kube.actuator import Actuator, ActuatorStats
     from pipeline.kube.client import connect
     from pipeline.kube.release import Releaser, ReleaseStats
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cluster = _cluster(settings)
-    release_stats = ReleaseStats()
+    stats, release_stats = ActuatorStats(), ReleaseStats()
     apis: Any = None
 
     def make(stats: Any) -> Actuator:
@@ -89,8 +89,9 @@ def _actuate(args: argparse.Namespace, settings: Settings) -> int:
     def release(stop: threading.Event) -> None:  # people win: a person's uncordon frees the node
         Releaser(apis.core, settings.kubernetes, stats=release_stats).run(stop)
 
-    stats, edge_stats = run_actuator_process(
-        settings, name="kubernetes", client="actuator", make=make, idle_exit_s=args.idle_exit,
+    edge_stats = run_actuator_process(
+        settings, name="kubernetes", client="actuator", stats=stats, make=make,
+        idle_exit_s=args.idle_exit,
         group=settings.kubernetes.group_id or f"fleetpulse-actuator-{cluster}",
         extra_stats=[release_stats], alongside=release)  # fmt: skip
     print(f"{summary(stats, edge_stats, cluster)}; {release_stats.releases} released by people")

@@ -66,6 +66,7 @@ def _cluster(settings: Settings) -> str:
 
 
 def _actuate(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.actuate.base import ActuatorStats
     from pipeline.actuate.process import run_actuator_process, summary
     from pipeline.slurm.actuator import SlurmActuator
     from pipeline.slurm.commands import Slurm
@@ -76,8 +77,10 @@ def _actuate(args: argparse.Namespace, settings: Settings) -> int:
     def make(stats: Any) -> SlurmActuator:
         return SlurmActuator(Slurm(settings.slurm), settings.slurm, cluster, stats=stats)
 
-    stats, edge_stats = run_actuator_process(
-        settings, name="slurm", client="slurm-actuator", make=make, idle_exit_s=args.idle_exit,
+    stats = ActuatorStats()
+    edge_stats = run_actuator_process(
+        settings, name="slurm", client="slurm-actuator", stats=stats, make=make,
+        idle_exit_s=args.idle_exit,
         group=settings.slurm.group_id or f"fleetpulse-actuator-{cluster}")  # fmt: skip
     print(summary(stats, edge_stats, cluster))
     return 0
