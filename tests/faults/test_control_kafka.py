@@ -62,6 +62,7 @@ def _forged(record: Inventory) -> list[Event]:
     ]
 
 
+@pytest.mark.slow  # make faults (50 s); test_control_path.py runs the same records embedded
 def test_the_worker_refuses_future_control_records_and_caps_maintenance(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

@@ -207,6 +207,7 @@ def _hold(run: Run, seconds: float) -> None:
         time.sleep(0.3)
 
 
+@pytest.mark.slow  # make faults (42 s); connection resets are make test's network scenario
 @pytest.mark.timeout(600)
 def test_500ms_latency_both_ways_on_every_worker(net: Net, tmp_path: Path) -> None:
     def fault(run: Run) -> tuple[float, dict[str, float | str]]:
@@ -219,7 +220,7 @@ def test_500ms_latency_both_ways_on_every_worker(net: Net, tmp_path: Path) -> No
     _run(net, tmp_path, "500 ms latency, client to broker", fault)
 
 
-@pytest.mark.slow  # make faults; latency and resets are the short network scenarios
+@pytest.mark.slow  # make faults; connection resets are make test's network scenario
 @pytest.mark.timeout(600)
 def test_a_stalled_connection_shorter_than_the_session_timeout(net: Net, tmp_path: Path) -> None:
     def fault(run: Run) -> tuple[float, dict[str, float | str]]:

@@ -169,6 +169,7 @@ def _tpu_runtime_env(sim: Simulation, address: str, base: dict[str, str]) -> dic
     }
 
 
+@pytest.mark.slow  # make faults; the Cloud Monitoring adapter's kill is make test's
 def test_sigkill_of_the_tpu_runtime_ingest_adapter(
     kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:
@@ -238,6 +239,7 @@ def _quota_ids(reader: TopicReader, topic: str) -> Counter[tuple[str, str, str, 
         topic, CapacityEvent) if e.quota is not None and e.kind != "QUOTA_CHANGED")
 
 
+@pytest.mark.slow  # make faults; the Cloud Monitoring adapter's kill is make test's
 def test_sigkill_of_the_capacity_ingest_adapter(
     kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:

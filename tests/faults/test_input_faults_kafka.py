@@ -157,6 +157,7 @@ def _produce_as_live(settings: Settings, events: list[Event], port: int, end_ms:
         kafka.close()
 
 
+@pytest.mark.slow  # make faults (57 s); test_input_faults.py runs them embedded, test_poison_kafka.py the worker against embedded
 def test_the_worker_refuses_and_acts_exactly_as_the_embedded_runtime(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

@@ -30,6 +30,7 @@ from streams.testing import (
 pytestmark = pytest.mark.kafka
 
 
+@pytest.mark.slow  # make faults; worker.take is off by default
 def test_a_worker_taking_batches_decides_what_the_embedded_runtime_decides(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
