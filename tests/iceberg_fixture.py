@@ -54,3 +54,19 @@ def build_iceberg_lake(folder: Path, **extra: Any) -> LakeSettings:
             writer.add(table, event, (f"t.{table}", 0, offset))
     writer.checkpoint()
     return settings
+
+
+# The lake's backends, for tests about what the lake stores and answers: the local Parquet lake
+# (tests/lake_fixture.py's folder) and the same tables as Iceberg on s3proxy.
+BACKENDS = ("local", "iceberg")
+
+
+def build_fixture_lake(backend: str, folder: Path) -> tuple[Path, LakeSettings]:
+    """tests/lake_fixture.py's lake on `backend`: the folder and settings a `Lake` opens it with
+    (local: `folder` itself and the default settings; iceberg: the catalog and cache in
+    `folder`, the tables on s3proxy)."""
+    if backend == "local":
+        return fx.build_lake(folder), LakeSettings()
+    if backend == "iceberg":
+        return folder, build_iceberg_lake(folder)
+    raise ValueError(f"build_fixture_lake: expected one of {BACKENDS}, got {backend!r}")

@@ -1,7 +1,7 @@
 """The lake as Iceberg tables on a real object store (s3proxy, deploy/s3/s3.sh) with a SQLite
 catalog: every table from TABLES, day partitions, offsets in snapshot summaries, replays and
-concurrent writers without duplicates, compaction and expiry, `lake status`, and the canned
-analyses of tests/unit/test_sql.py answered the same over Iceberg as over local Parquet."""
+concurrent writers without duplicates, compaction and expiry, `lake status`. The canned analyses
+run on both backends in tests/unit/test_sql.py (tests/iceberg_fixture.py's BACKENDS)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -26,36 +25,8 @@ from pipeline.model import XidEvent
 from tests import lake_fixture as fx
 from tests.iceberg_fixture import build_iceberg_lake, iceberg_settings, settings_env
 
-# The canned analyses, each run over the Iceberg copy of the fixture lake (the `lake` fixture
-# below replaces test_sql's). test_sql's price-override test opens a local lake by folder: not
-# repeated here.
-from tests.unit.test_sql import (  # noqa: F401
-    test_actions_and_health_timelines,
-    test_defaults_cover_the_last_day_of_data_and_durations_parse,
-    test_findings_timeline_leaves_out_heartbeats_and_all_clears,
-    test_fleet_summary,
-    test_fleet_summary_pool_filters_alerts_too,
-    test_idle_allocated_capacity,
-    test_mtbf_by_model_and_time_between_failures,
-    test_open_actions_are_those_whose_target_has_not_recovered,
-    test_quota_and_capacity_headroom,
-    test_top_offenders_rank_by_actions_then_errors,
-    test_utilization_by_dimension_per_hour,
-    test_views_exist_for_every_table_and_reference_data,
-    test_why_not_removed_gives_every_rule_that_held_a_target_back_and_what_came_of_it,
-    test_xid_frequency_and_heatmap,
-)
-
 T0 = fx.T0
 DAY = 86_400_000
-
-
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
-    folder = tmp_path_factory.mktemp("iceberg")
-    settings = build_iceberg_lake(folder)
-    with Lake(folder, settings) as opened:
-        yield opened
 
 
 def xid(offset: int, at: int) -> XidEvent:

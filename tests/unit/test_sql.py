@@ -1,20 +1,22 @@
 """Every canned analysis against the fixture lake (tests/lake_fixture.py), whose answers follow
-from how it was built; parameters are bound; views exist for every table."""
+from how it was built; parameters are bound; views exist for every table. Each test runs on
+both backends: the local Parquet lake and the same tables as Iceberg on s3proxy
+(tests/iceberg_fixture.py; deploy/with-services.sh starts s3proxy)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from pipeline.catalog import price_for, xid_info
-from pipeline.config import LakeSettings
 from pipeline.lake.query import Lake, QueryError, canned_queries, parse_duration, parse_time
 from pipeline.lake.tables import TABLES
 from tests import lake_fixture as fx
+from tests.iceberg_fixture import BACKENDS, build_fixture_lake
 
 
 def at(ms: int) -> datetime:
@@ -25,10 +27,11 @@ SINCE, UNTIL = at(fx.T0), at(fx.END)
 HOUR_STARTS = [at(fx.T0 + h * fx.HOUR) for h in range(fx.HOURS)]
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
-    root = fx.build_lake(tmp_path_factory.mktemp("lake"))
-    with Lake(root) as opened:
+@pytest.fixture(scope="module", params=BACKENDS)
+def lake(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[Lake]:
+    root, settings = build_fixture_lake(request.param, tmp_path_factory.mktemp("lake"))
+    with Lake(root, settings) as opened:
         yield opened
 
 
@@ -119,14 +122,14 @@ def test_cost_of_idle_uses_the_price_table(lake: Lake) -> None:
     assert rows["tpu"]["total_cost_usd"] == pytest.approx(16 * _price(fx.V5E), abs=0.01)
 
 
-def test_cost_per_useful_hour_and_config_price_override(tmp_path: Path, lake: Lake) -> None:
+def test_cost_per_useful_hour_and_config_price_override(lake: Lake) -> None:
     rows = {r["pool"]: r for r in run(lake, "cost_per_useful_hour")}
     useful = fx.HOURS * (3 * fx.BUSY + fx.IDLE) / 100
     assert rows["train"]["useful_hours"] == pytest.approx(useful, abs=0.001)
     assert rows["train"]["usd_per_useful_hour"] == pytest.approx(
         16 * _price(fx.H100) / useful, abs=0.01)
     assert rows["infer"]["usd_per_useful_hour"] is None  # nothing useful: no finite price
-    with Lake(lake.root, LakeSettings(prices={"H100": 2.0})) as cheap:
+    with Lake(lake.root, msgspec.structs.replace(lake.settings, prices={"H100": 2.0})) as cheap:
         result = cheap.run("cost_per_useful_hour", since=SINCE, until=UNTIL).records()
     assert next(r for r in result if r["pool"] == "train")["total_cost_usd"] == 32.0
 
