@@ -68,5 +68,6 @@ def build_fixture_lake(backend: str, folder: Path) -> tuple[Path, LakeSettings]:
     if backend == "local":
         return fx.build_lake(folder), LakeSettings()
     if backend == "iceberg":
+        folder.mkdir(parents=True, exist_ok=True)
         return folder, build_iceberg_lake(folder)
     raise ValueError(f"build_fixture_lake: expected one of {BACKENDS}, got {backend!r}")

@@ -1,9 +1,15 @@
 """`fleetpulse report` opened in headless Chromium: every chart renders, no script errors, and a
-screenshot shows a page that is not blank. No network: the page must need nothing outside it."""
+screenshot shows a page that is not blank. No network: the page must need nothing outside it.
+
+The tests of what the report says (its tables, the alert count, the health changes, the XID
+heatmap's scale) run on both lake backends (`backend_lake`: local Parquet, and Iceberg on
+s3proxy through FLEETPULSE_LAKE__*); those of how the page renders and lays out read the local
+lake only (the page is made the same way from the same answers)."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import struct
 import subprocess
@@ -16,6 +22,7 @@ import pytest
 from pipeline.catalog import price_for
 from pipeline.report.html import natural_key
 from tests import lake_fixture as fx
+from tests.iceberg_fixture import BACKENDS, build_fixture_lake, settings_env
 
 pytestmark = pytest.mark.chromium
 CHROMIUM = "/usr/bin/chromium"
@@ -89,13 +96,22 @@ def chromium(tmp_path: Path, page: Path, *args: str) -> str:
     return done.stdout
 
 
-def report(lake: Path, out: Path, *args: str) -> Path:
+def report(lake: Path, out: Path, *args: str, env: dict[str, str] | None = None) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "report", "--lake", str(lake), "--out", str(out),
          *args], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr
     return out
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_lake(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The fixture lake on each backend: its `--lake` folder and the environment that selects
+    the backend (empty for the local lake)."""
+    root, settings = build_fixture_lake(request.param, tmp_path / "lake")
+    return root, settings_env(settings) if settings.uri else {}
 
 
 def attributes(dom: str, tag: str) -> list[dict[str, str]]:
@@ -203,9 +219,11 @@ def test_wide_tables_scroll_inside_their_box_not_the_page(tmp_path: Path) -> Non
     assert tables and all(t == '<div class="scroll">' for t in tables)
 
 
-def test_the_xid_heatmap_has_a_colour_scale(tmp_path: Path) -> None:
-    lake = fx.build_lake(tmp_path / "lake")
-    html = report(lake, tmp_path / "report.html").read_text()
+def test_the_xid_heatmap_has_a_colour_scale(
+    tmp_path: Path, backend_lake: tuple[Path, dict[str, str]]
+) -> None:
+    lake, env = backend_lake
+    html = report(lake, tmp_path / "report.html", env=env).read_text()
     xid = re.search(r'<svg class="chart" data-chart="xid".*?</svg>', html, flags=re.S)
     assert xid and "XID events per cell" in xid.group(0)
     swatches = [float(o) for o in re.findall(r'class="legend"[^>]*fill-opacity="([\d.]+)"',
@@ -229,9 +247,11 @@ def target_section(html: str, section_id: str) -> str:
     return html.split(f'id="{section_id}"')[1].split('<section class="target"')[0]
 
 
-def test_table_rows_link_to_a_section_per_target_with_its_window(tmp_path: Path) -> None:
-    lake = fx.build_lake(tmp_path / "lake")
-    html = report(lake, tmp_path / "report.html").read_text()
+def test_table_rows_link_to_a_section_per_target_with_its_window(
+    tmp_path: Path, backend_lake: tuple[Path, dict[str, str]]
+) -> None:
+    lake, env = backend_lake
+    html = report(lake, tmp_path / "report.html", env=env).read_text()
     offenders = html.split('data-table="top-offenders"')[1].split("</table>")[0]
     links = re.findall(r'<a href="#([^"]+)">([^<]+)</a>', offenders)
     assert links == [("target-node-g1", "g1"), ("target-slice-s1", "s1"),
@@ -262,9 +282,11 @@ def test_table_rows_link_to_a_section_per_target_with_its_window(tmp_path: Path)
     assert int(body["data-links"]) >= 4 and body["data-broken-links"] == ""
 
 
-def test_tpu_slices_ici_links_cost_per_useful_hour_and_mtbf_per_pool(tmp_path: Path) -> None:
-    lake = fx.build_lake(tmp_path / "lake")
-    html = report(lake, tmp_path / "report.html").read_text()
+def test_tpu_slices_ici_links_cost_per_useful_hour_and_mtbf_per_pool(
+    tmp_path: Path, backend_lake: tuple[Path, dict[str, str]]
+) -> None:
+    lake, env = backend_lake
+    html = report(lake, tmp_path / "report.html", env=env).read_text()
     (s1,) = table(html, "tpu-slice-availability")
     assert (s1["slice"], s1["available_pct"]) == ("s1", f"{100 * (1 - 0.5 / fx.HOURS):.1f}")
     assert '<a href="#target-slice-s1">s1</a>' in html.split('data-table="degraded-ici-links"')[1]
@@ -285,17 +307,21 @@ def alerts_fired(html: str) -> str:
     return found.group(1)
 
 
-def test_pool_filters_the_alert_count(tmp_path: Path) -> None:
-    lake = fx.build_lake(tmp_path / "lake")
-    everything = report(lake, tmp_path / "all.html").read_text()
-    infer = report(lake, tmp_path / "infer.html", "--pool", "infer").read_text()
-    train = report(lake, tmp_path / "train.html", "--pool", "train").read_text()
+def test_pool_filters_the_alert_count(
+    tmp_path: Path, backend_lake: tuple[Path, dict[str, str]]
+) -> None:
+    lake, env = backend_lake
+    everything = report(lake, tmp_path / "all.html", env=env).read_text()
+    infer = report(lake, tmp_path / "infer.html", "--pool", "infer", env=env).read_text()
+    train = report(lake, tmp_path / "train.html", "--pool", "train", env=env).read_text()
     assert (alerts_fired(everything), alerts_fired(infer), alerts_fired(train)) == ("1", "0", "1")
 
 
-def test_health_changes_leave_out_targets_arriving_healthy(tmp_path: Path) -> None:
-    lake = fx.build_lake(tmp_path / "lake")
-    html = report(lake, tmp_path / "report.html").read_text()
+def test_health_changes_leave_out_targets_arriving_healthy(
+    tmp_path: Path, backend_lake: tuple[Path, dict[str, str]]
+) -> None:
+    lake, env = backend_lake
+    html = report(lake, tmp_path / "report.html", env=env).read_text()
     health = re.search(r'<svg class="chart" data-chart="health".*?</svg>', html, flags=re.S)
     assert health
     bars = re.findall(r'<rect class="mark"[^>]*><title>([^<]*)</title>', health.group(0))
