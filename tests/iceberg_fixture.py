@@ -1,6 +1,9 @@
-"""The Iceberg lake's test settings: tables in a SQLite catalog under a test's folder, data on
-the s3proxy that deploy/with-services.sh (deploy/s3/s3.sh) starts: S3_PORT, S3_ACCESS_KEY and
-S3_SECRET_KEY, with s3.sh's defaults. Each call gets its own prefix in the bucket."""
+"""The Iceberg lake's test settings: tables in a SQLite catalog under a test's folder (or, with
+`catalog=CATALOGS[1]`, in the PostgreSQL that deploy/with-services.sh starts with
+deploy/postgres/postgres.sh: PG_PORT, PG_USER, PG_PASSWORD, PG_DATABASE, with postgres.sh's
+defaults), data on the s3proxy it starts (deploy/s3/s3.sh: S3_PORT, S3_ACCESS_KEY and
+S3_SECRET_KEY, with s3.sh's defaults). Each call gets its own prefix in the bucket, and in the
+shared PostgreSQL catalog its own namespace."""
 
 from __future__ import annotations
 
@@ -11,19 +14,38 @@ from typing import Any
 
 from pipeline.config import LakeSettings
 from pipeline.lake.iceberg import IcebergWriter, create_bucket
+from pipeline.lake.writer import LakeWriter
 from tests import lake_fixture as fx
 
 BUCKET = "fleetpulse-tests"
+# the SQL catalogs: SQLite (one machine) and PostgreSQL (several)
+CATALOGS = ("sqlite", "postgres")
 
 
-def iceberg_settings(folder: Path, **extra: Any) -> LakeSettings:
-    """Settings for a fresh Iceberg lake: its catalog in `folder`, its data under a new
-    prefix of the test bucket (created if missing)."""
+def postgres_catalog() -> str:
+    """The URL of the test PostgreSQL's catalog database (deploy/postgres/postgres.sh env)."""
+    env = os.environ
+    return (f"postgresql+psycopg2://{env.get('PG_USER', 'fleetpulse')}:"
+            f"{env.get('PG_PASSWORD', 'fleetpulse-secret')}@127.0.0.1:"
+            f"{env.get('PG_PORT', '19648')}/{env.get('PG_DATABASE', 'fleetpulse_catalog')}")
+
+
+def iceberg_settings(folder: Path, catalog: str = "sqlite", **extra: Any) -> LakeSettings:
+    """Settings for a fresh Iceberg lake: its catalog in `folder` (sqlite) or a namespace of
+    its own in the test PostgreSQL (postgres), its data under a new prefix of the test bucket
+    (created if missing)."""
     port = os.environ.get("S3_PORT", "19645")
+    run = uuid.uuid4().hex[:12]
+    if catalog == "sqlite":
+        where = {"catalog": f"sqlite:///{folder / 'catalog.db'}"}
+    elif catalog == "postgres":
+        where = {"catalog": postgres_catalog(), "namespace": f"fleetpulse_{run}"}
+    else:
+        raise ValueError(f"iceberg_settings: expected a catalog of {CATALOGS}, got {catalog!r}")
     settings = LakeSettings(
         path=str(folder),
-        uri=f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}",
-        catalog=f"sqlite:///{folder / 'catalog.db'}",
+        uri=f"s3://{BUCKET}/{run}",
+        **where,
         s3_endpoint=f"http://127.0.0.1:{port}",
         s3_access_key_id=os.environ.get("S3_ACCESS_KEY", "fleetpulse"),
         s3_secret_access_key=os.environ.get("S3_SECRET_KEY", "fleetpulse-secret"),
@@ -39,6 +61,7 @@ def settings_env(settings: LakeSettings) -> dict[str, str]:
         "FLEETPULSE_LAKE__PATH": settings.path,
         "FLEETPULSE_LAKE__URI": settings.uri,
         "FLEETPULSE_LAKE__CATALOG": settings.catalog,
+        "FLEETPULSE_LAKE__NAMESPACE": settings.namespace,
         "FLEETPULSE_LAKE__S3_ENDPOINT": settings.s3_endpoint,
         "FLEETPULSE_LAKE__S3_ACCESS_KEY_ID": settings.s3_access_key_id,
         "FLEETPULSE_LAKE__S3_SECRET_ACCESS_KEY": settings.s3_secret_access_key,
@@ -71,3 +94,9 @@ def build_fixture_lake(backend: str, folder: Path) -> tuple[Path, LakeSettings]:
         folder.mkdir(parents=True, exist_ok=True)
         return folder, build_iceberg_lake(folder)
     raise ValueError(f"build_fixture_lake: expected one of {BACKENDS}, got {backend!r}")
+
+
+def fixture_writer(root: Path, settings: LakeSettings) -> LakeWriter | IcebergWriter:
+    """A writer into the lake `build_fixture_lake` gave (a test adds its own rows with it):
+    `add(table, event, (topic, partition, offset))`, then `checkpoint()`."""
+    return IcebergWriter(settings) if settings.uri else LakeWriter(root, settings)

@@ -1,4 +1,5 @@
-"""The capacity analyses over the fixture lake, whose answers are known by construction."""
+"""The capacity analyses over the fixture lake, whose answers are known by construction, on
+both lake backends (local Parquet, and Iceberg on s3proxy: tests/iceberg_fixture.py)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,23 @@ import pytest
 
 from pipeline.config import CapacitySettings, LakeSettings
 from pipeline.lake.query import Lake
-from pipeline.lake.writer import LakeWriter
 from pipeline.model import CapacityEvent, QuotaInfo
 from pipeline.report.capacity import FROM_FOLD, FROM_SNAPSHOTS, lake_snapshots
 from tests import lake_fixture as fx
+from tests.iceberg_fixture import BACKENDS, build_fixture_lake, fixture_writer
 
 START = datetime.fromtimestamp(fx.T0 / 1000, UTC).replace(tzinfo=None)
 END = datetime.fromtimestamp(fx.END / 1000, UTC).replace(tzinfo=None)
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = fx.build_lake(tmp_path_factory.mktemp("capacity") / "lake")
-    writer = LakeWriter(root, LakeSettings())
+# a fixture lake: its folder and the settings that open it (the backend's)
+Stored = tuple[Path, LakeSettings]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def lake(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Stored:
+    root, settings = build_fixture_lake(request.param, tmp_path_factory.mktemp("capacity"))
+    writer = fixture_writer(root, settings)
     for offset, (minute, in_use, state) in enumerate(
         [(10, 16, "READY"), (70, 8, "READY"), (130, 12, "READY")]
     ):
@@ -29,7 +34,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     writer.add("capacity", reservation("res-gone", 20, 8, 0, "READY"), ("t.res", 0, 3))
     writer.add("capacity", reservation("res-gone", 90, 0, 0, "DELETED"), ("t.res", 0, 4))
     writer.checkpoint()
-    return root
+    return root, settings
 
 
 def reservation(name: str, minute: int, limit: int, usage: int, state: str) -> CapacityEvent:
@@ -42,12 +47,12 @@ def reservation(name: str, minute: int, limit: int, usage: int, state: str) -> C
     )  # fmt: skip
 
 
-def run(lake: Path, name: str) -> list[dict[str, object]]:
-    with Lake(lake) as opened:
+def run(lake: Stored, name: str) -> list[dict[str, object]]:
+    with Lake(*lake) as opened:
         return opened.run(name, since=START, until=END).records()
 
 
-def test_accelerator_roi_compares_types_per_useful_pflop_hour(lake: Path) -> None:
+def test_accelerator_roi_compares_types_per_useful_pflop_hour(lake: Stored) -> None:
     rows = {r["accelerator_type"]: r for r in run(lake, "accelerator_roi")}
     tpu = rows["tpu-v5e"]
     assert (tpu["device_hours"], tpu["useful_hours"], tpu["bf16_tflops"]) == (16.0, 8.0, 197.0)
@@ -58,7 +63,7 @@ def test_accelerator_roi_compares_types_per_useful_pflop_hour(lake: Path) -> Non
     assert next(iter(rows)) == "tpu-v5e"  # cheapest useful compute first
 
 
-def test_accelerator_roi_costs_a_job_step_where_jobs_publish_step_times(lake: Path) -> None:
+def test_accelerator_roi_costs_a_job_step_where_jobs_publish_step_times(lake: Stored) -> None:
     rows = {r["accelerator_type"]: r for r in run(lake, "accelerator_roi")}
     h100 = rows["nvidia-h100-80gb"]
     # job-g1: 2 ranks x 0.5 s, job-g2: 2 x 0.25 s a step: 0.75 device-seconds a job step
@@ -70,34 +75,34 @@ def test_accelerator_roi_costs_a_job_step_where_jobs_publish_step_times(lake: Pa
     assert rows["nvidia-a100-80gb"]["usd_per_1000_job_steps"] is None  # no job there
 
 
-def test_time_back_in_service_per_stage_and_end_to_end(lake: Path) -> None:
+def test_time_back_in_service_per_stage_and_end_to_end(lake: Stored) -> None:
     rows = {(r["pool"], r["stage"]): r for r in run(lake, "time_back_in_service")}
     slice_out = rows[("tpu", "out of service (end to end)")]
     assert (slice_out["done"], slice_out["p50_min"]) == (1, 30.0)  # s1: T0+1h to T0+1h30
     assert rows[("tpu", "cordoned")]["p95_min"] == 30.0
 
 
-def test_reservations_latest_figures_and_the_deleted_left_out(lake: Path) -> None:
+def test_reservations_latest_figures_and_the_deleted_left_out(lake: Stored) -> None:
     rows = run(lake, "reservations")
     assert [(r["reservation"], r["reserved"], r["in_use"], r["unused"], r["changes"])
             for r in rows] == [("res-a", 16.0, 12.0, 4.0, 3)]  # fmt: skip
 
 
-def test_quota_headroom_leaves_reservations_out(lake: Path) -> None:
+def test_quota_headroom_leaves_reservations_out(lake: Stored) -> None:
     # a reservation's figures ride in quota_*: they are no quota
     assert [r["quota_metric"] for r in run(lake, "quota_headroom") if r["zone"] == "z-a"] == [
         "NVIDIA_H100_GPUS"
     ]
 
 
-def test_quota_outlook_needs_enough_points_for_a_forecast(lake: Path) -> None:
+def test_quota_outlook_needs_enough_points_for_a_forecast(lake: Stored) -> None:
     (row,) = run(lake, "quota_outlook")
     assert (row["usage"], row["headroom"], row["points"]) == (50.0, 14.0, 2)
     assert row["hours_left"] is None  # two points are no trend to bet on
     assert row["trend_per_h"] == round(10 / (110 / 60), 3)
 
 
-def test_capacity_timeline_splits_devices_by_status(lake: Path) -> None:
+def test_capacity_timeline_splits_devices_by_status(lake: Stored) -> None:
     first = [r for r in run(lake, "capacity_timeline") if r["bucket"] == START]
     by_zone = {(r["zone"], r["accelerator"]): (r["out_of_service"], r["allocated"], r["free"])
                for r in first}  # fmt: skip
@@ -107,18 +112,19 @@ def test_capacity_timeline_splits_devices_by_status(lake: Path) -> None:
 
 # --- the capacity stage's snapshots (fleet.capacity → capacity_snapshots) ------------------
 
-@pytest.fixture(scope="module")
-def snap_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = fx.build_lake(tmp_path_factory.mktemp("snapshots") / "lake")
-    writer = LakeWriter(root, LakeSettings())
+@pytest.fixture(scope="module", params=BACKENDS)
+def snap_lake(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+              ) -> Stored:
+    root, settings = build_fixture_lake(request.param, tmp_path_factory.mktemp("snapshots"))
+    writer = fixture_writer(root, settings)
     for offset, value in enumerate(fx.CAPACITY_SNAPSHOTS):
         writer.add("capacity_snapshots", value, ("t.capacity", 0, offset))
     writer.checkpoint()
-    return root
+    return root, settings
 
 
-def test_the_stage_s_latest_snapshot_per_key_is_what_capacity_shows(snap_lake: Path) -> None:
-    with Lake(snap_lake) as lake:
+def test_the_stage_s_latest_snapshot_per_key_is_what_capacity_shows(snap_lake: Stored) -> None:
+    with Lake(*snap_lake) as lake:
         shown = lake_snapshots(lake, END, CapacitySettings())
         latest = {r["zone"]: r for r in lake.run("capacity_now", since=START, until=END).records()}
         older = lake_snapshots(lake, END - timedelta(hours=2), CapacitySettings())
@@ -134,8 +140,8 @@ def test_the_stage_s_latest_snapshot_per_key_is_what_capacity_shows(snap_lake: P
     assert {s.zone for s in older.snapshots} == {"z-a", "z-b"}
 
 
-def test_capacity_timeline_reads_snapshots_when_there_are_any(snap_lake: Path) -> None:
-    with Lake(snap_lake) as lake:
+def test_capacity_timeline_reads_snapshots_when_there_are_any(snap_lake: Stored) -> None:
+    with Lake(*snap_lake) as lake:
         rows = lake.run("capacity_timeline", since=START, until=END).records()
         pool = lake.run("capacity_timeline", since=START, until=END, pool="train").records()
     assert {r["source"] for r in rows} == {"snapshots"}
