@@ -15,6 +15,8 @@ command -v etcd >/dev/null || need+=(etcd-server)  # deploy/kubernetes/kube.sh: 
 [ -x /usr/sbin/slurmd ] || need+=(slurmd)
 command -v sbatch >/dev/null || need+=(slurm-client)
 [ -x /usr/sbin/munged ] || need+=(munge)
+# deploy/postgres/postgres.sh: the Iceberg lake's PostgreSQL catalog (initdb + pg_ctl, no systemd)
+ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || need+=(postgresql)
 command -v go >/dev/null || [ -x /usr/local/go/bin/go ] \
   || echo "deploy/kubernetes: Go >= 1.24 is needed to build kube-apiserver and helm (go.dev/dl)" >&2
 [ ${#need[@]} -eq 0 ] && exit 0

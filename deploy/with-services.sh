@@ -2,7 +2,8 @@
 # Start the real services the tests need, run the given command, stop them even on failure.
 # Services started here: Apache Kafka (KRaft, deploy/kafka/kafka.sh), an S3-API object store
 # (s3proxy, deploy/s3/s3.sh: the Iceberg lake's tests find it through S3_PORT, S3_ACCESS_KEY
-# and S3_SECRET_KEY) and a Kubernetes API server
+# and S3_SECRET_KEY), PostgreSQL (deploy/postgres/postgres.sh: the Iceberg catalog shared by
+# several writers; PG_PORT, PG_USER, PG_PASSWORD, PG_DATABASE) and a Kubernetes API server
 # with etcd (deploy/kubernetes/kube.sh), and Slurm (slurmctld, slurmd, munged: deploy/slurm/slurm.sh;
 # tests find it through SLURM_CONF). helm (deploy/kubernetes/helm.sh) and Toxiproxy
 # (deploy/toxiproxy/toxiproxy.sh; the network fault tests start their own) are only built here.
@@ -26,6 +27,14 @@ export S3_SECRET_KEY="${S3_SECRET_KEY:-fleetpulse-secret}"
 if ! bash "$root/deploy/s3/s3.sh" status >/dev/null 2>&1; then
   bash "$root/deploy/s3/s3.sh" start
   started+=(s3/s3.sh)
+fi
+# PostgreSQL (deploy/postgres/postgres.sh): the Iceberg catalog several writers share; the tests
+# find it through PG_PORT, PG_USER, PG_PASSWORD and PG_DATABASE (postgres.sh's defaults)
+export PG_PORT="${PG_PORT:-19648}" PG_USER="${PG_USER:-fleetpulse}"
+export PG_PASSWORD="${PG_PASSWORD:-fleetpulse-secret}" PG_DATABASE="${PG_DATABASE:-fleetpulse_catalog}"
+if ! bash "$root/deploy/postgres/postgres.sh" status >/dev/null 2>&1; then
+  bash "$root/deploy/postgres/postgres.sh" start
+  started+=(postgres/postgres.sh)
 fi
 bash "$root/deploy/toxiproxy/toxiproxy.sh" fetch
 export KUBE_API_PORT="${KUBE_API_PORT:-26443}" KUBE_ETCD_PORT="${KUBE_ETCD_PORT:-23790}"

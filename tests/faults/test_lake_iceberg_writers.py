@@ -2,7 +2,8 @@
 group commit into the same Iceberg tables (SQLite catalog, data on s3proxy: deploy/s3/s3.sh)
 while findings arrive, and then:
 
-- one is SIGKILLed at a seeded point and restarted;
+- one is SIGKILLed at a seeded point and restarted (on a SQLite catalog, and on a PostgreSQL
+  one that the writers share over the network: deploy/postgres/postgres.sh);
 - the broker (a test's own) is stopped mid-stream and started again;
 - the group is reset to the earliest offsets and a sink started again: every record comes
   back, and none is stored again.
@@ -36,7 +37,7 @@ from streams.testing import producer
 from tests.faults import reliability
 from tests.faults.infra import Broker, Proc, base_env, own_broker, seeded_point, wait_until
 from tests.faults.test_infra_replay import _reset_to_earliest
-from tests.iceberg_fixture import iceberg_settings, settings_env
+from tests.iceberg_fixture import CATALOGS, iceberg_settings, settings_env
 from tests.lake_fixture import FINDINGS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -111,11 +112,12 @@ def _judge(scenario: str, kafka: KafkaSettings, lake: LakeSettings, sinks: list[
     assert sum(offsets.get((topic, p), 0) for p in range(kafka.partitions)) == len(findings)
 
 
+@pytest.mark.parametrize("catalog", CATALOGS)
 def test_three_iceberg_sinks_one_killed_store_every_row_once(
-    kafka_settings: KafkaSettings, tmp_path: Path
+    kafka_settings: KafkaSettings, tmp_path: Path, catalog: str
 ) -> None:
     kafka = kafka_settings
-    lake = iceberg_settings(tmp_path, flush_seconds=1)
+    lake = iceberg_settings(tmp_path, catalog, flush_seconds=1)
     sinks = _start_sinks(kafka, lake, tmp_path)
     findings = _findings("kill")
     sending = threading.Thread(target=_send, args=(kafka, findings, TRICKLE_S), daemon=True)
@@ -133,7 +135,8 @@ def test_three_iceberg_sinks_one_killed_store_every_row_once(
         for sink in sinks:
             sink.stop()
         raise
-    _judge("three Iceberg lake sinks, one SIGKILLed", kafka, lake, sinks, findings,
+    where = "" if catalog == "sqlite" else ", PostgreSQL catalog"
+    _judge(f"three Iceberg lake sinks, one SIGKILLed{where}", kafka, lake, sinks, findings,
            {"recovery_s": round(recovered, 2), "seed": seed, "killed at s": point})
 
 

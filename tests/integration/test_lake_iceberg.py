@@ -1,6 +1,7 @@
 """The lake as Iceberg tables on a real object store (s3proxy, deploy/s3/s3.sh) with a SQLite
 catalog: every table from TABLES, day partitions, offsets in snapshot summaries, replays and
-concurrent writers without duplicates, compaction and expiry, `lake status`. The canned analyses
+concurrent writers without duplicates (on a SQLite and on a PostgreSQL catalog:
+deploy/postgres/postgres.sh), compaction and expiry, `lake status`. The canned analyses
 run on both backends in tests/unit/test_sql.py (tests/iceberg_fixture.py's BACKENDS)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pipeline.lake.query import Lake
 from pipeline.lake.tables import TABLES
 from pipeline.model import XidEvent
 from tests import lake_fixture as fx
-from tests.iceberg_fixture import build_iceberg_lake, iceberg_settings, settings_env
+from tests.iceberg_fixture import CATALOGS, build_iceberg_lake, iceberg_settings, settings_env
 
 T0 = fx.T0
 DAY = 86_400_000
@@ -61,8 +62,9 @@ def test_every_lake_table_is_an_iceberg_table_of_its_derived_columns_by_day(
         assert by == (["cluster"] if name == "utilization" else []), name
 
 
-def test_each_append_records_its_offsets_and_a_replay_adds_nothing(tmp_path: Path) -> None:
-    settings = iceberg_settings(tmp_path)
+@pytest.mark.parametrize("catalog", CATALOGS)
+def test_each_append_records_its_offsets_and_a_replay_adds_nothing(tmp_path: Path, catalog: str) -> None:
+    settings = iceberg_settings(tmp_path, catalog)
     writer = IcebergWriter(settings)
     xids(writer, 0, range(0, 100))
     xids(writer, 1, range(0, 40))
@@ -83,8 +85,9 @@ def test_each_append_records_its_offsets_and_a_replay_adds_nothing(tmp_path: Pat
     assert sorted(g for (g,) in gpus) == sorted([*range(130), *range(40)])
 
 
-def test_writers_racing_on_one_table_each_commit_every_row_once(tmp_path: Path) -> None:
-    settings = iceberg_settings(tmp_path)
+@pytest.mark.parametrize("catalog", CATALOGS)
+def test_writers_racing_on_one_table_each_commit_every_row_once(tmp_path: Path, catalog: str) -> None:
+    settings = iceberg_settings(tmp_path, catalog)
     IcebergWriter(settings).table("xid")  # created once, as the first writer would
     errors: list[BaseException] = []
     writers = [IcebergWriter(settings) for _ in range(3)]
