@@ -1,5 +1,6 @@
 """fleet.capacity into the lake on the real broker: the lake sink consumes the capacity stage's
-snapshots (capacity_snapshot/1) into `capacity_snapshots`, and `fleetpulse capacity` shows them."""
+snapshots (capacity_snapshot/1) into `capacity_snapshots`, and `fleetpulse capacity` shows them.
+On both lake backends: local Parquet, and Iceberg on s3proxy (tests/iceberg_fixture.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from pipeline.wire import codec
 from pipeline.wire.admin import create_topics
 from pipeline.wire.topics import capacity_key, topic_name
 from tests import lake_fixture as fx
+from tests.iceberg_fixture import BACKENDS, iceberg_settings, settings_env
 
 pytestmark = pytest.mark.kafka
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_lake_sink_keeps_capacity_snapshots_and_capacity_shows_the_latest(
-    kafka_settings: KafkaSettings, tmp_path: Path
+    kafka_settings: KafkaSettings, tmp_path: Path, backend: str
 ) -> None:
     create_topics(kafka_settings)
     producer = KafkaProducer(bootstrap_servers=kafka_settings.bootstrap, acks="all")
@@ -41,6 +44,9 @@ def test_the_lake_sink_keeps_capacity_snapshots_and_capacity_shows_the_latest(
            "FLEETPULSE_KAFKA__TOPIC_PREFIX": kafka_settings.topic_prefix,
            "FLEETPULSE_LAKE__GROUP_ID": f"lake-{uuid.uuid4().hex[:8]}",
            "FLEETPULSE_METRICS__PORT": "0"}  # fmt: skip
+    if backend == "iceberg":
+        lake.mkdir()
+        env.update(settings_env(iceberg_settings(lake)))
     sink = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "sink", "lake", "--lake", str(lake),
          "--exit-when-idle", "3"],
