@@ -1,7 +1,9 @@
 """Each row once: records an ingest adapter sends twice (restarted without its checkpoint: the
 same records at new offsets, in new files) are counted once by the views of the tables it
 fills and the small ones (TableSpec.once_in_views), and by every canned analysis. (A group
-reset never stores a row twice: the sink skips offsets the lake holds; tests/faults.)"""
+reset never stores a row twice: the sink skips offsets the lake holds; tests/faults.) The
+whole-fixture test runs on both lake backends (local Parquet, Iceberg on s3proxy); the property
+test, a fresh lake per example, on the local one."""
 
 from __future__ import annotations
 
@@ -10,14 +12,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import LakeSettings
 from pipeline.lake.query import Lake, canned_queries
 from pipeline.lake.tables import TABLES
-from pipeline.lake.writer import LakeWriter
 from tests import lake_fixture as fx
+from tests.iceberg_fixture import BACKENDS, build_fixture_lake, fixture_writer
 
 SIZES = {table: len(events()) for table, events in fx.EVERYTHING.items()}
 ONCE = sorted(name for name, spec in TABLES.items() if spec.once_in_views)
@@ -27,10 +30,11 @@ def test_the_tables_an_ingest_adapter_fills_are_kept_once_in_the_views() -> None
     assert {"xid", "capacity"} <= set(ONCE)
 
 
-def _replay(root: Path, again: dict[str, list[int]], start: int) -> None:
-    """Store the events at the given indices again, at new offsets from `start` (as a group
-    reset or a re-read input brings them: new records, new files)."""
-    writer = LakeWriter(root, LakeSettings())
+def _replay(root: Path, again: dict[str, list[int]], start: int,
+            lake: LakeSettings | None = None) -> None:
+    """Store the events at the given indices again, at new offsets from `start` (as a
+    restarted adapter sends them: new records, new files)."""
+    writer = fixture_writer(root, lake or LakeSettings())
     for table, indices in again.items():
         events = fx.EVERYTHING[table]()
         for n, index in enumerate(indices):
@@ -57,11 +61,14 @@ def _at(ms: int) -> datetime:
     return datetime(1970, 1, 1) + timedelta(milliseconds=ms)
 
 
-def test_every_stored_row_twice_changes_no_view_and_no_analysis(tmp_path: Path) -> None:
-    once = fx.build_lake(tmp_path / "once")
-    twice = fx.build_lake(tmp_path / "twice")
-    _replay(twice, {t: list(range(SIZES[t])) for t in ONCE}, start=10**6)
-    with Lake(once) as single, Lake(twice) as double:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_stored_row_twice_changes_no_view_and_no_analysis(
+    tmp_path: Path, backend: str
+) -> None:
+    once = build_fixture_lake(backend, tmp_path / "once")
+    twice = build_fixture_lake(backend, tmp_path / "twice")
+    _replay(twice[0], {t: list(range(SIZES[t])) for t in ONCE}, start=10**6, lake=twice[1])
+    with Lake(*once) as single, Lake(*twice) as double:
         assert _counts(double, "stored_") == {
             t: (2 if t in ONCE else 1) * n for t, n in _counts(single, "").items()}
         assert _counts(double, "") == _counts(single, "")
