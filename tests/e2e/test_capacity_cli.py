@@ -1,4 +1,6 @@
-"""`fleetpulse capacity` over the fixture lake: the table, the JSON records, the crunch lines."""
+"""`fleetpulse capacity` over the fixture lake: the table, the JSON records, the crunch lines. On
+both lake backends (local Parquet, Iceberg on s3proxy through FLEETPULSE_LAKE__*), but for the
+error of a folder without a local lake."""
 
 from __future__ import annotations
 
@@ -13,27 +15,33 @@ import pytest
 from pipeline.model import CapacitySnapshot
 from pipeline.wire import codec
 from tests import lake_fixture as fx
+from tests.iceberg_fixture import BACKENDS, build_fixture_lake, fixture_writer, settings_env
+
+# a fixture lake: its `--lake` folder and the environment that selects its backend
+Stored = tuple[Path, dict[str, str]]
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fx.build_lake(tmp_path_factory.mktemp("capacity-cli") / "lake")
+@pytest.fixture(scope="module", params=BACKENDS)
+def lake(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Stored:
+    root, settings = build_fixture_lake(request.param, tmp_path_factory.mktemp("capacity-cli"))
+    return root, settings_env(settings) if settings.uri else {}
 
 
 # the free rule is off by default (a fleet kept full is healthy): the fixture's is on
 FREE_RULE = {"FLEETPULSE_CAPACITY__CRUNCH_FREE_BELOW": "8"}
 
 
-def capacity(lake: Path, *args: str, env: dict[str, str] | None = None,
+def capacity(lake: Stored, *args: str, env: dict[str, str] | None = None,
              ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    root, backend = lake
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "capacity", "--lake", str(lake), *args],
+        [sys.executable, "-m", "pipeline.cli", "capacity", "--lake", str(root), *args],
         capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **backend, **(env or {})},
     )  # fmt: skip
 
 
-def test_json_records_are_capacity_snapshots_with_the_price_they_used(lake: Path) -> None:
+def test_json_records_are_capacity_snapshots_with_the_price_they_used(lake: Stored) -> None:
     done = capacity(lake, "--json")
     assert done.returncode == 0, done.stderr
     records = [codec.decode(line.encode(), CapacitySnapshot) for line in done.stdout.splitlines()]
@@ -53,7 +61,7 @@ def test_json_records_are_capacity_snapshots_with_the_price_they_used(lake: Path
     assert json.loads(done.stdout.splitlines()[0])["schema"] == "capacity_snapshot/1"
 
 
-def test_the_table_and_the_crunch_naming_what_is_short(lake: Path) -> None:
+def test_the_table_and_the_crunch_naming_what_is_short(lake: Stored) -> None:
     done = capacity(lake, "--type", "nvidia-a100-80gb", env=FREE_RULE)
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.splitlines()[:2]
@@ -65,27 +73,28 @@ def test_the_table_and_the_crunch_naming_what_is_short(lake: Path) -> None:
     assert "FleetPulseCapacityCrunch" not in capacity(lake).stdout  # the default: rule off
 
 
-def test_the_stage_s_snapshots_are_shown_when_the_lake_has_them(tmp_path: Path) -> None:
-    from pipeline.config import LakeSettings
-    from pipeline.lake.writer import LakeWriter
-
-    root = fx.build_lake(tmp_path / "lake")
-    writer = LakeWriter(root, LakeSettings())
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_stage_s_snapshots_are_shown_when_the_lake_has_them(
+    tmp_path: Path, backend: str
+) -> None:
+    root, settings = build_fixture_lake(backend, tmp_path / "lake")
+    writer = fixture_writer(root, settings)
     for offset, value in enumerate(fx.CAPACITY_SNAPSHOTS):
         writer.add("capacity_snapshots", value, ("t.capacity", 0, offset))
     writer.checkpoint()
-    done = capacity(root, "--json")
+    stored = root, settings_env(settings) if settings.uri else {}
+    done = capacity(stored, "--json")
     assert done.returncode == 0, done.stderr
     shown = [codec.decode(line.encode(), CapacitySnapshot) for line in done.stdout.splitlines()]
     assert shown == [fx.CAPACITY_SNAPSHOTS[2]]  # z-a's latest; z-c's is hours old
     assert "capacity from the capacity stage's snapshots (fleet.capacity" in done.stderr
-    table = capacity(root)
+    table = capacity(stored)
     assert table.stdout.splitlines()[1].split()[:3] == ["z-a", "nvidia-h100-80gb", "on-demand"]
     assert "newest at 2026-01-01 03:55:00 UTC" in table.stdout
 
 
 def test_a_folder_without_a_lake_is_a_clear_error(tmp_path: Path) -> None:
-    done = capacity(tmp_path)
+    done = capacity((tmp_path, {}))
     assert done.returncode == 2
     assert "holds no lake" in done.stderr
 
