@@ -37,15 +37,16 @@ def iceberg_settings(folder: Path, catalog: str = "sqlite", **extra: Any) -> Lak
     port = os.environ.get("S3_PORT", "19645")
     run = uuid.uuid4().hex[:12]
     if catalog == "sqlite":
-        where = {"catalog": f"sqlite:///{folder / 'catalog.db'}"}
+        url, namespace = f"sqlite:///{folder / 'catalog.db'}", LakeSettings().namespace
     elif catalog == "postgres":
-        where = {"catalog": postgres_catalog(), "namespace": f"fleetpulse_{run}"}
+        url, namespace = postgres_catalog(), f"fleetpulse_{run}"
     else:
         raise ValueError(f"iceberg_settings: expected a catalog of {CATALOGS}, got {catalog!r}")
     settings = LakeSettings(
         path=str(folder),
         uri=f"s3://{BUCKET}/{run}",
-        **where,
+        catalog=url,
+        namespace=namespace,
         s3_endpoint=f"http://127.0.0.1:{port}",
         s3_access_key_id=os.environ.get("S3_ACCESS_KEY", "fleetpulse"),
         s3_secret_access_key=os.environ.get("S3_SECRET_KEY", "fleetpulse-secret"),
