@@ -14,7 +14,9 @@
 #      PG_DATABASE (the catalog's user, password and database; default fleetpulse /
 #      fleetpulse-secret / fleetpulse_catalog: a test server on the loopback only),
 #      PG_BIN (the folder of initdb and pg_ctl; default: pg_ctl on PATH, else the newest
-#      /usr/lib/postgresql/*/bin), PG_DATA (default .cache/postgres/data-<PG_PORT>, git-ignored).
+#      /usr/lib/postgresql/*/bin), PG_DATA (default .cache/postgres/data-<PG_PORT>, git-ignored;
+#      under root, $TMPDIR/fleetpulse-postgres/data-<PG_PORT> when the `postgres` user cannot
+#      reach the checkout); the server's log is <PG_DATA>.log.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
@@ -26,7 +28,13 @@ PG_USER="${PG_USER:-fleetpulse}"
 PG_PASSWORD="${PG_PASSWORD:-fleetpulse-secret}"
 PG_DATABASE="${PG_DATABASE:-fleetpulse_catalog}"
 DATA_DIR="${PG_DATA:-$CACHE_DIR/data-$PG_PORT}"
-LOG_FILE="$CACHE_DIR/postgres-$PG_PORT.log"
+# under root the server runs as `postgres`, which may not reach a checkout in a private home:
+# then the data go under the temporary folder instead
+if [[ -z "${PG_DATA:-}" && "$(id -u)" == 0 ]] && id postgres >/dev/null 2>&1 \
+    && ! runuser -u postgres -- test -x "$REPO_ROOT" 2>/dev/null; then
+  DATA_DIR="${TMPDIR:-/tmp}/fleetpulse-postgres/data-$PG_PORT"
+fi
+LOG_FILE="$DATA_DIR.log"
 
 log() { printf 'postgres.sh: %s\n' "$*"; }
 die() { printf 'postgres.sh: error: %s\n' "$*" >&2; exit 1; }
@@ -74,7 +82,7 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$PG_PORT") 2>/dev/null; }
 
 cmd_init() {
   [[ -f "$DATA_DIR/PG_VERSION" ]] && return 0
-  mkdir -p "$DATA_DIR" "$CACHE_DIR"
+  mkdir -p "$DATA_DIR"
   if [[ "$(id -u)" == 0 ]]; then
     id postgres >/dev/null 2>&1 || die "no 'postgres' user (apt-get install -y postgresql creates it)"
     chown postgres: "$DATA_DIR"
@@ -97,7 +105,6 @@ cmd_start() {
   fi
   port_open && die "port $PG_PORT is already in use; set PG_PORT to a free port"
   cmd_init
-  mkdir -p "$CACHE_DIR"
   touch "$LOG_FILE"
   [[ "$(id -u)" == 0 ]] && chown postgres: "$LOG_FILE"
   as_owner "$BIN/pg_ctl" -D "$DATA_DIR" -l "$LOG_FILE" -w -t 60 \
@@ -136,7 +143,7 @@ cmd_env() {
 
 cmd_reset() {
   cmd_stop
-  rm -rf "$DATA_DIR" "$DATA_DIR.initdb.log"
+  rm -rf "$DATA_DIR" "$DATA_DIR.initdb.log" "$LOG_FILE"
   log "wiped $DATA_DIR"
 }
 
