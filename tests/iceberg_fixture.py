@@ -1,5 +1,5 @@
 """The Iceberg lake's test settings: tables in a SQLite catalog under a test's folder (or, with
-`catalog=CATALOGS[1]`, in the PostgreSQL that deploy/with-services.sh starts with
+`catalog="postgres"`, in the PostgreSQL that deploy/with-services.sh starts with
 deploy/postgres/postgres.sh: PG_PORT, PG_USER, PG_PASSWORD, PG_DATABASE, with postgres.sh's
 defaults), data on the s3proxy it starts (deploy/s3/s3.sh: S3_PORT, S3_ACCESS_KEY and
 S3_SECRET_KEY, with s3.sh's defaults). Each call gets its own prefix in the bucket, and in the
@@ -12,14 +12,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pipeline.config import LakeSettings
 from pipeline.lake.iceberg import IcebergWriter, create_bucket
 from pipeline.lake.writer import LakeWriter
 from tests import lake_fixture as fx
 
 BUCKET = "fleetpulse-tests"
-# the SQL catalogs: SQLite (one machine) and PostgreSQL (several)
-CATALOGS = ("sqlite", "postgres")
+# the SQL catalogs, for parametrize: SQLite (one machine) and PostgreSQL (several; marked
+# `postgres`: it needs the server deploy/with-services.sh starts)
+CATALOGS = ("sqlite", pytest.param("postgres", marks=pytest.mark.postgres))
 
 
 def postgres_catalog() -> str:
@@ -41,7 +44,7 @@ def iceberg_settings(folder: Path, catalog: str = "sqlite", **extra: Any) -> Lak
     elif catalog == "postgres":
         url, namespace = postgres_catalog(), f"fleetpulse_{run}"
     else:
-        raise ValueError(f"iceberg_settings: expected a catalog of {CATALOGS}, got {catalog!r}")
+        raise ValueError(f"iceberg_settings: expected sqlite or postgres, got {catalog!r}")
     settings = LakeSettings(
         path=str(folder),
         uri=f"s3://{BUCKET}/{run}",
@@ -80,9 +83,10 @@ def build_iceberg_lake(folder: Path, **extra: Any) -> LakeSettings:
     return settings
 
 
-# The lake's backends, for tests about what the lake stores and answers: the local Parquet lake
-# (tests/lake_fixture.py's folder) and the same tables as Iceberg on s3proxy.
-BACKENDS = ("local", "iceberg")
+# The lake's backends, for parametrize, in tests about what the lake stores and answers: the
+# local Parquet lake (tests/lake_fixture.py's folder) and the same tables as Iceberg on s3proxy
+# (marked `s3`: it needs the s3proxy deploy/with-services.sh starts; `-m "not s3"` leaves it out).
+BACKENDS = ("local", pytest.param("iceberg", marks=pytest.mark.s3))
 
 
 def build_fixture_lake(backend: str, folder: Path) -> tuple[Path, LakeSettings]:
@@ -94,7 +98,7 @@ def build_fixture_lake(backend: str, folder: Path) -> tuple[Path, LakeSettings]:
     if backend == "iceberg":
         folder.mkdir(parents=True, exist_ok=True)
         return folder, build_iceberg_lake(folder)
-    raise ValueError(f"build_fixture_lake: expected one of {BACKENDS}, got {backend!r}")
+    raise ValueError(f"build_fixture_lake: expected local or iceberg, got {backend!r}")
 
 
 def fixture_writer(root: Path, settings: LakeSettings) -> LakeWriter | IcebergWriter:
