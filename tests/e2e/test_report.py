@@ -106,11 +106,12 @@ def report(lake: Path, out: Path, *args: str, env: dict[str, str] | None = None)
     return out
 
 
-@pytest.fixture(params=BACKENDS)
-def backend_lake(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """The fixture lake on each backend: its `--lake` folder and the environment that selects
-    the backend (empty for the local lake)."""
-    root, settings = build_fixture_lake(request.param, tmp_path / "lake")
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend_lake(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[Path, dict[str, str]]:
+    """The fixture lake on each backend (the tests only read it): its `--lake` folder and the
+    environment that selects the backend (empty for the local lake)."""
+    root, settings = build_fixture_lake(request.param, tmp_path_factory.mktemp("report-lake"))
     return root, settings_env(settings) if settings.uri else {}
 
 
