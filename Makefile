@@ -35,8 +35,8 @@ faults: $(STAMP) system-deps  ## run the fault scenarios (tests/faults), slow on
 	@bash deploy/with-services.sh $(BIN)/python -m pytest -q -m "slow or not slow" tests/faults $(PYTEST_ARGS)
 	$(BIN)/python -m tests.faults.reliability
 
-fuzz: $(STAMP)  ## property tests with a fresh random seed (make test runs them derandomized); FUZZ_RUNS=N repeats
-	@for i in $$(seq 1 $${FUZZ_RUNS:-1}); do HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -x tests/unit $(PYTEST_ARGS) || exit 1; done
+fuzz: $(STAMP)  ## property tests with a fresh random seed (make test runs them derandomized); FUZZ_RUNS=N repeats; no services (the Iceberg cases are make test's)
+	@for i in $$(seq 1 $${FUZZ_RUNS:-1}); do HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -x -m "not slow and not s3 and not postgres" tests/unit $(PYTEST_ARGS) || exit 1; done
 
 check: $(STAMP)  ## ruff + mypy + docs/checks.md current with the check catalog
 	$(BIN)/ruff check pipeline streams tests bench
