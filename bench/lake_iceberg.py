@@ -31,7 +31,8 @@ import pyarrow.dataset as ds
 from bench.common import write_result
 from bench.lake import SETTINGS, build_day, timed, utilization_rows
 from pipeline.config import LakeSettings
-from pipeline.lake.iceberg import IcebergWriter, arrow_schema, create_bucket
+from pipeline.lake.iceberg import arrow_schema, create_bucket
+from pipeline.lake.iceberg_writer import IcebergWriter
 from pipeline.lake.query import Lake, canned_queries
 from pipeline.lake.tables import TABLES
 from pipeline.lake.writer import LakeWriter, visible_files

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from pipeline.config import LakeSettings
-from pipeline.lake.iceberg import IcebergWriter, create_bucket
+from pipeline.lake.iceberg import create_bucket
+from pipeline.lake.iceberg_writer import IcebergWriter
 from pipeline.lake.writer import LakeWriter
 from tests import lake_fixture as fx
 

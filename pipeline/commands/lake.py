@@ -59,9 +59,9 @@ def _compact(args: argparse.Namespace, settings: Settings) -> int:
 def _compact_iceberg(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import UTC, datetime
 
-    from pipeline.lake import iceberg
+    from pipeline.lake import iceberg_ops
 
-    report = iceberg.compact(settings.lake, args.table, now=datetime.now(UTC),
+    report = iceberg_ops.compact(settings.lake, args.table, now=datetime.now(UTC),
                              verify=args.verify)
     print(f"{report.partitions} day partitions: merged {report.files_merged} files into "
           f"{report.files_written} ({report.rows} rows); expired {report.snapshots_expired} "
@@ -77,11 +77,11 @@ def _compact_iceberg(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _status_iceberg(settings: Settings) -> int:
-    from pipeline.lake import iceberg
+    from pipeline.lake import iceberg_ops
 
     print(f"Iceberg tables in {settings.lake.namespace} at {settings.lake.uri}")
     print(f"{'table':18} {'snapshots':>9} {'files':>7} {'rows':>12} {'bytes':>13}  days")
-    for table in iceberg.status(settings.lake):
+    for table in iceberg_ops.status(settings.lake):
         days = f"{table.oldest_day} .. {table.newest_day}" if table.oldest_day else "-"
         print(f"{table.name:18} {table.snapshots:9} {table.files:7} {table.rows:12} "
               f"{table.bytes:13}  {days}")

@@ -53,7 +53,7 @@ from pipeline.config import LakeSettings
 from pipeline.errors import FleetPulseError
 from pipeline.lake import iceberg_rollup
 from pipeline.lake.check import QUARANTINE_DIR, check_file, readable_files
-from pipeline.lake.iceberg import IcebergSource
+from pipeline.lake.iceberg_read import IcebergSource
 from pipeline.lake.tables import TABLES, TableSpec
 from pipeline.lake.writer import partition_dirs, visible_files
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from pipeline.config import Settings
 from pipeline.errors import DecodeError, SinkError
-from pipeline.lake.iceberg import IcebergWriter
+from pipeline.lake.iceberg_writer import IcebergWriter
 from pipeline.lake.tables import TABLES, TableSpec
 from pipeline.lake.writer import LakeWriter, Positions, read_committed
 from pipeline.selfmetrics import Readiness, serve_stats

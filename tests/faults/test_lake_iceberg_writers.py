@@ -27,7 +27,8 @@ import msgspec
 import pytest
 
 from pipeline.config import KafkaSettings, LakeSettings
-from pipeline.lake.iceberg import IcebergWriter, committed_offsets
+from pipeline.lake.iceberg import committed_offsets
+from pipeline.lake.iceberg_writer import IcebergWriter
 from pipeline.lake.query import Lake
 from pipeline.model import Finding
 from pipeline.wire.admin import create_topics

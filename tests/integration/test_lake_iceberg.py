@@ -18,8 +18,9 @@ import pyarrow as pa
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.lake import iceberg
-from pipeline.lake.iceberg import IcebergWriter, arrow_schema, committed_offsets, open_catalog
+from pipeline.lake import iceberg, iceberg_ops, iceberg_read
+from pipeline.lake.iceberg import arrow_schema, committed_offsets, open_catalog
+from pipeline.lake.iceberg_writer import IcebergWriter
 from pipeline.lake.query import Lake
 from pipeline.lake.tables import TABLES
 from pipeline.model import XidEvent
@@ -124,17 +125,17 @@ def test_compaction_merges_a_days_files_keeps_rows_and_offsets_and_expires_snaps
         writer.flush()
     xids(writer, 0, range(40, 45), at=T0 + DAY)
     writer.flush()
-    before = {t.name: t for t in iceberg.status(settings)}["xid"]
+    before = {t.name: t for t in iceberg_ops.status(settings)}["xid"]
     assert (before.files, before.rows, before.snapshots) == (5, 45, 5)
     assert count(settings) == 45  # a reader copies the five data files into its cache
-    cache = iceberg.cache_dir(settings)
+    cache = iceberg_read.cache_dir(settings)
     assert len(list(cache.rglob("*.parquet"))) == 5
     assert (before.oldest_day, before.newest_day) == ("2026-01-01", "2026-01-02")
 
-    report = iceberg.compact(settings, now=datetime.now(UTC) + timedelta(seconds=1))
+    report = iceberg_ops.compact(settings, now=datetime.now(UTC) + timedelta(seconds=1))
     assert (report.partitions, report.files_merged, report.rows) == (1, 4, 40)
     assert report.cache_files_removed == 4  # the merged ones: no snapshot lists them now
-    after = {t.name: t for t in iceberg.status(settings)}["xid"]
+    after = {t.name: t for t in iceberg_ops.status(settings)}["xid"]
     assert (after.files, after.rows, after.snapshots) == (2, 45, 1)
     table = writer.table("xid")
     table.refresh()
@@ -210,7 +211,7 @@ def test_a_damaged_cached_copy_is_left_out_and_named_and_the_rest_is_read(
         xids(writer, 0, range(batch * 10, batch * 10 + 10))
         writer.flush()
     assert count(settings) == 30  # copies every file into the cache
-    (victim, *_) = sorted(iceberg.cache_dir(settings).rglob("*.parquet"))
+    (victim, *_) = sorted(iceberg_read.cache_dir(settings).rglob("*.parquet"))
     fx.damage(victim, how)
     with Lake(tmp_path, settings) as opened:
         # a query reads the pages (a count alone comes from the footers)

@@ -10,8 +10,9 @@ import msgspec
 import pytest
 
 from pipeline.config import LakeSettings
-from pipeline.lake import iceberg, iceberg_rollup
-from pipeline.lake.iceberg import IcebergWriter, committed_offsets, open_catalog
+from pipeline.lake import iceberg, iceberg_ops, iceberg_read, iceberg_rollup
+from pipeline.lake.iceberg import committed_offsets, open_catalog
+from pipeline.lake.iceberg_writer import IcebergWriter
 from pipeline.lake.query import Lake, canned_queries
 from pipeline.model import XidEvent
 from tests import lake_fixture as fx
@@ -87,7 +88,7 @@ def test_compaction_rolls_utilization_up_by_hour_and_long_ranges_read_the_rollup
     writer = IcebergWriter(settings)
     offset = days_of_utilization(writer, range(3))
     now = datetime.now(UTC)
-    report = iceberg.compact(settings, now=now)
+    report = iceberg_ops.compact(settings, now=now)
     assert (report.rollup_days, report.rollup_rows) == (3, len(rollup_rows(settings)))
     assert report.rollup_rows > 0
     assert_same(rollup_rows(settings), raw_hourly(settings))  # the rollup = the raw rows summed
@@ -106,11 +107,11 @@ def test_compaction_rolls_utilization_up_by_hour_and_long_ranges_read_the_rollup
     assert timeline(settings, rollup=True, until=until) == timeline(settings, rollup=False,
                                                                      until=until)
     assert timeline(settings, rollup=True, until=until) != raw
-    again = iceberg.compact(settings, now=now)
+    again = iceberg_ops.compact(settings, now=now)
     assert again.rollup_days == 1  # only the day that changed
     assert_same(rollup_rows(settings), raw_hourly(settings))
-    assert iceberg.compact(settings, now=now).rollup_days == 0
-    status = {t.name: t for t in iceberg.status(settings)}["utilization_hourly"]
+    assert iceberg_ops.compact(settings, now=now).rollup_days == 0
+    status = {t.name: t for t in iceberg_ops.status(settings)}["utilization_hourly"]
     assert (status.rows, status.oldest_day, status.newest_day) == (
         len(rollup_rows(settings)), "2026-01-01", "2026-01-03")
 
@@ -122,7 +123,7 @@ def test_retention_drops_old_day_partitions_per_table_and_keeps_offsets_and_roll
                                 retention_days={"utilization": 2})
     writer = IcebergWriter(settings)
     offset = days_of_utilization(writer, range(3))
-    iceberg.compact(settings, now=datetime(2026, 1, 3, tzinfo=UTC))  # nothing old enough
+    iceberg_ops.compact(settings, now=datetime(2026, 1, 3, tzinfo=UTC))  # nothing old enough
     until = START + timedelta(days=3)
     before = timeline(settings, rollup=True, until=until)
     table = writer.table("utilization")
@@ -131,9 +132,9 @@ def test_retention_drops_old_day_partitions_per_table_and_keeps_offsets_and_roll
     assert first_day
 
     # two days kept on 2026-01-04: 2026-01-02 and later; the xid table has no retention
-    report = iceberg.compact(settings, now=datetime(2026, 1, 4, 12, tzinfo=UTC))
+    report = iceberg_ops.compact(settings, now=datetime(2026, 1, 4, 12, tzinfo=UTC))
     assert report.files_dropped == len(first_day)
-    status = {t.name: t for t in iceberg.status(settings)}["utilization"]
+    status = {t.name: t for t in iceberg_ops.status(settings)}["utilization"]
     assert (status.oldest_day, status.newest_day) == ("2026-01-02", "2026-01-03")
     assert status.rows == 2 * len(fx.utilization())
     table.refresh()
@@ -142,7 +143,7 @@ def test_retention_drops_old_day_partitions_per_table_and_keeps_offsets_and_roll
     assert timeline(settings, rollup=True, until=until) == before
     # snapshots expired (the ones with offsets before the drop gone): a replay adds nothing
     expire = msgspec.structs.replace(settings, retention_days={}, snapshot_keep_s=0)
-    assert iceberg.compact(expire, now=datetime.now(UTC) + timedelta(seconds=1)
+    assert iceberg_ops.compact(expire, now=datetime.now(UTC) + timedelta(seconds=1)
                            ).snapshots_expired > 0
     replay = IcebergWriter(settings)
     days_of_utilization(replay, range(3))
@@ -156,7 +157,7 @@ def test_a_retention_setting_naming_no_table_is_a_config_error(tmp_path: Path,
 
     settings = iceberg_settings(tmp_path, **{setting: {"utilisation": 1}})
     with pytest.raises(ConfigError, match=rf"lake\.{setting}: unknown table utilisation"):
-        iceberg.compact(settings, now=datetime.now(UTC))
+        iceberg_ops.compact(settings, now=datetime.now(UTC))
 
 
 def test_a_reader_given_a_range_fetches_only_those_days_and_widens_for_a_query_outside(
@@ -170,7 +171,7 @@ def test_a_reader_given_a_range_fetches_only_those_days_and_widens_for_a_query_o
     by_day = {day: {iceberg._key(t.file.file_path) for t in table.scan().plan_files()
                     if iceberg._day(t.file) == day}
               for day in ("2026-01-01", "2026-01-02", "2026-01-03")}
-    cache = iceberg.cache_dir(settings)
+    cache = iceberg_read.cache_dir(settings)
 
     def cached() -> set[str]:
         return {p.relative_to(cache).as_posix() for p in cache.rglob("*.parquet")}
@@ -227,7 +228,7 @@ def test_an_object_gone_from_the_bucket_is_named_and_left_out_and_the_rest_read(
     with Lake(Path("."), settings) as lake:
         assert lake.sql("SELECT count(DISTINCT node) FROM stored_xid").rows == [(20,)]
         (named, why), = lake.skipped.items()
-    assert named == iceberg.cache_dir(settings) / victim
+    assert named == iceberg_read.cache_dir(settings) / victim
     assert why.startswith(f"cannot fetch s3://{victim}")
 
 
@@ -242,9 +243,9 @@ def test_compaction_quarantines_an_unreadable_object_and_the_table_reads_the_res
         writer.flush()
     victim = xid_keys(writer)[1]
     damage_object(settings, victim, how, tmp_path)
-    report = iceberg.compact(settings, ["xid"], now=datetime.now(UTC))
+    report = iceberg_ops.compact(settings, ["xid"], now=datetime.now(UTC))
     (key, why), = report.quarantined
-    target = iceberg.quarantine_key(settings, victim)
+    target = iceberg_ops.quarantine_key(settings, victim)
     assert key == victim and f"a copy is at s3://{target}" in why
     assert target.startswith(iceberg._key(settings.uri) + "/_quarantine/")
     filesystem = iceberg.s3_filesystem(settings)
@@ -267,7 +268,7 @@ def test_compact_verify_reads_every_file_and_quarantines_damaged_pages(tmp_path:
         writer.flush()
     victim = xid_keys(writer)[0]
     damage_object(settings, victim, "damaged pages", tmp_path)
-    assert iceberg.compact(settings, ["xid"], now=datetime.now(UTC)).quarantined == []
-    report = iceberg.compact(settings, ["xid"], now=datetime.now(UTC), verify=True)
+    assert iceberg_ops.compact(settings, ["xid"], now=datetime.now(UTC)).quarantined == []
+    report = iceberg_ops.compact(settings, ["xid"], now=datetime.now(UTC), verify=True)
     assert [key for key, _ in report.quarantined] == [victim]
     assert len(xid_keys(writer)) == 1
