@@ -18,11 +18,8 @@ import pytest
 
 from pipeline.config import KafkaSettings, load_settings
 from pipeline.model import Action, DeadLetter, Event, GpuSample, Inventory
-from pipeline.runtime.embedded import EmbeddedRuntime
-from pipeline.wire.codec import encode
-from pipeline.wire.topics import record_key, topic_name
+from pipeline.wire.topics import topic_name
 from streams.testing import (
-    INPUT_SUFFIX,
     TopicReader,
     WorkerProcess,
     create_topics,
@@ -42,7 +39,12 @@ from tests.faults.hostile import (
     zeroed,
 )
 from tests.faults.test_fail_safe_property import _fleet as small_fleet
-from tests.faults.test_input_faults_kafka import _inputs, _load_inventory, _produce_as_live
+from tests.faults.test_input_faults_kafka import (
+    _embedded,
+    _inputs,
+    _load_inventory,
+    _produce_as_live,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -140,12 +142,7 @@ def _run_worker(
         base, kafka=kafka, inventory=msgspec.structs.replace(base.inventory, enforce=True)
     )
 
-    outputs: dict[str, list[Event]] = {}
-    runtime = EmbeddedRuntime(settings, lambda s, e: outputs.setdefault(s, []).append(e))
-    for record in inventory:
-        runtime.feed(record)
-    for offset, event in enumerate(events):
-        runtime.feed_raw(INPUT_SUFFIX[type(event)], encode(event), offset, record_key(event))
+    outputs = _embedded(settings, inventory, events)
     want = {a.action_id for a in outputs.get("actions", []) if isinstance(a, Action)}
     refused = Counter((d.reason, d.key) for d in outputs.get("dlq", []) if isinstance(d, DeadLetter))
 
