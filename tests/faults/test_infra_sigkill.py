@@ -203,7 +203,9 @@ def _xids(reader: TopicReader, topic: str) -> Counter[tuple[object, ...]]:
                    for x in reader.values(topic, XidEvent) if x.node == XID_NODE)
 
 
-SIM = ["simulate", "--to", "kafka", "--duration", "7200", "--gpu-nodes", "8", "--tpu-slices",
+# six simulated hours: about 7 s of producing here, so a kill up to 2 s after the first records
+# lands while it produces (two hours took 2.3 s on a quiet machine, and a kill at 3 s missed it)
+SIM = ["simulate", "--to", "kafka", "--duration", "21600", "--gpu-nodes", "8", "--tpu-slices",
        "1", "--seed", "9", "--quiet"]
 
 
@@ -213,7 +215,7 @@ def test_sigkill_of_the_simulator_as_producer(
     kafka = kafka_settings
     create_topics(kafka)
     env = base_env(kafka.bootstrap, kafka.topic_prefix, tmp_path)
-    seed, point = seeded_point("simulate", 0.0, 3.0)  # after its first records arrived
+    seed, point = seeded_point("simulate", 0.0, 2.0)  # after its first records arrived
     inputs = [topic_name(kafka, s.suffix) for s in TOPICS  # the recording's inventory too
               if s.suffix.startswith(("telemetry.", "events.")) or s.suffix == "inventory"]
     proc = Proc("simulate", SIM, env, tmp_path / "sim1.log").start()
