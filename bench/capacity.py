@@ -50,7 +50,7 @@ from pipeline.capacity.state import CapacityState, fold
 from pipeline.config import CapacitySettings
 from pipeline.model import Inventory, Utilization
 
-DOCS_MARKER = "capacity-stage-cost"  # docs/capacity.md's generated paragraph
+DOCS_MARKER = "capacity-measured"  # docs/capacity.md's generated list
 LIMIT = 512.0
 STEP_MS = 300_000
 HOUR_MS = 3_600_000
@@ -252,9 +252,49 @@ def stage_cost_words(figures: dict[str, Any], settings: dict[str, Any], machine:
     )
 
 
+def forecast_words(figures: dict[str, Any]) -> str:
+    """The docs' bullet of the quota forecast: lead time, error, misses, false alarms."""
+    smooth = [r for r in figures["ramps"] if not r["whole_devices"]]
+    whole = [r for r in figures["ramps"] if r["whole_devices"]]
+    leads = [r["lead_min_p50"] for r in smooth if r["lead_min_p50"] is not None]
+    rates = ", ".join(f"{100 * r:g}" for r in sorted({r["rate_per_h"] for r in smooth}))
+    noises = sorted({r["noise"] for r in smooth})
+    worst = max(smooth, key=lambda r: r["abs_error_min_p90"])
+    clean = [r["abs_error_min_p90"] for r in smooth if r["noise"] == 0]
+    alarms = figures["false_alarms"]
+    steps = ", ".join(f"+{r['rate_per_h'] * r['limit']:g} per hour: {r['lead_min_p50']:g} min"
+                      for r in whole)  # fmt: skip
+    return (
+        f"- Forecast on ramps of {rates} % of the limit per hour with {100 * noises[0]:g}-"
+        f"{100 * noises[-1]:g} % noise ({smooth[0]['series']} series each): the crunch rule "
+        f"fires at a median {min(leads):g}-{max(leads):g} min before exhaustion, "
+        f"{sum(r['missed'] for r in smooth)} missed; the forecast's error at that moment (p90) "
+        f"is {max(clean):g} min without noise and up to {worst['abs_error_min_p90']:g} min at "
+        f"{100 * worst['noise']:g} % noise. Whole-device staircases ({whole[0]['limit']:g}-device "
+        f"quota; {steps} ahead). False alarms over {alarms['hours']} h: "
+        f"{alarms['flat_false_alarms']} on {alarms['series']} flat "
+        f"({100 * alarms['flat_noise']:g} % noise), {alarms['step_false_alarms']} on "
+        f"{alarms['series']} stepped quotas."
+    )
+
+
+def fold_words(figures: dict[str, Any]) -> str:
+    """The docs' bullet of the fold's cost."""
+    fold = figures["fold"]
+    return (
+        f"- The fold: {fold['fold_rows_per_cpu_s']:,} utilization rows per CPU-second; a publish "
+        f"of a {fold['nodes']:,}-node fleet {1000 * fold['publish_cpu_s']:.1f} ms. At the "
+        f"embedded runtime's measured rate ({fold['worker_gpu_samples_per_s']:,.0f} GPU "
+        f"samples/s, bench/results/throughput.json) the fold would take "
+        f"{fold['fold_share_of_worker_at_full_rate']:.0%} of a core more."
+    )
+
+
 def _write_docs(path: Path) -> None:
     body = json.loads(path.read_text())
-    words = stage_cost_words(body["figures"], body["settings"], body["machine"])
+    figures = body["figures"]
+    words = "\n".join([forecast_words(figures), fold_words(figures),
+                       stage_cost_words(figures, body["settings"], body["machine"])])
     docs_markers.rewrite_section(ROOT / "docs" / "capacity.md", DOCS_MARKER, words)
 
 

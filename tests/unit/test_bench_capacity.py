@@ -31,3 +31,18 @@ def test_docs_hold_the_markers_the_benchmark_writes_between() -> None:
     text = (ROOT / "docs" / "capacity.md").read_text()
     start, end = docs_markers.markers(DOCS_MARKER)
     assert text.count(start) == 1 and text.count(end) == 1
+
+
+def test_the_docs_list_is_what_the_committed_result_says() -> None:
+    import json
+
+    from bench.capacity import fold_words, forecast_words
+
+    body = json.loads((ROOT / "bench" / "results" / "capacity.json").read_text())
+    figures = body["figures"]
+    words = "\n".join([forecast_words(figures), fold_words(figures),
+                       stage_cost_words(figures, body["settings"], body["machine"])])
+    assert docs_markers.read_section(ROOT / "docs" / "capacity.md", DOCS_MARKER).strip() == words
+    assert f"{figures['fold']['fold_rows_per_cpu_s']:,} utilization rows per CPU-second" in words
+    leads = [r["lead_min_p50"] for r in figures["ramps"] if not r["whole_devices"]]
+    assert f"median {min(leads):g}-{max(leads):g} min before exhaustion" in words
